@@ -1,0 +1,1 @@
+"""The durable agent runtime: log, harness, Space adapter, session driver."""

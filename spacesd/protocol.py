@@ -1,0 +1,163 @@
+"""The message shapes of the spacesd protocol, shared by the daemon and the host side.
+
+Standard library only: this file is copied into container images and VM disks, and
+``durable`` imports it (the only part of ``spacesd`` it may import).
+
+It also defines the one workspace hash used on both sides of the invariant: the checker
+computes it over the state the committed log implies, the Space over what is on disk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+PROTOCOL_VERSION = 1
+
+#: Capabilities a daemon may announce.
+CAP_EXEC_LEDGER = "process.exec_ledger"
+CAP_EPOCH = "process.epoch"
+CAP_FS = "fs"
+CAP_SCAN = "workspace.scan"
+CAP_CHECKPOINT = "workspace.checkpoint"
+
+#: Size of the output tail the ledger keeps per command.
+OUTPUT_TAIL_BYTES = 64 * 1024
+
+ExecState = Literal["started", "running", "exited", "lost", "unknown"]
+EntryKind = Literal["file", "dir", "symlink"]
+
+# Error codes carried in error responses ({"error": {"code": ..., "message": ...}}).
+ERR_STALE_EPOCH = "stale_epoch"
+ERR_UNAUTHORIZED = "unauthorized"
+ERR_BAD_REQUEST = "bad_request"
+ERR_NOT_FOUND = "not_found"
+ERR_OUTSIDE_ROOT = "outside_root"
+ERR_TOO_LARGE = "too_large"
+ERR_CONFLICT = "conflict"
+ERR_INTERNAL = "internal"
+
+
+@dataclass(frozen=True)
+class ExecInfo:
+    """What the exec ledger knows of one key.
+
+    ``state``: ``started`` (this request started it), ``running``, ``exited``, ``lost``
+    (no exit recorded and the process is gone: the outcome is unknown), ``unknown`` (the key
+    was never seen). ``output`` is the output read by this request (from the requested
+    offset) or, for a replay, the recorded tail; ``output_offset`` is the byte offset of
+    its first byte in the command's whole output.
+    """
+
+    key: str
+    state: ExecState
+    epoch: int | None = None
+    pid: int | None = None
+    exit_code: int | None = None
+    output: str = ""
+    output_offset: int = 0
+    output_size: int = 0
+    started_ms: int | None = None
+    ended_ms: int | None = None
+    #: The floor epoch that killed this process (``advance_epoch``), when that is how it ended.
+    fenced_by: int | None = None
+    #: The signal that ended the process, when one did.
+    signal: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> ExecInfo:
+        return cls(**raw)
+
+
+@dataclass(frozen=True)
+class ScanEntry:
+    path: str
+    kind: EntryKind
+    exec: bool = False
+    size: int = 0
+    sha256: str | None = None  # files
+    target: str | None = None  # symlinks
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> ScanEntry:
+        return cls(**raw)
+
+
+@dataclass(frozen=True)
+class ScanResult:
+    entries: list[ScanEntry]
+    #: Paths that could not be represented (a backslash or newline in the name).
+    refused: list[str] = field(default_factory=list)
+    #: True when any process started by the daemon is still running.
+    running: bool = False
+    #: Keys of the processes still running.
+    running_keys: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "entries": [e.to_json() for e in self.entries],
+            "refused": list(self.refused),
+            "running": self.running,
+            "running_keys": list(self.running_keys),
+        }
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> ScanResult:
+        return cls(
+            entries=[ScanEntry.from_json(e) for e in raw["entries"]],
+            refused=list(raw.get("refused", [])),
+            running=bool(raw.get("running", False)),
+            running_keys=list(raw.get("running_keys", [])),
+        )
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    id: str
+    files: int = 0
+    bytes: int = 0
+    created_ms: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> CheckpointInfo:
+        return cls(**raw)
+
+
+def tracked(entry: ScanEntry) -> bool:
+    """Whether an entry counts in the workspace hash: regular files and symlinks (directories
+    are implied by the paths under them)."""
+    return entry.kind in ("file", "symlink")
+
+
+def workspace_hash(entries: list[ScanEntry] | list[tuple[str, str, bool, str]]) -> str:
+    """sha256 over the sorted (path, kind, exec bit, content sha256 or link target).
+
+    Accepts scan entries or ready tuples ``(path, kind, exec, digest_or_target)``; directory
+    entries are ignored. This is the one definition used by the Space and by the checker.
+    """
+    rows: list[tuple[str, str, bool, str]] = []
+    for e in entries:
+        if isinstance(e, ScanEntry):
+            if not tracked(e):
+                continue
+            ident = e.sha256 if e.kind == "file" else e.target
+            rows.append((e.path, e.kind, bool(e.exec) if e.kind == "file" else False, ident or ""))
+        else:
+            path, kind, ex, ident = e
+            if kind not in ("file", "symlink"):
+                continue
+            rows.append((path, kind, bool(ex) if kind == "file" else False, ident))
+    h = hashlib.sha256()
+    for path, kind, ex, ident in sorted(rows):
+        h.update(f"{path}\0{kind}\0{int(ex)}\0{ident}\n".encode("utf-8", "surrogateescape"))
+    return h.hexdigest()
