@@ -39,8 +39,8 @@ POINTS: dict[str, str] = {
     "space.file_op": "a file tool is about to change the Space",
     "space.outcome": "the call's outcome (and image diff) is committed",
     "checkpoint.before": "a checkpoint is about to be taken",
-    "checkpoint.during": "the checkpoint is taken; it is not recorded",
-    "checkpoint.after": "the checkpoint is recorded",
+    "checkpoint.during": "the checkpoint exists in the Space; not yet copied to the store",
+    "checkpoint.after": "the checkpoint is taken (and stored); not yet recorded in the log",
     # recovery
     "recovery.begin": "recovery of an interrupted call starts",
     "recovery.restore": "a checkpoint restore is about to run",

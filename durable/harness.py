@@ -44,7 +44,8 @@ from .tools import (
     interrupted_result,
 )
 
-EnvFactory = Callable[[int], ExecutionEnv]
+#: Builds the env of a conversation: ``factory(log, conversation_id)``.
+EnvFactory = Callable[[Log, int], ExecutionEnv]
 DEFAULT_MAX_TURNS = 200
 
 
@@ -136,7 +137,7 @@ class Harness:
         if self._env is None or hasattr(self._env, "exec"):
             return self._env  # type: ignore[return-value]
         if conversation not in self._envs:
-            self._envs[conversation] = self._env(conversation)  # type: ignore[operator]
+            self._envs[conversation] = self._env(self.log, conversation)  # type: ignore[operator]
         return self._envs[conversation]
 
     def model_for(self, conversation: int) -> Model:

@@ -129,6 +129,11 @@ class Transaction:
             return True, copy.deepcopy(self._staged_docs[key])
         return False, None
 
+    def read_doc(self, conversation: int, doc: Doc) -> Any:
+        """The value of ``doc`` as this transaction would leave it."""
+        found, value = self.staged_doc(conversation, doc)
+        return value if found else self._log.read_doc(conversation, doc).value
+
     @property
     def last_id(self) -> int:
         """The highest id this transaction allocated so far (or the log's last id)."""

@@ -138,16 +138,22 @@ class CallContext:
             tx.write_doc(self.conversation, doc, value)
 
     def finish_into(self, tx: Transaction, result_entry: int) -> None:
-        """Called by the harness inside the result transaction."""
-        self.stage_into(tx)
+        """Called by the harness inside the result transaction: the hooks first (they may
+        still stage document edits), then every staged edit."""
         for hook in self._hooks:
             hook(tx, result_entry)
+        self.stage_into(tx)
 
     # -- progress --------------------------------------------------------------
 
     @property
     def progress_text(self) -> str:
         return self._progress
+
+    def reset_progress(self) -> None:
+        """Start the output over (a reattached command is streamed again from byte 0)."""
+        with self._lock:
+            self._progress = ""
 
     def progress(self, text: str) -> None:
         """Add output; committed to the slot at most every ``PROGRESS_INTERVAL_S``."""

@@ -1,0 +1,615 @@
+"""The Space adapter: bash, write and edit run in a Space that stays consistent with the log.
+
+Modes (per conversation, recorded in ``cua.space``):
+
+- ``transactional``: the log holds an image of the workspace (``image.py``). Before a call
+  the workspace is scanned and any change made outside the calls is committed with the call's
+  start mark; after the call its diff is committed in the same transaction as its result.
+  After a crash whose outcome is unknown the workspace is *reverted* to the image (the state
+  before the call) and the call runs again, whatever the tool: no call ends interrupted.
+  Effects outside the workspace (a network call, a host tool) may therefore repeat.
+- ``checkpoint``: after a call's effects its outcome is recorded, the Space is checkpointed
+  and the checkpoint recorded with the result. After a crash whose outcome is unknown the
+  Space is restored to the newest checkpoint; write and edit (and tools declared
+  ``replay="safe"``) run again, a shell command that started is never started a second time:
+  the call ends interrupted, telling the model the sandbox was restored.
+- ``auto``: transactional while it can be, then checkpoint, permanently, with the reason.
+
+Recovery of an interrupted call (its intent committed, no result), in order:
+
+1. outcome recorded (checkpoint mode): adopt it; take the checkpoint if the crash prevented it;
+2. shell command running (same Space generation): reattach to it;
+3. exited by itself: replay its recorded outcome; it does not run again;
+4. never reached the Space (no start mark, or a key the ledger never saw): run it;
+5. anything else is unknown (lost with the daemon or the Space, cut off by a newer epoch,
+   a file tool cut off mid-write): revert (transactional) or restore (checkpoint) as above.
+
+Every decision is a ``RecoveryEvent``, committed to the log with the call's result.
+
+Space generations: before the adapter creates a conversation's Space it commits a new
+generation to ``cua.space``; every start mark carries the generation it ran in. A command
+whose generation is not the current one ran in a Space that no longer exists: unknown, even
+if the new Space's ledger has never heard of its key.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from spacesd.protocol import CAP_EPOCH, CAP_EXEC_LEDGER, CAP_SCAN, ExecInfo, ScanResult
+
+from ..coding_tools import apply_edits, bash_result
+from ..errors import (
+    HaltError,
+    PermanentFailure,
+    SpaceError,
+    SpaceNotFound,
+    SpaceUnavailable,
+    StaleEpochError,
+    ToolError,
+)
+from ..failpoints import failpoint
+from ..fence import Fence
+from ..log import Log, Transaction
+from ..spaces import SpaceClient, Spaces
+from ..tools import CallContext, Tool, ToolResult, interrupted_result
+from . import image as img
+from .snapshots import CheckpointRef, SnapshotProvider
+from .space_env import SpaceEnv, tool_error
+from .state import CALL_DOC, IMAGE_DOC, SPACE_DOC, Mode, RecoveryEvent, call_record
+
+#: How often live output streaming checks the log's fence.
+FENCE_CHECK_INTERVAL_S = 0.2
+WRAPPED = ("bash", "write", "edit")
+
+
+@dataclass(frozen=True)
+class TransactionalLimits:
+    """When the workspace is too big (or has untrackable names) to keep as an image."""
+
+    max_files: int = 1000
+    max_bytes: int = 16 * 1024 * 1024
+    exclude: list[str] = field(default_factory=list)
+
+    def limits(self) -> img.Limits:
+        return img.Limits(self.max_files, self.max_bytes, tuple(self.exclude))
+
+
+@dataclass
+class _Space:
+    """This process's view of one conversation's Space."""
+
+    name: str
+    client: SpaceClient
+    image: img.Image = field(default_factory=img.Image)
+
+
+class DurableSpaces:
+    """Build with ``durable_spaces(...)``. ``.env`` and ``.extension`` plug into a Harness."""
+
+    def __init__(
+        self,
+        *,
+        spaces: Spaces,
+        snapshots: SnapshotProvider,
+        cwd: str = ".",
+        mode: str = "auto",
+        fence: Fence | None = None,
+        on_stale: Callable[[StaleEpochError], None] | None = None,
+        on_halt: Callable[[HaltError], None] | None = None,
+        epoch: int | None = None,
+        transactional: TransactionalLimits | None = None,
+        space_prefix: str = "cua",
+    ) -> None:
+        if mode not in ("auto", "transactional", "checkpoint"):
+            raise ValueError(f"mode must be 'auto', 'transactional' or 'checkpoint', got {mode!r}")
+        if epoch is None:
+            raw = os.environ.get("CUA_SESSION_EPOCH")
+            if raw is None or not raw.isdigit():
+                raise PermanentFailure(
+                    f"no session epoch: pass epoch= or set CUA_SESSION_EPOCH to an integer "
+                    f"(got {raw!r})")
+            epoch = int(raw)
+        self.spaces = spaces
+        self.snapshots = snapshots
+        self.cwd = cwd
+        self.mode = mode
+        self.fence = fence
+        self.on_stale = on_stale
+        self.on_halt = on_halt
+        self.epoch = epoch
+        self.limits = (transactional or TransactionalLimits()).limits()
+        self.space_prefix = space_prefix
+        #: Every recovery event this process decided, in order (also committed to the log).
+        self.events: list[RecoveryEvent] = []
+        self._spaces: dict[int, _Space] = {}
+        self._lock = threading.RLock()
+        self.extension = _Extension(self)
+
+    # ------------------------------------------------------------------ public API
+
+    def space_name(self, conversation: int) -> str:
+        return f"{self.space_prefix}-c{conversation}"
+
+    def env(self, log: Log, conversation: int) -> SpaceEnv:
+        """The harness's env factory: the conversation's Space as an ``ExecutionEnv``."""
+        return SpaceEnv(lambda: self.ensure(log, conversation).client, self.cwd)
+
+    def ensure_space(self, harness: Any, conversation: int) -> SpaceClient:
+        """Make sure the conversation's Space exists, is fenced at this epoch and holds the
+        log's state (rebuilding a lost one); returns its client."""
+        return self.ensure(harness.log, conversation).client
+
+    def raise_epoch(self, name: str) -> dict[str, Any]:
+        """Advance the named Space to this session's epoch (kills older commands)."""
+        return self._advance(self.spaces.connect(name, epoch=self.epoch))
+
+    # ------------------------------------------------------------------ the Space
+
+    def _advance(self, client: SpaceClient) -> dict[str, Any]:
+        try:
+            caps = client.capabilities()
+        except StaleEpochError:
+            raise
+        except SpaceError as exc:
+            raise self._halt(HaltError(f"Space {client.name} cannot be probed: {exc}",
+                                       permanent=False)) from exc
+        missing = {CAP_EPOCH, CAP_EXEC_LEDGER} - caps
+        if missing:
+            raise self._halt(HaltError(
+                f"Space {client.name} lacks {sorted(missing)}; it cannot be fenced. Use a "
+                "Space image whose daemon supports epochs", permanent=True))
+        try:
+            return client.advance_epoch(self.epoch)
+        except StaleEpochError as exc:
+            self._stale(exc)
+            raise
+        except SpaceError as exc:
+            raise self._halt(HaltError(f"Space {client.name} refused advance_epoch({self.epoch}):"
+                                       f" {exc}", permanent=False)) from exc
+
+    def _halt(self, exc: HaltError) -> HaltError:
+        if self.on_halt is not None:
+            self.on_halt(exc)
+        return exc
+
+    def _stale(self, exc: StaleEpochError) -> None:
+        if self.on_stale is not None:
+            self.on_stale(exc)
+
+    def ensure(self, log: Log, conversation: int) -> _Space:
+        with self._lock:
+            st = self._spaces.get(conversation)
+            name = self.space_name(conversation)
+            doc = log.read_doc(conversation, SPACE_DOC).value
+            if st is not None and doc["space"] == name and doc["ready"]:
+                return st
+            exists = self.spaces.exists(name)
+            if doc["space"] == name and doc["ready"] and exists:
+                st = _Space(name, self._connect(name))
+            elif doc["space"] is None and exists:
+                # A Space made for this conversation before its first call (seeded): adopt it.
+                st = _Space(name, self._connect(name))
+                self._commit_space(log, conversation, lambda d: {**d, "space": name,
+                                                                 "generation": 1, "ready": True})
+            else:
+                st = self._rebuild(log, conversation, name, doc, exists)
+            self._spaces[conversation] = st
+            self._fold(log, conversation, st)
+            return st
+
+    def _connect(self, name: str) -> SpaceClient:
+        client = self.spaces.connect(name, epoch=self.epoch)
+        self._advance(client)
+        return client
+
+    def _commit_space(self, log: Log, conversation: int, fn: Callable[[dict[str, Any]], dict[str, Any]],
+                      extra: Callable[[Transaction], None] | None = None) -> None:
+        with log.transaction() as tx:
+            tx.write_doc(conversation, SPACE_DOC, fn(log.read_doc(conversation, SPACE_DOC).value))
+            if extra is not None:
+                extra(tx)
+
+    def _rebuild(self, log: Log, conversation: int, name: str, doc: dict[str, Any],
+                 exists: bool) -> _Space:
+        """Create (or finish creating) the Space and bring it to the log's state."""
+        lost = doc["space"] == name and not exists
+        if doc["space"] != name or lost:
+            # A new generation is committed before the Space is created (see module doc).
+            self._commit_space(log, conversation, lambda d: {
+                **d, "space": name, "generation": d["generation"] + 1, "ready": False})
+        if not self.spaces.exists(name):
+            self.spaces.create(name)
+        st = _Space(name, self._connect(name))
+        self._fold(log, conversation, st)
+        doc = log.read_doc(conversation, SPACE_DOC).value
+        if doc["mode"] == "checkpoint" and doc["checkpoint"] is not None:
+            ref = CheckpointRef.from_json(doc["checkpoint"])
+            if ref.space == name and not self.snapshots.durable and lost:
+                raise PermanentFailure(
+                    f"the Space {name} of conversation {conversation} was lost in checkpoint "
+                    "mode and its checkpoints were inside it. Keep copies outside the Space "
+                    "with WorkspaceSnapshots(store=DirectoryCheckpointStore(path)), or use "
+                    "transactional mode, whose image is in the log")
+            failpoint("recovery.restore", space=name, checkpoint=ref.id)
+            self.snapshots.restore(st.client, ref)
+            kind = "restored"
+        else:
+            self._reimage(log, conversation, st)
+            kind = "reimaged"
+        event = RecoveryEvent(kind, doc["mode"], None,
+                              f"Space {name} rebuilt (generation {doc['generation']})",
+                              conversation)
+        self._commit_space(log, conversation, lambda d: {**d, "ready": True},
+                           extra=lambda tx: self._record_event(tx, conversation, event))
+        return st
+
+    def _record_event(self, tx: Transaction, conversation: int, event: RecoveryEvent) -> None:
+        tx.append(conversation, "system", event.to_entry())
+        self.events.append(event)
+
+    # ------------------------------------------------------------------ the image
+
+    def _fold(self, log: Log, conversation: int, st: _Space) -> None:
+        for e in log.entries(conversation):
+            if e.id > st.image.upto and e.kind == "system" and img.IMAGE_KEY in e.data:
+                st.image.fold(e.id, e.data[img.IMAGE_KEY])
+
+    def _scan(self, st: _Space) -> ScanResult:
+        return st.client.scan(exclude=list(self.limits.exclude))
+
+    def _reimage(self, log: Log, conversation: int, st: _Space) -> None:
+        """Make the workspace equal to the image: write back what is missing or differs,
+        delete what the image lacks."""
+        failpoint("recovery.reimage", space=st.name)
+        stale = log.read_doc(conversation, IMAGE_DOC).value["stale"]
+        if stale:
+            raise PermanentFailure(
+                f"the workspace image of conversation {conversation} is stale ({stale}), so "
+                "the Space cannot be rebuilt from the log; use checkpoint mode with a "
+                "CheckpointStore for workspaces this large")
+        scan = self._scan(st)
+        have = {e.path: e for e in scan.entries}
+        rows = img.tracked_rows(scan)
+        for path in sorted((p for p in have if p not in st.image.table
+                            and not any(q.startswith(p + "/") for q in st.image.table)),
+                           reverse=True):
+            if have[path].kind == "dir" or rows.get(path) is not None:
+                st.client.remove(path, recursive=True)
+        for path, row in sorted(st.image.table.items()):
+            if rows.get(path) == row:
+                continue
+            kind, ex, ident = row
+            if path in have and have[path].kind == "dir":
+                st.client.remove(path, recursive=True)
+            elif path in have and (have[path].kind == "symlink" or kind == "symlink"):
+                st.client.remove(path)
+            if kind == "symlink":
+                st.client.symlink(path, ident)
+            else:
+                entry = log.entry(st.image.blobs[ident])
+                st.client.write_file(path, img.blob_from(entry.data, ident),
+                                     mode=0o755 if ex else 0o644)
+
+    def _image_diff(self, st: _Space, scan: ScanResult, call_id: str | None
+                    ) -> tuple[img.Diff, dict[str, Any]]:
+        """The diff from the image to ``scan`` and the entry data that records it (with the
+        bytes of contents the log does not hold yet, read from the Space)."""
+        d = img.diff(st.image, img.tracked_rows(scan))
+        blobs: dict[str, bytes] = {}
+        for sha in d.new_blobs(st.image):
+            path = next(p for p, (k, _x, ident) in d.set.items() if k == "file" and ident == sha)
+            blobs[sha] = st.client.read_file(path)
+        return d, img.payload(d, blobs, call_id=call_id)
+
+    def _stage_image(self, tx: Transaction, conversation: int, st: _Space, scan: ScanResult,
+                     call_id: str | None) -> None:
+        d, data = self._image_diff(st, scan, call_id)
+        if not d:
+            return
+        entry = tx.append(conversation, "system", data)
+        files = [e for e in scan.entries if e.kind in ("file", "symlink")]
+        tx.write_doc(conversation, IMAGE_DOC, {
+            "stale": None, "files": len(files),
+            "bytes": sum(e.size for e in files if e.kind == "file")})
+        st.image.fold(entry, data[img.IMAGE_KEY])
+
+    # ------------------------------------------------------------------ modes
+
+    def _mode(self, log: Log, conversation: int, st: _Space) -> tuple[Mode, str | None]:
+        """The conversation's mode, and the reason when it must be decided now."""
+        doc = log.read_doc(conversation, SPACE_DOC).value
+        if doc["mode"] is not None:
+            return doc["mode"], None
+        if self.mode != "auto":
+            return self.mode, f"mode={self.mode} requested"  # type: ignore[return-value]
+        if self.snapshots.kind != "workspace":
+            return "checkpoint", f"the snapshot provider takes {self.snapshots.kind} snapshots"
+        if CAP_SCAN not in st.client.capabilities():
+            return "checkpoint", "the Space cannot scan its workspace"
+        return "transactional", "auto: a new conversation starts transactional"
+
+    def _set_mode(self, tx: Transaction, conversation: int, mode: Mode, reason: str,
+                  call_id: str | None, *, event: bool) -> None:
+        doc = tx.read_doc(conversation, SPACE_DOC)
+        tx.write_doc(conversation, SPACE_DOC, {**doc, "mode": mode, "mode_reason": reason})
+        if event:
+            self._record_event(tx, conversation,
+                               RecoveryEvent("mode", mode, call_id, reason, conversation))
+
+    def _checkpoint(self, ctx: CallContext, st: _Space, mode: Mode) -> None:
+        """Checkpoint the Space and record it with the call's result."""
+        cid = f"{st.name}.{ctx.call_id}.e{self.epoch}".replace("/", "_")
+        failpoint("checkpoint.before", call=ctx.call_id, checkpoint=cid)
+        ref = self.snapshots.take(st.client, cid)
+        failpoint("checkpoint.after", call=ctx.call_id, checkpoint=cid)
+        ctx.update_doc(SPACE_DOC, lambda d: {**d, "checkpoint": {
+            **ref.to_json(), "call_id": ctx.call_id, "entry": None}})
+
+        def record_entry(_tx: Transaction, result_entry: int) -> None:
+            ctx.update_doc(SPACE_DOC, lambda d: {
+                **d, "checkpoint": {**d["checkpoint"], "entry": result_entry}})
+
+        ctx.on_result(record_entry)
+
+    # ------------------------------------------------------------------ a wrapped call
+
+    def run_call(self, tool: str, args: dict[str, Any], ctx: CallContext) -> ToolResult:
+        try:
+            return self._run_call(tool, args, ctx)
+        except StaleEpochError as exc:
+            self._stale(exc)
+            raise
+
+    def recover_call(self, tool: str, args: dict[str, Any], ctx: CallContext,
+                     replay: str) -> ToolResult:
+        try:
+            return self._recover(tool, args, ctx, replay)
+        except StaleEpochError as exc:
+            self._stale(exc)
+            raise
+
+    def _run_call(self, tool: str, args: dict[str, Any], ctx: CallContext, *,
+                  n: int = 1) -> ToolResult:
+        log, conv = ctx.log, ctx.conversation
+        st = self.ensure(log, conv)
+        mode, reason = self._mode(log, conv, st)
+        gen = log.read_doc(conv, SPACE_DOC).value["generation"]
+        record = call_record(ctx.call_id, tool, gen)
+        key = f"{conv}:{ctx.call_id}:{n}@{self.epoch}"
+        if tool == "bash":
+            record["commands"].append({"key": key, "epoch": self.epoch, "n": n})
+        switch: str | None = None
+        scan: ScanResult | None = None
+        if mode == "transactional":
+            scan = self._scan(st)
+            stale = log.read_doc(conv, IMAGE_DOC).value["stale"]
+            problem = img.over_limits(scan, self.limits) or stale
+            if problem and (self.mode == "transactional"):
+                raise ToolError(
+                    f"the workspace cannot be kept transactionally: {problem}. Use "
+                    "mode='checkpoint' (or 'auto') for this workspace")
+            if problem:
+                switch, mode, scan = problem, "checkpoint", None
+        base_needed = mode == "checkpoint" and log.read_doc(conv, SPACE_DOC).value["checkpoint"] is None
+        if base_needed:
+            # The state before this call must be restorable: checkpoint it first.
+            bid = f"{st.name}.base-{ctx.call_id}.e{self.epoch}"
+            ref = self.snapshots.take(st.client, bid)
+
+        def start_mark(tx: Transaction) -> None:
+            if reason is not None or switch is not None:
+                self._set_mode(tx, conv, mode, switch or reason or "", ctx.call_id,
+                               event=switch is not None)
+            if base_needed:
+                tx.write_doc(conv, SPACE_DOC, {**tx.read_doc(conv, SPACE_DOC), "checkpoint": {
+                    **ref.to_json(), "call_id": None, "entry": None}})
+            if scan is not None:
+                self._stage_image(tx, conv, st, scan, None)
+            tx.write_doc(conv, CALL_DOC, record)
+
+        ctx.commit_now(start_mark)
+        failpoint("space.start_mark", call=ctx.call_id, tool=tool)
+        if tool == "bash":
+            failpoint("space.before_spawn", call=ctx.call_id, key=key)
+            info = st.client.exec_start(key, args["command"], cwd=self.cwd)
+            result = self._await(ctx, st, key, info, args.get("timeout"))
+        else:
+            failpoint("space.file_op", call=ctx.call_id, tool=tool)
+            result = self._file_op(st.client, tool, args)
+        return self._finish(ctx, st, mode, tool, result)
+
+    def _await(self, ctx: CallContext, st: _Space, key: str, info: ExecInfo,
+               timeout: float | None) -> ToolResult:
+        """Stream a started (or reattached) command to its end; its output from byte 0."""
+        failpoint("space.running", call=ctx.call_id, key=key)
+        chunks: list[str] = []
+        last_check = [time.monotonic()]
+
+        def on_output(text: str) -> None:
+            now = time.monotonic()
+            if self.fence is not None and now - last_check[0] >= FENCE_CHECK_INTERVAL_S:
+                last_check[0] = now
+                self.fence.check()
+            chunks.append(text)
+            ctx.progress(text)
+
+        timed_out = False
+        if info.state in ("started", "running"):
+            ctx.reset_progress()
+            info = st.client.exec_wait(key, offset=0, on_output=on_output, timeout=timeout)
+            if info.state == "running":  # the tool's own timeout: kill it and say so
+                info = st.client.exec_kill(key)
+                timed_out = True
+        else:
+            info = st.client.exec_wait(key, offset=0)
+            chunks = [info.output]
+        failpoint("space.exited", call=ctx.call_id, key=key)
+        if info.state == "lost":
+            raise SpaceUnavailable(f"command {key} was lost with the Space's daemon; "
+                                   "its outcome is unknown")
+        return bash_result(info.exit_code, "".join(chunks), timed_out)
+
+    @staticmethod
+    def _file_op(client: SpaceClient, tool: str, args: dict[str, Any]) -> ToolResult:
+        path = args["path"]
+        try:
+            if tool == "write":
+                data = args["content"].encode("utf-8")
+                client.write_file(path, data)
+                return ToolResult(f"Wrote {len(data)} bytes to {path}")
+            text = client.read_file(path).decode("utf-8")
+            client.write_file(path, apply_edits(text, args["edits"], path).encode("utf-8"))
+            return ToolResult(f"Applied {len(args['edits'])} edit(s) to {path}")
+        except SpaceError as exc:
+            raise tool_error(exc) from None
+
+    def _finish(self, ctx: CallContext, st: _Space, mode: Mode, tool: str,
+                result: ToolResult) -> ToolResult:
+        """Record the outcome (and image diff, or the switch) and checkpoint as the mode says."""
+        log, conv = ctx.log, ctx.conversation
+        if mode == "transactional":
+            scan = self._scan(st)
+            problem = img.over_limits(scan, self.limits)
+            if problem is None and self.mode == "auto" and scan.running:
+                problem = (f"a command left a process running in the Space "
+                           f"({', '.join(scan.running_keys) or 'unknown key'})")
+            if problem is None:
+                def stage(tx: Transaction, _entry: int) -> None:
+                    self._stage_image(tx, conv, st, scan, ctx.call_id)
+                ctx.on_result(stage)
+                return result
+            if self.mode == "transactional":
+                def mark_stale(tx: Transaction, _entry: int) -> None:
+                    tx.write_doc(conv, IMAGE_DOC, {**log.read_doc(conv, IMAGE_DOC).value,
+                                                   "stale": problem})
+                ctx.on_result(mark_stale)
+                return result
+            # auto: the outcome and the switch land together, then the checkpoint follows
+            record = {**log.read_doc(conv, CALL_DOC).value, "outcome": result.to_json()}
+
+            def switch(tx: Transaction) -> None:
+                tx.write_doc(conv, CALL_DOC, record)
+                self._set_mode(tx, conv, "checkpoint", problem, ctx.call_id, event=True)
+            ctx.commit_now(switch)
+        else:
+            record = {**log.read_doc(conv, CALL_DOC).value, "outcome": result.to_json()}
+            ctx.commit_now(lambda tx: tx.write_doc(conv, CALL_DOC, record))
+        failpoint("space.outcome", call=ctx.call_id, tool=tool)
+        self._checkpoint(ctx, st, "checkpoint")
+        return result
+
+    # ------------------------------------------------------------------ recovery
+
+    def _recover(self, tool: str, args: dict[str, Any], ctx: CallContext,
+                 replay: str) -> ToolResult:
+        log, conv = ctx.log, ctx.conversation
+        failpoint("recovery.begin", call=ctx.call_id, tool=tool)
+        st = self.ensure(log, conv)
+        space = log.read_doc(conv, SPACE_DOC).value
+        mode: Mode = space["mode"] or self._mode(log, conv, st)[0]
+        rec = log.read_doc(conv, CALL_DOC).value
+        mine = rec if rec is not None and rec["call_id"] == ctx.call_id else None
+        same_space = mine is not None and mine["generation"] == space["generation"]
+        events: list[RecoveryEvent] = []
+
+        def event(kind: str, detail: str, m: str | None = None) -> None:
+            events.append(RecoveryEvent(kind, m or mode, ctx.call_id, detail, conv))  # type: ignore[arg-type]
+
+        def commit_events(tx: Transaction, _entry: int) -> None:
+            for e in events:
+                self._record_event(tx, conv, e)
+        ctx.on_result(commit_events)
+
+        if mine is not None and mine["outcome"] is not None and same_space:
+            result = ToolResult(**mine["outcome"])
+            event("adopted", "the outcome was recorded before the crash")
+            failpoint("recovery.decided", call=ctx.call_id, decision="adopted")
+            checkpoint = space["checkpoint"]
+            if mode == "checkpoint" and (checkpoint is None or checkpoint["call_id"] != ctx.call_id):
+                self._checkpoint(ctx, st, mode)
+            return result
+        if mine is None or (tool == "bash" and not mine["commands"]):
+            event("ran", f"the {tool} call never reached the Space")
+            failpoint("recovery.decided", call=ctx.call_id, decision="ran")
+            return self._run_call(tool, args, ctx)
+        if tool == "bash" and same_space:
+            last = mine["commands"][-1]  # type: ignore[index]
+            info = st.client.exec_status(last["key"])
+            if info.state == "running":
+                event("reattached", f"command {last['key']} is still running")
+                failpoint("recovery.decided", call=ctx.call_id, decision="reattached")
+                result = self._await(ctx, st, last["key"], info, args.get("timeout"))
+                return self._finish(ctx, st, mode, tool, result)
+            if info.state == "exited" and info.fenced_by is None:
+                event("replayed", f"command {last['key']} exited with {info.exit_code}")
+                failpoint("recovery.decided", call=ctx.call_id, decision="replayed")
+                result = self._await(ctx, st, last["key"], info, None)
+                return self._finish(ctx, st, mode, tool, result)
+            if info.state == "unknown":
+                event("ran", f"command {last['key']} never reached the Space")
+                failpoint("recovery.decided", call=ctx.call_id, decision="ran")
+                return self._run_call(tool, args, ctx, n=last["n"] + 1)
+            why = (f"command {last['key']} was cut off by epoch {info.fenced_by}"
+                   if info.state == "exited" else f"command {last['key']} was lost")
+        elif tool == "bash":
+            why = "the Space that ran the command was lost"
+        else:
+            why = f"the {tool} call was cut off; it may have partly changed the workspace"
+        n = (mine["commands"][-1]["n"] + 1) if mine and mine["commands"] else 1
+        # Unknown outcome.
+        if mode == "transactional":
+            self._reimage(log, conv, st)
+            event("reverted", f"{why}; the workspace was reverted to the image")
+            failpoint("recovery.decided", call=ctx.call_id, decision="reverted")
+            return self._run_call(tool, args, ctx, n=n)
+        checkpoint = space["checkpoint"]
+        if checkpoint is not None:
+            ref = CheckpointRef.from_json(checkpoint)
+            failpoint("recovery.restore", call=ctx.call_id, checkpoint=ref.id)
+            self.snapshots.restore(st.client, ref)
+        else:
+            self._reimage(log, conv, st)
+        event("restored", f"{why}; the Space was restored to the state before the call")
+        if tool in ("write", "edit") or replay == "safe":
+            failpoint("recovery.decided", call=ctx.call_id, decision="restored")
+            return self._run_call(tool, args, ctx, n=n)
+        event("interrupted", why)
+        failpoint("recovery.decided", call=ctx.call_id, decision="interrupted")
+        return interrupted_result(
+            tool, ctx.slot.progress,
+            "The sandbox was restored to its state before this call; run it again if needed.")
+
+
+class _Extension:
+    """Wraps bash, write and edit so that they run in the conversation's Space."""
+
+    def __init__(self, adapter: DurableSpaces) -> None:
+        self.adapter = adapter
+
+    def tools(self) -> list[Tool]:
+        return []
+
+    def wrap(self, tool: Tool) -> Tool | None:
+        if tool.name not in WRAPPED:
+            return None
+        adapter = self.adapter
+        name = tool.name
+
+        def run(args: dict[str, Any], ctx: CallContext) -> ToolResult:
+            return adapter.run_call(name, args, ctx)
+
+        def recover(args: dict[str, Any], ctx: CallContext) -> ToolResult:
+            return adapter.recover_call(name, args, ctx, tool.replay)
+
+        return Tool(tool.name, tool.description, tool.schema, run, tool.replay, recover)
+
+
+def durable_spaces(**kwargs: Any) -> DurableSpaces:
+    """Build the adapter; see ``DurableSpaces`` for the arguments."""
+    return DurableSpaces(**kwargs)

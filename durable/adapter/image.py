@@ -1,0 +1,126 @@
+"""The workspace image kept in the log (transactional mode).
+
+The image is the workspace as of the last committed call: a path table (path → kind, exec
+bit, content sha256 or link target) and the bytes of each distinct file content. It lives in
+the log as hidden system entries, one per change, each holding the paths set and deleted and
+only the blobs the log does not hold yet. Folding a conversation's history (a fork inherits
+its parent's entries up to the fork point, so it inherits the image as of the fork for free)
+gives the table and where each blob is stored. Log growth is therefore the changed bytes,
+never calls times workspace size.
+
+This module is pure: it computes diffs and plans, and reads blobs back from entries. The
+adapter does the I/O against the Space.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from spacesd.protocol import ScanEntry, ScanResult, workspace_hash
+
+#: Key of the image payload in a hidden system entry.
+IMAGE_KEY = "space_image"
+
+# path -> (kind, exec, sha256 or link target)
+Row = tuple[str, bool, str]
+
+
+@dataclass
+class Image:
+    table: dict[str, Row] = field(default_factory=dict)
+    #: sha256 → id of the entry holding its bytes.
+    blobs: dict[str, int] = field(default_factory=dict)
+    #: The last entry folded in (incremental folding).
+    upto: int = 0
+
+    def fold(self, entry_id: int, payload: dict[str, Any]) -> None:
+        for path in payload.get("del", []):
+            self.table.pop(path, None)
+        for path, (kind, ex, ident) in payload.get("set", {}).items():
+            self.table[path] = (kind, bool(ex), ident)
+        for sha in payload.get("blobs", {}):
+            self.blobs.setdefault(sha, entry_id)
+        self.upto = entry_id
+
+    def files(self) -> int:
+        return len(self.table)
+
+    def hash(self) -> str:
+        return workspace_hash([(p, k, ex, ident) for p, (k, ex, ident) in self.table.items()])
+
+
+def row_of(entry: ScanEntry) -> Row:
+    if entry.kind == "symlink":
+        return ("symlink", False, entry.target or "")
+    return ("file", bool(entry.exec), entry.sha256 or "")
+
+
+def tracked_rows(scan: ScanResult) -> dict[str, Row]:
+    return {e.path: row_of(e) for e in scan.entries if e.kind in ("file", "symlink")}
+
+
+@dataclass(frozen=True)
+class Diff:
+    set: dict[str, Row]
+    deleted: list[str]
+
+    def __bool__(self) -> bool:
+        return bool(self.set or self.deleted)
+
+    def new_blobs(self, image: Image) -> list[str]:
+        """Content hashes this diff needs that the log does not hold yet."""
+        return sorted({ident for kind, _ex, ident in self.set.values()
+                       if kind == "file" and ident not in image.blobs})
+
+
+def diff(image: Image, rows: dict[str, Row]) -> Diff:
+    """What turns ``image`` into ``rows``."""
+    changed = {p: r for p, r in rows.items() if image.table.get(p) != r}
+    deleted = sorted(p for p in image.table if p not in rows)
+    return Diff(changed, deleted)
+
+
+def payload(d: Diff, blobs: dict[str, bytes], *, call_id: str | None) -> dict[str, Any]:
+    """The hidden entry data recording ``d`` (with the given new blobs)."""
+    return {
+        "hidden": True,
+        IMAGE_KEY: {
+            "call_id": call_id,
+            "set": {p: list(r) for p, r in d.set.items()},
+            "del": d.deleted,
+            "blobs": {sha: base64.b64encode(data).decode("ascii") for sha, data in blobs.items()},
+        },
+    }
+
+
+def blob_from(entry_data: dict[str, Any], sha: str) -> bytes:
+    data = base64.b64decode(entry_data[IMAGE_KEY]["blobs"][sha])
+    if hashlib.sha256(data).hexdigest() != sha:
+        raise ValueError(f"blob {sha} in the log does not match its hash; the log is corrupt")
+    return data
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds under which the workspace is kept as an image in the log."""
+
+    max_files: int = 1000
+    max_bytes: int = 16 * 1024 * 1024
+    exclude: tuple[str, ...] = ()
+
+
+def over_limits(scan: ScanResult, limits: Limits) -> str | None:
+    """Why the scanned workspace cannot be kept as an image, or ``None`` when it can."""
+    if scan.refused:
+        return (f"{len(scan.refused)} path(s) with a backslash or newline in the name "
+                f"(e.g. {scan.refused[0]!r}) cannot be tracked")
+    files = [e for e in scan.entries if e.kind in ("file", "symlink")]
+    if len(files) > limits.max_files:
+        return f"{len(files)} files exceed max_files={limits.max_files}"
+    size = sum(e.size for e in files if e.kind == "file")
+    if size > limits.max_bytes:
+        return f"{size} bytes exceed max_bytes={limits.max_bytes}"
+    return None
