@@ -30,13 +30,34 @@ NOTES = define_doc("test.notes", 1, {"items": []}, history="rewindable", fork="a
 COUNTER = define_doc("test.counter", 1, 0)
 
 
+class ReopenableMemory:
+    """A view of one MemoryStorage whose close leaves the data for the next view ("reopen")."""
+
+    def __init__(self, memory: MemoryStorage) -> None:
+        self.memory = memory
+        self.closed = False
+
+    def load(self):  # type: ignore[no-untyped-def]
+        if self.closed:
+            raise StorageClosed("closed view")
+        return self.memory.load()
+
+    def commit(self, batch: Batch) -> None:
+        if self.closed:
+            raise StorageClosed("closed view")
+        self.memory.commit(batch)
+
+    def close(self) -> None:
+        self.closed = True
+
+
 @pytest.fixture(params=["memory", "sqlite", "jsonl"])
 def open_storage(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], Storage]:
     memory = MemoryStorage()
 
     def factory() -> Storage:
         if request.param == "memory":
-            return memory
+            return ReopenableMemory(memory)
         if request.param == "sqlite":
             return SqliteStorage(tmp_path / "log.sqlite")
         return JsonlStorage(tmp_path / "jsonl")

@@ -1,0 +1,178 @@
+"""The session driver: the process a coordinator (re)launches for each attempt of a session.
+
+Environment (all required unless a default is given):
+
+- ``CUA_SESSION_NAME``: the session's name (used in messages and Space names).
+- ``CUA_SESSION_EPOCH``: this attempt's epoch, an integer that grows with every launch. The
+  log and the Spaces refuse any older epoch once a newer one has opened them.
+- ``CUA_STATE_DIR``: the directory holding the session's log (``log.sqlite``).
+- ``CUA_SESSION_HEARTBEAT_SECS``: heartbeat interval, default 1.0.
+
+Exit codes: ``0`` finished, ``78`` permanent failure (``PermanentFailure``, a bad
+environment, a missing capability, an unanswered submission), ``75`` fenced (a newer epoch
+exists; exits as soon as the log's fence refuses, even if the run never settles), anything
+else crashed (the coordinator retries with backoff).
+
+While it runs it prints ``CUA-HEARTBEAT <epoch> <unix_ms>`` every interval from a timer
+thread of its own, and checks the log's fence there too. Its last line is
+``CUA-EXIT <code> <reason>``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .adapter import DurableSpaces
+from .errors import HaltError, PermanentFailure, StaleEpochError
+from .fence import Fence
+from .harness import Harness, Submission
+from .log import Log
+from .models import Model
+from .storage.base import Storage
+from .tools import ToolRegistry
+
+EXIT_OK = 0
+EXIT_CRASHED = 1
+EXIT_FENCED = 75
+EXIT_PERMANENT = 78
+
+
+@dataclass(frozen=True)
+class SessionEnv:
+    name: str
+    epoch: int
+    state_dir: Path
+    heartbeat_secs: float = 1.0
+
+    @classmethod
+    def from_environ(cls, environ: dict[str, str] | None = None) -> SessionEnv:
+        env = os.environ if environ is None else environ
+        missing = [k for k in ("CUA_SESSION_NAME", "CUA_SESSION_EPOCH", "CUA_STATE_DIR")
+                   if not env.get(k)]
+        if missing:
+            raise PermanentFailure(
+                f"the driver needs {', '.join(missing)} in its environment (see durable.driver)")
+        raw_epoch = env["CUA_SESSION_EPOCH"]
+        if not raw_epoch.isdigit():
+            raise PermanentFailure(f"Expected an integer CUA_SESSION_EPOCH but got {raw_epoch!r}")
+        raw_hb = env.get("CUA_SESSION_HEARTBEAT_SECS", "1.0")
+        try:
+            hb = float(raw_hb)
+        except ValueError:
+            raise PermanentFailure(
+                f"Expected a number of seconds in CUA_SESSION_HEARTBEAT_SECS but got {raw_hb!r}"
+            ) from None
+        if hb <= 0:
+            raise PermanentFailure(f"CUA_SESSION_HEARTBEAT_SECS must be > 0, got {hb}")
+        return cls(env["CUA_SESSION_NAME"], int(raw_epoch), Path(env["CUA_STATE_DIR"]), hb)
+
+
+@dataclass
+class Session:
+    """What ``start`` gets: the opened log, its fence and the adapter."""
+
+    env: SessionEnv
+    storage: Storage
+    fence: Fence
+    durable: DurableSpaces
+    harness: Harness | None = None
+    conversations: list[int] = field(default_factory=list)
+
+    def open_harness(self, *, models: dict[str, Model] | Model, registry: ToolRegistry) -> Harness:
+        """A harness over this session's log with the adapter plugged in, after resuming
+        every interrupted call."""
+        registry.extend(self.durable.extension)
+        self.harness = Harness.open(Log.open(self.storage), models=models, registry=registry,
+                                    env=self.durable.env)
+        self.harness.resume()
+        return self.harness
+
+
+class _Heartbeat(threading.Thread):
+    def __init__(self, epoch: int, interval: float, fence: Fence) -> None:
+        super().__init__(name="cua-heartbeat", daemon=True)
+        self.epoch, self.interval, self.fence = epoch, interval, fence
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.interval):
+            print(f"CUA-HEARTBEAT {self.epoch} {int(time.time() * 1000)}", flush=True)
+            try:
+                self.fence.check()
+            except StaleEpochError as exc:
+                print(f"CUA-EXIT {EXIT_FENCED} fenced: {exc}", flush=True)
+                os._exit(EXIT_FENCED)
+            except Exception:  # a storage hiccup is the main thread's to report
+                continue
+
+
+def run_durable_session(
+    *,
+    durable: Callable[[Fence, int], DurableSpaces],
+    start: Callable[[Session], Submission],
+    open_log: Callable[[Path, int], tuple[Storage, Fence]] | None = None,
+    environ: dict[str, str] | None = None,
+) -> int:
+    """Run one attempt of a session and return its exit code (see the module docstring).
+
+    ``durable(fence, epoch)`` builds the adapter; ``start(session)`` opens the harness
+    (``session.open_harness``) and submits the input with a fixed request id.
+    """
+    try:
+        senv = SessionEnv.from_environ(environ)
+    except PermanentFailure as exc:
+        return _exit(EXIT_PERMANENT, f"bad environment: {exc}")
+    if open_log is None:
+        from .fences import open_fenced_sqlite
+
+        def open_log(state: Path, epoch: int) -> tuple[Storage, Fence]:
+            state.mkdir(parents=True, exist_ok=True)
+            return open_fenced_sqlite(state / "log.sqlite", epoch)
+    try:
+        storage, fence = open_log(senv.state_dir, senv.epoch)
+    except StaleEpochError as exc:
+        return _exit(EXIT_FENCED, f"fenced at open: {exc}")
+    heartbeat = _Heartbeat(senv.epoch, senv.heartbeat_secs, fence)
+    heartbeat.start()
+    session: Session | None = None
+    try:
+        adapter = durable(fence, senv.epoch)
+        session = Session(senv, storage, fence, adapter)
+        submission = start(session)
+        outcome = submission.wait()
+        assert session.harness is not None
+        adapter.ensure_space(session.harness, submission.conversation)
+        if outcome.done:
+            return _exit(EXIT_OK, "finished")
+        return _exit(EXIT_PERMANENT, f"unanswered: {outcome.reason}")
+    except StaleEpochError as exc:
+        fence.halt(f"fenced: {exc}")
+        return _exit(EXIT_FENCED, f"fenced: {exc}")
+    except HaltError as exc:
+        fence.halt(f"halted: {exc}")
+        code = EXIT_PERMANENT if exc.permanent else EXIT_CRASHED
+        return _exit(code, f"halted: {exc}")
+    except PermanentFailure as exc:
+        fence.halt(f"permanent failure: {exc}")
+        return _exit(EXIT_PERMANENT, f"permanent failure: {exc}")
+    except Exception as exc:
+        traceback.print_exc()
+        return _exit(EXIT_CRASHED, f"crashed: {type(exc).__name__}: {exc}")
+    finally:
+        heartbeat.stopped.set()
+        if session is not None and session.harness is not None:
+            session.harness.close()
+        else:
+            storage.close()
+
+
+def _exit(code: int, reason: str) -> int:
+    print(f"CUA-EXIT {code} {reason}", file=sys.stderr, flush=True)
+    return code
