@@ -1,6 +1,7 @@
 """Storages of the durable log: memory (reference), SQLite (embedded default), JSONL."""
 
 from .base import MemoryStorage, Storage, validate_batch
+from .jsonl import JsonlStorage
 from .records import (
     Batch,
     ConversationRecord,
@@ -10,16 +11,19 @@ from .records import (
     SlotRecord,
     Snapshot,
 )
+from .sqlite import SqliteStorage
 
 __all__ = [
     "Batch",
     "ConversationRecord",
     "DocRecord",
     "EntryRecord",
+    "JsonlStorage",
     "MemoryStorage",
     "RequestRecord",
     "SlotRecord",
     "Snapshot",
+    "SqliteStorage",
     "Storage",
     "validate_batch",
 ]

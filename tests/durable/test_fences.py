@@ -1,0 +1,259 @@
+"""Fences: a newer epoch shuts every older writer out, atomically, across real processes."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from durable.errors import NotALog, StaleEpochError, StorageClosed
+from durable.fence import Fence
+from durable.fences import FencedFileSystem, FileFence, SqliteFence, open_fenced_sqlite
+from durable.storage import (
+    Batch,
+    ConversationRecord,
+    DocRecord,
+    EntryRecord,
+    JsonlStorage,
+    RequestRecord,
+    SlotRecord,
+    SqliteStorage,
+    Storage,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+Opened = tuple[SqliteStorage | JsonlStorage, SqliteFence | FileFence]
+OpenFenced = Callable[[int], Opened]
+
+
+@pytest.fixture(params=["sqlite", "jsonl"])
+def open_fenced(request: pytest.FixtureRequest, tmp_path: Path) -> OpenFenced:
+    if request.param == "sqlite":
+        return lambda epoch: open_fenced_sqlite(tmp_path / "log.sqlite", epoch)
+    return FencedFileSystem(tmp_path / "log").open
+
+
+def mixed_batch(base: int) -> Batch:
+    """Touches every table, so "nothing landed" is checked everywhere."""
+    return Batch(
+        base_id=base,
+        next_id=base + 2,
+        conversations=[ConversationRecord(base, "sub", parent_conversation=1, parent_entry=2)],
+        entries=[EntryRecord(base + 1, base, "user", {"n": base})],
+        slots=[SlotRecord(base, "c", base + 1, "bash", {}, "never", "pending")],
+        docs=[DocRecord(base, "plan", 1, 1, {"n": base}, base + 1)],
+        requests=[RequestRecord(base, "r", base + 1)],
+    )
+
+
+def test_fences_implement_the_protocol(open_fenced: OpenFenced) -> None:
+    storage, fence = open_fenced(1)
+    try:
+        assert isinstance(fence, Fence)
+        assert isinstance(storage, Storage)
+        assert fence.epoch == 1
+        assert not fence.halted
+    finally:
+        storage.close()
+
+
+def test_open_raises_the_floor_and_refuses_an_older_epoch(open_fenced: OpenFenced) -> None:
+    old, old_fence = open_fenced(3)
+    assert old_fence.floor() == 3
+    new, new_fence = open_fenced(5)
+    try:
+        assert new_fence.floor() == 5
+        assert old_fence.floor() == 5  # read fresh, not cached
+        with pytest.raises(StaleEpochError) as info:
+            open_fenced(4)
+        assert (info.value.epoch, info.value.floor) == (4, 5)
+        again, _ = open_fenced(5)  # a restarted process of the same epoch
+        again.close()
+        assert new_fence.floor() == 5
+    finally:
+        old.close()
+        new.close()
+
+
+def test_older_epoch_commit_is_refused_atomically(open_fenced: OpenFenced) -> None:
+    old, old_fence = open_fenced(1)
+    old.commit(Batch(base_id=1, next_id=3, conversations=[ConversationRecord(1, "main")],
+                     entries=[EntryRecord(2, 1, "user", {})]))
+    new, new_fence = open_fenced(2)
+    try:
+        before = new.load()
+        with pytest.raises(StaleEpochError, match="below the log's floor 2") as info:
+            old.commit(mixed_batch(3))
+        assert (info.value.epoch, info.value.floor) == (1, 2)
+        with pytest.raises(StaleEpochError):
+            old_fence.check()
+        assert new.load() == before
+        new_fence.check()
+        new.commit(mixed_batch(3))
+        assert new.load().next_id == 5
+    finally:
+        old.close()
+        new.close()
+
+
+def test_halt_refuses_every_later_commit(open_fenced: OpenFenced) -> None:
+    storage, fence = open_fenced(1)
+    try:
+        storage.commit(Batch(base_id=1, next_id=2, conversations=[ConversationRecord(1, "main")]))
+        fence.halt("the Space could not be fenced")
+        assert fence.halted
+        with pytest.raises(StaleEpochError, match="halted \\(the Space could not be fenced\\)"):
+            storage.commit(mixed_batch(2))
+        with pytest.raises(StaleEpochError, match="halted"):
+            fence.check()
+        assert storage.load().next_id == 2
+    finally:
+        storage.close()
+
+
+def test_invalid_epoch_is_refused_before_touching_disk(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="epoch=0"):
+        open_fenced_sqlite(tmp_path / "log.sqlite", 0)
+    with pytest.raises(ValueError, match="type=str"):
+        FencedFileSystem(tmp_path / "log").open("2")  # type: ignore[arg-type]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_sqlite_commit_raises_a_lowered_floor_in_the_same_transaction(tmp_path: Path) -> None:
+    path = tmp_path / "log.sqlite"
+    storage, fence = open_fenced_sqlite(path, 7)
+    try:
+        conn = sqlite3.connect(path)
+        conn.execute("UPDATE fence SET floor = 0")  # as if written before fencing existed
+        conn.commit()
+        conn.close()
+        assert fence.floor() == 0
+        storage.commit(Batch(base_id=1, next_id=2, conversations=[ConversationRecord(1, "main")]))
+        assert fence.floor() == 7
+    finally:
+        storage.close()
+
+
+def test_sqlite_unfenced_storage_leaves_the_floor_alone(tmp_path: Path) -> None:
+    path = tmp_path / "log.sqlite"
+    plain = SqliteStorage(path)
+    try:
+        assert plain.read_floor() == 0
+        with pytest.raises(ValueError, match="opened without an epoch"):
+            SqliteFence(plain)
+    finally:
+        plain.close()
+    with pytest.raises(StorageClosed):
+        plain.read_floor()
+
+
+def test_sqlite_fence_on_a_foreign_file_is_not_a_log(tmp_path: Path) -> None:
+    path = tmp_path / "x.db"
+    path.write_text("hello")
+    with pytest.raises(NotALog):
+        open_fenced_sqlite(path, 1)
+    assert path.read_text() == "hello"
+
+
+def test_jsonl_epoch_markers(tmp_path: Path) -> None:
+    fs = FencedFileSystem(tmp_path / "log")
+    a, _ = fs.open(3)
+    b, _ = fs.open(7)
+    try:
+        with pytest.raises(StaleEpochError):
+            fs.open(5)
+        names = sorted(p.name for p in (tmp_path / "log").iterdir())
+        assert names == ["epoch-00000003", "epoch-00000007", "log.jsonl", "log.lock"]
+        # The markers are part of the log directory: a plain JsonlStorage opens it.
+        JsonlStorage(tmp_path / "log").close()
+    finally:
+        a.close()
+        b.close()
+
+
+# ---------------------------------------------------------------- the race, with processes
+
+STALE_EXIT = 3
+
+#: Epoch 1 commits an entry per loop and prints each id whose commit returned. It must end
+#: with StaleEpochError (exit 3): any other error (a LogConflict would mean a newer writer's
+#: commit landed under it) exits 1 with a traceback. It pauses 1 ms between commits, as a
+#: driver does work between them: SQLite's busy handler is not fair, and a writer that
+#: re-takes the lock at once can starve the epoch-2 open for seconds.
+WRITER = f"""
+import sys
+import time
+from durable.errors import StaleEpochError
+from durable.fences import FencedFileSystem, open_fenced_sqlite
+from durable.storage import Batch, EntryRecord
+kind, path = sys.argv[1], sys.argv[2]
+storage, fence = open_fenced_sqlite(path, 1) if kind == "sqlite" else FencedFileSystem(path).open(1)
+i = storage.load().next_id
+print("open", flush=True)
+try:
+    while True:
+        note = EntryRecord(i, 1, "note", {{"epoch": 1}})
+        storage.commit(Batch(base_id=i, next_id=i + 1, entries=[note]))
+        print(i, flush=True)
+        i += 1
+        time.sleep(0.001)
+except StaleEpochError:
+    sys.exit({STALE_EXIT})
+finally:
+    storage.close()
+"""
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "jsonl"])
+def test_no_epoch_1_commit_lands_after_epoch_2_opened(tmp_path: Path, kind: str) -> None:
+    path = tmp_path / ("log.sqlite" if kind == "sqlite" else "log")
+    seed = SqliteStorage(path) if kind == "sqlite" else JsonlStorage(path)
+    seed.commit(Batch(base_id=1, next_id=2, conversations=[ConversationRecord(1, "main")]))
+    seed.close()
+
+    child = subprocess.Popen(
+        [sys.executable, "-c", WRITER, kind, str(path)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    storage = None
+    try:
+        assert child.stdout is not None
+        reported: list[int] = []
+        line = child.stdout.readline()
+        assert line == "open\n", f"the epoch-1 writer did not open: {child.communicate()[1]}"
+        while len(reported) < 10:  # epoch 1 is in full swing
+            line = child.stdout.readline()
+            assert line, f"the epoch-1 writer died early: {child.communicate()[1]}"
+            reported.append(int(line))
+
+        if kind == "sqlite":
+            storage, _ = open_fenced_sqlite(path, 2)
+        else:
+            storage, _ = FencedFileSystem(path).open(2)
+        first_after = storage.load().next_id
+        storage.commit(Batch(base_id=first_after, next_id=first_after + 1,
+                             entries=[EntryRecord(first_after, 1, "note", {"epoch": 2})]))
+
+        out, err = child.communicate(timeout=60)
+        reported += [int(x) for x in out.split()]
+        assert child.returncode == STALE_EXIT, err
+
+        entries = storage.load().entries
+        epoch1 = [e.id for e in entries if e.data["epoch"] == 1]
+        assert epoch1 == reported  # every commit that returned landed, and nothing else
+        assert max(epoch1) < first_after
+        assert [(e.id, e.data["epoch"]) for e in entries[-1:]] == [(first_after, 2)]
+    finally:
+        if child.poll() is None:
+            child.kill()
+        child.communicate()  # waits, and closes the pipes
+        if storage is not None:
+            storage.close()
