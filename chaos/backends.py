@@ -1,0 +1,38 @@
+"""Backends by name: the campaign's one place that knows which ``Spaces`` providers exist.
+
+Each provider is a peer behind the ``durable.spaces.Spaces`` protocol; a run keeps its
+Spaces under its own directory (local) or label/prefix (docker, microvm) so parallel runs
+never share one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from durable.spaces import Spaces
+
+BACKENDS = ("local", "docker", "microvm")
+
+
+class BackendUnavailable(RuntimeError):
+    """The backend cannot be used on this machine (no engine, no image, no KVM). The message
+    says what is missing and how to get it."""
+
+
+def make_spaces(backend: str, run_dir: Path) -> Spaces:
+    if backend == "local":
+        from backends.local import LocalSpaces
+
+        return LocalSpaces(run_dir / "spaces")
+    if backend == "docker":
+        try:
+            from backends.docker import DockerSpaces
+        except ImportError as exc:
+            raise BackendUnavailable(
+                f"the docker backend is not installed here ({exc}); install the project "
+                "with its docker extra and build the image (ci/build-images.sh)") from None
+        return DockerSpaces(label_scope=run_dir.name)
+    if backend == "microvm":
+        raise BackendUnavailable(
+            "the microvm backend is not built yet; use --backend local or docker")
+    raise BackendUnavailable(f"unknown backend {backend!r}; use one of {BACKENDS}")

@@ -1,0 +1,73 @@
+"""The campaign's driver program: ``python -m chaos.driver``.
+
+It composes what ``durable`` must not import: a scenario's scripted model, a backend and the
+adapter, and hands them to ``durable.driver.run_durable_session``. The runner launches it once
+per attempt with ``CUA_SESSION_*`` in the environment (and ``CUA_FAILPOINTS`` when it wants
+to stop it at a failpoint) and reads its exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from durable.adapter import (
+    DirectoryCheckpointStore,
+    DurableSpaces,
+    TransactionalLimits,
+    WorkspaceSnapshots,
+    durable_spaces,
+)
+from durable.coding_tools import coding_tools
+from durable.driver import Session, run_durable_session
+from durable.fence import Fence
+from durable.harness import Submission
+from durable.tools import ToolRegistry
+from scenarios import generate, load
+from scenarios.host_tools import effect_tools
+
+from .backends import make_spaces
+
+REQUEST_ID = "campaign-input"
+SPACE_PREFIX = "cua"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m chaos.driver", description=__doc__)
+    p.add_argument("--run-dir", type=Path, required=True)
+    p.add_argument("--preset", default="default")
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--mode", choices=("auto", "transactional", "checkpoint"), required=True)
+    p.add_argument("--backend", default="local")
+    p.add_argument("--no-store", action="store_true",
+                   help="checkpoint mode without a CheckpointStore (lost Spaces are fatal)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    preset = load(args.preset)
+    scenario = generate(args.seed, preset, steps=args.steps)
+    spaces = make_spaces(args.backend, args.run_dir)
+    store = None if args.no_store else DirectoryCheckpointStore(args.run_dir / "store")
+
+    def build(fence: Fence, epoch: int) -> DurableSpaces:
+        return durable_spaces(
+            spaces=spaces, snapshots=WorkspaceSnapshots(spaces, "", store), mode=args.mode,
+            fence=fence, epoch=epoch, space_prefix=SPACE_PREFIX,
+            transactional=TransactionalLimits(max_files=preset.max_files,
+                                              max_bytes=preset.max_bytes))
+
+    def start(session: Session) -> Submission:
+        registry = ToolRegistry(coding_tools() + effect_tools(args.run_dir / "effects"))
+        harness = session.open_harness(models=scenario.model(), registry=registry)
+        return harness.root("scripted").submit(content=f"play scenario {args.seed}",
+                                               request_id=REQUEST_ID)
+
+    return run_durable_session(durable=build, start=start)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

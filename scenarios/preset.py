@@ -1,0 +1,110 @@
+"""Campaign presets: how many steps a run has, the mix of step kinds, sizes and limits.
+
+Presets are YAML files in this directory (``default.yaml``, ``auto.yaml``, ...). Loading
+checks every field and says what is wrong and how to fix it, so a typo in a preset is a
+one-line error (exit 254), not a confusing campaign.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+STEP_KINDS = ("write", "edit", "append", "long", "background", "many_files", "never_tool",
+              "safe_tool")
+PRESET_DIR = Path(__file__).parent
+
+
+class PresetError(ValueError):
+    """A preset file is missing or malformed. The message names the field and what it
+    expects; fix the YAML (see scenarios/default.yaml for every field)."""
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    steps: int = 10
+    mix: dict[str, int] = field(default_factory=lambda: {"write": 3, "edit": 2, "append": 3,
+                                                         "long": 1, "never_tool": 1})
+    #: Content size range of written files, bytes.
+    file_size: tuple[int, int] = (64, 2048)
+    long_seconds: float = 1.5
+    many_files: int = 40
+    initial_files: int = 3
+    max_files: int = 1000
+    max_bytes: int = 16 * 1024 * 1024
+    #: Probability that the scripted model issues an interrupted step again.
+    reissue: float = 0.5
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "steps": self.steps, "mix": dict(self.mix),
+                "file_size": list(self.file_size), "long_seconds": self.long_seconds,
+                "many_files": self.many_files, "initial_files": self.initial_files,
+                "max_files": self.max_files, "max_bytes": self.max_bytes,
+                "reissue": self.reissue}
+
+
+def _expect(raw: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    value = raw[key]
+    if isinstance(value, bool) or not isinstance(value, kind):
+        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise PresetError(f"{where}: Expected {names} for {key!r} but got {key}={value!r} "
+                          f"(type={type(value).__name__})")
+    return value
+
+
+def parse(raw: Any, where: str) -> Preset:
+    if not isinstance(raw, dict):
+        raise PresetError(f"{where}: a preset is a YAML mapping, got {type(raw).__name__}")
+    known = set(Preset.__dataclass_fields__)
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise PresetError(f"{where}: unknown field(s) {unknown}; known: {sorted(known)}")
+    kw: dict[str, Any] = {"name": str(raw.get("name", Path(where).stem))}
+    for key in ("steps", "many_files", "initial_files", "max_files", "max_bytes"):
+        if key in raw:
+            kw[key] = _expect(raw, key, int, where)
+            if kw[key] < 0 or (key == "steps" and kw[key] < 1):
+                raise PresetError(f"{where}: {key} must be positive, got {kw[key]}")
+    for key in ("long_seconds", "reissue"):
+        if key in raw:
+            kw[key] = float(_expect(raw, key, (int, float), where))
+    if "reissue" in kw and not 0 <= kw["reissue"] <= 1:
+        raise PresetError(f"{where}: reissue is a probability in [0, 1], got {kw['reissue']}")
+    if "file_size" in raw:
+        fs = raw["file_size"]
+        if (not isinstance(fs, list) or len(fs) != 2 or not all(isinstance(x, int) for x in fs)
+                or not 1 <= fs[0] <= fs[1]):
+            raise PresetError(f"{where}: file_size is [min, max] bytes with 1 <= min <= max, "
+                              f"got {fs!r}")
+        kw["file_size"] = (fs[0], fs[1])
+    if "mix" in raw:
+        mix = _expect(raw, "mix", dict, where)
+        bad = sorted(set(mix) - set(STEP_KINDS))
+        if bad:
+            raise PresetError(f"{where}: unknown step kind(s) {bad} in mix; known: "
+                              f"{list(STEP_KINDS)}")
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in mix.values()):
+            raise PresetError(f"{where}: mix weights are non-negative integers, got {mix!r}")
+        if sum(mix.values()) == 0:
+            raise PresetError(f"{where}: mix has no step kind with a positive weight")
+        kw["mix"] = dict(mix)
+    return Preset(**kw)
+
+
+def load(name_or_path: str) -> Preset:
+    """A preset by name (``default`` → scenarios/default.yaml) or by path."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = PRESET_DIR / f"{name_or_path}.yaml"
+    if not path.exists():
+        names = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+        raise PresetError(f"no preset {name_or_path!r} (looked for {path}); known: {names}")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise PresetError(f"{path}: not valid YAML: {exc}") from None
+    return parse(raw, str(path))
