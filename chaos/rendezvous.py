@@ -85,9 +85,10 @@ class Rendezvous:
         if os.path.exists(self.path):
             os.unlink(self.path)
 
-    def count(self, point: str) -> int:
+    def counts(self) -> dict[str, int]:
+        """How often each point was reached so far, across every driver."""
         with self._lock:
-            return self._counts.get(point, 0)
+            return dict(self._counts)
 
     def _accept(self) -> None:
         assert self._sock is not None

@@ -1,0 +1,149 @@
+"""A campaign: many seeded runs in parallel, their records, the SUMMARY, plots, exit code.
+
+Exit codes (Jepsen's): 0 every run consistent, 1 any run inconsistent, 2 a run whose verdict
+is unknown (and none inconsistent). Bad arguments (254) and a crash of the harness itself
+(255) are the CLI's.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from .faults import FaultPlan, exhaustive_plans
+from .plots import campaign_plots
+from .records import ResultsDir
+from .runner import Run, RunSpec
+from .summary import summarize, summary_line
+
+MODES = ("transactional", "checkpoint", "auto", "stale", "exhaustive")
+DEFAULT_PRESET = {"auto": "auto", "exhaustive": "small"}
+DEFAULT_DURABLE = {"transactional": "transactional", "checkpoint": "checkpoint",
+                   "auto": "auto", "stale": "auto", "exhaustive": "checkpoint"}
+EXIT = {"valid": 0, "invalid": 1, "unknown": 2}
+
+
+@dataclass(frozen=True)
+class CampaignConfig:
+    mode: str
+    backend: str = "local"
+    runs: int = 40
+    steps: int | None = None
+    seed_base: int = 1
+    jobs: int = 2
+    preset: str | None = None
+    durable_mode: str | None = None
+    results_root: Path = Path("results")
+    keep: bool = False
+
+    @property
+    def preset_name(self) -> str:
+        return self.preset or DEFAULT_PRESET.get(self.mode, "default")
+
+    @property
+    def adapter_mode(self) -> str:
+        return self.durable_mode or DEFAULT_DURABLE[self.mode]
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["results_root"] = str(self.results_root)
+        d["preset"] = self.preset_name
+        d["durable_mode"] = self.adapter_mode
+        return d
+
+
+def repro_command(results: Path, index: int) -> str:
+    return f"python -m chaos repro {results} --run {index}"
+
+
+def failure_line(record: dict[str, Any], results: Path) -> str:
+    v = record["verdict"]
+    first = v["errors"][0] if v["errors"] else "no detail"
+    state = "FAILED" if v["valid"] is False else "UNKNOWN"
+    return (f"{state} run={record['index']} seed={record['seed']} mode={record['campaign_mode']}"
+            f" backend={record['backend']}: {first}\n  reproduce: "
+            f"{repro_command(results, record['index'])}")
+
+
+class Progress:
+    """A progress bar on a terminal, plain lines otherwise."""
+
+    def __init__(self, total: int, stream: TextIO = sys.stderr) -> None:
+        self.total, self.done, self.stream = total, 0, stream
+        self.tty = stream.isatty()
+        self.t0 = time.time()
+
+    def update(self, record: dict[str, Any]) -> None:
+        self.done += 1
+        ok = record["verdict"]["valid"] is True
+        if self.tty:
+            width = 30
+            filled = int(width * self.done / max(1, self.total))
+            self.stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/"
+                              f"{self.total} {time.time() - self.t0:5.0f}s")
+            if self.done == self.total:
+                self.stream.write("\n")
+        else:
+            self.stream.write(f"run {record['index']} seed={record['seed']} "
+                              f"{'ok' if ok else 'NOT OK'} kills={record['counts']['kills']} "
+                              f"{record['seconds']:.1f}s ({self.done}/{self.total})\n")
+        self.stream.flush()
+
+
+def _specs(cfg: CampaignConfig, work: Path) -> tuple[list[RunSpec], int | None]:
+    base = dict(campaign_mode=cfg.mode, durable_mode=cfg.adapter_mode, backend=cfg.backend,
+                preset=cfg.preset_name, steps=cfg.steps, work_dir=work, keep=cfg.keep)
+    if cfg.mode != "exhaustive":
+        return [RunSpec(index=i, seed=cfg.seed_base + i, **base) for i in range(cfg.runs)], None
+    # measure every (point, occurrence) of one fault-free run, then kill at each in turn
+    reference = Run(RunSpec(index=0, seed=cfg.seed_base, plan=FaultPlan(cfg.seed_base, ()),
+                            **{**base, "keep": False})).execute()
+    counts = {p: n for p, n in reference["points_hit"].items()}
+    plans = exhaustive_plans(cfg.seed_base, counts)
+    if cfg.runs < len(plans):
+        plans = plans[: cfg.runs]
+    specs = [RunSpec(index=i + 1, seed=cfg.seed_base, plan=p, **base)
+             for i, p in enumerate(plans)]
+    return specs, sum(counts.get(p, 0) for p in counts if not p.startswith("recovery."))
+
+
+def run_campaign(cfg: CampaignConfig, out: TextIO = sys.stdout) -> int:
+    t0 = time.time()
+    results = ResultsDir.create(cfg.results_root, cfg.mode, cfg.backend)
+    results.write_json("campaign.json", cfg.to_json())
+    specs, reachable = _specs(cfg, results.runs_dir)
+    progress = Progress(len(specs))
+    records: list[dict[str, Any]] = []
+    failures: list[str] = []
+    with ThreadPoolExecutor(max_workers=max(1, cfg.jobs)) as pool:
+        futures = [pool.submit(Run(spec).execute) for spec in specs]
+        for fut in as_completed(futures):
+            record = fut.result()
+            records.append(record)
+            results.append_run(record)
+            progress.update(record)
+            if record["verdict"]["valid"] is not True:
+                line = failure_line(record, results.path)
+                failures.append(line)
+                print(line, file=out, flush=True)
+    records.sort(key=lambda r: r["index"])
+    covered = None
+    if cfg.mode == "exhaustive":
+        fired = {(f["point"], f["occurrence"]) for r in records for f in r["plan"]["faults"]
+                 for lat in r["latencies"] if lat["killed"] and lat["point"] == f["point"]}
+        covered = len({pair for pair in fired if not pair[0].startswith("recovery.")})
+        print(f"exhaustive: {covered} of {reachable} (failpoint, occurrence) pairs covered, "
+              f"{len({p for p, _ in fired})} distinct failpoints", file=out)
+    summary = summarize(mode=cfg.mode, backend=cfg.backend, seed_base=cfg.seed_base,
+                        records=records, seconds=time.time() - t0, covered=covered)
+    results.write_json("summary.json", summary)
+    line = summary_line(summary)
+    (results.path / "SUMMARY").write_text(line + "\n")
+    campaign_plots(records, results.path)
+    print(line, file=out, flush=True)
+    print(f"results: {results.path}", file=out, flush=True)
+    return EXIT[summary["verdict"]]

@@ -1,0 +1,211 @@
+"""``chaos`` / ``python -m chaos``: run a campaign, reproduce a run, re-check records, clean up.
+
+    chaos run --mode M --backend B --runs N --steps K --seed-base S [--jobs J]
+    chaos repro RESULTS --run N          (or: chaos repro --seed S --mode M [--backend B])
+    chaos analyze RESULTS
+    chaos clean [--results DIR]
+
+Flags of ``run`` mirror the environment variables ``CRASH_MODE``, ``CRASH_BACKEND``,
+``CRASH_RUNS``, ``CRASH_STEPS``, ``CRASH_SEED_BASE`` and ``CRASH_DURABLE_MODE``, which work
+alone too. Exit codes: 0 valid, 1 invalid, 2 unknown, 254 bad arguments or configuration,
+255 the harness itself crashed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import NoReturn
+
+from scenarios import PresetError, generate, load
+
+from .backends import BACKENDS, BackendUnavailable
+from .campaign import EXIT, MODES, CampaignConfig, run_campaign
+from .checker import Observation, check, merge
+from .faults import FaultPlan
+from .records import ResultsDir
+from .runner import Run, RunSpec
+
+EXIT_BAD_ARGS = 254
+EXIT_CRASHED = 255
+
+
+class BadArguments(Exception):
+    """Raised for a configuration the campaign cannot run; the CLI prints it and exits 254."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        print(f"chaos: error: {message}", file=sys.stderr)
+        sys.exit(EXIT_BAD_ARGS)
+
+
+def _env_int(name: str) -> int | None:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return None
+    if not raw.lstrip("-").isdigit():
+        raise BadArguments(f"Expected an integer in {name} but got {name}={raw!r}")
+    return int(raw)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="chaos", description="Crash campaigns against durable agent Spaces.")
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run a campaign and print its SUMMARY")
+    run.add_argument("--mode", choices=MODES, default=os.environ.get("CRASH_MODE"))
+    run.add_argument("--backend", choices=BACKENDS,
+                     default=os.environ.get("CRASH_BACKEND", "local"))
+    run.add_argument("--runs", type=int, default=None)
+    run.add_argument("--steps", type=int, default=None)
+    run.add_argument("--seed-base", type=int, default=None)
+    run.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+    run.add_argument("--preset", default=None, help="scenario preset name or YAML path")
+    run.add_argument("--durable-mode", choices=("auto", "transactional", "checkpoint"),
+                     default=os.environ.get("CRASH_DURABLE_MODE") or None)
+    run.add_argument("--results", type=Path, default=Path("results"))
+    run.add_argument("--keep", action="store_true", help="keep every run's directory")
+    rep = sub.add_parser("repro", help="replay one run's fault plan and print its verdict")
+    rep.add_argument("results", type=Path, nargs="?")
+    rep.add_argument("--run", type=int)
+    rep.add_argument("--seed", type=int)
+    rep.add_argument("--mode", choices=MODES)
+    rep.add_argument("--backend", choices=BACKENDS, default="local")
+    rep.add_argument("--preset")
+    rep.add_argument("--steps", type=int)
+    rep.add_argument("--durable-mode", choices=("auto", "transactional", "checkpoint"))
+    ana = sub.add_parser("analyze", help="re-run the checker on stored run records")
+    ana.add_argument("results", type=Path)
+    cln = sub.add_parser("clean", help="remove Spaces left behind by crashed campaigns")
+    cln.add_argument("--results", type=Path, default=Path("results"))
+    return p
+
+
+def _campaign_config(args: argparse.Namespace) -> CampaignConfig:
+    if args.mode is None:
+        raise BadArguments("no campaign mode: pass --mode or set CRASH_MODE "
+                           f"(one of {', '.join(MODES)})")
+    if args.mode not in MODES:
+        raise BadArguments(f"CRASH_MODE={args.mode!r} is not a mode; use one of {MODES}")
+    runs = args.runs if args.runs is not None else _env_int("CRASH_RUNS") or 40
+    steps = args.steps if args.steps is not None else _env_int("CRASH_STEPS")
+    seed = args.seed_base if args.seed_base is not None else _env_int("CRASH_SEED_BASE")
+    if runs < 1:
+        raise BadArguments(f"--runs must be at least 1, got {runs}")
+    if steps is not None and steps < 1:
+        raise BadArguments(f"--steps must be at least 1, got {steps}")
+    if args.jobs < 1:
+        raise BadArguments(f"--jobs must be at least 1, got {args.jobs}")
+    cfg = CampaignConfig(mode=args.mode, backend=args.backend, runs=runs, steps=steps,
+                         seed_base=1 if seed is None else seed, jobs=args.jobs,
+                         preset=args.preset, durable_mode=args.durable_mode,
+                         results_root=args.results, keep=args.keep)
+    load(cfg.preset_name)  # a bad preset is a bad argument, before anything runs
+    return cfg
+
+
+def _repro(args: argparse.Namespace) -> int:
+    if args.results is not None:
+        if args.run is None:
+            raise BadArguments("repro RESULTS needs --run N (the run index from the failure line)")
+        results = ResultsDir.open(args.results)
+        record = next((r for r in results.runs() if r["index"] == args.run), None)
+        if record is None:
+            raise BadArguments(f"{args.results} has no run {args.run}")
+        spec = RunSpec(index=record["index"], seed=record["seed"],
+                       campaign_mode=record["campaign_mode"], durable_mode=record["durable_mode"],
+                       backend=record["backend"], preset=record["preset"],
+                       steps=record["steps"], work_dir=results.path / "repro",
+                       plan=FaultPlan.from_json(record["plan"]), keep=True)
+    else:
+        if args.seed is None or args.mode is None:
+            raise BadArguments("repro needs RESULTS --run N, or --seed S --mode M")
+        cfg = CampaignConfig(mode=args.mode, backend=args.backend, preset=args.preset,
+                             durable_mode=args.durable_mode)
+        if args.mode == "exhaustive":
+            raise BadArguments("exhaustive plans are not drawn from a seed; use RESULTS --run N")
+        spec = RunSpec(index=0, seed=args.seed, campaign_mode=args.mode,
+                       durable_mode=cfg.adapter_mode, backend=args.backend,
+                       preset=cfg.preset_name, steps=args.steps,
+                       work_dir=Path("results") / "repro", keep=True)
+    record = Run(spec).execute()
+    v = record["verdict"]
+    print(f"repro run={spec.index} seed={spec.seed} mode={spec.campaign_mode} "
+          f"backend={spec.backend} plan={[f['action'] + '@' + str(f['point'] or f['delay']) for f in record['plan']['faults']]}")
+    for e in v["errors"]:
+        print(f"  {e.splitlines()[0] if e else e}")
+    print(f"VERDICT valid={v['valid']} kills={record['counts']['kills']} "
+          f"run_dir={record['run_dir']}")
+    return EXIT[{True: "valid", False: "invalid"}.get(v["valid"], "unknown")]
+
+
+def _analyze(args: argparse.Namespace) -> int:
+    results = ResultsDir.open(args.results)
+    verdicts = []
+    for r in results.runs():
+        if r["observation"] is None:
+            verdicts.append("unknown")
+            print(f"run {r['index']}: no observation recorded: unknown")
+            continue
+        scenario = generate(r["seed"], load(r["preset"]), steps=r["steps"])
+        v = check(scenario, Observation.from_json(r["observation"]),
+                  campaign_mode=r["campaign_mode"])
+        verdicts.append(v.valid)
+        if v.valid != r["verdict"]["valid"]:
+            print(f"run {r['index']}: stored verdict {r['verdict']['valid']}, now {v.valid}")
+        if v.valid is not True:
+            print(f"run {r['index']} seed={r['seed']}: {v.errors[0] if v.errors else ''}")
+    overall = merge(verdicts)
+    print(f"ANALYZE runs={len(verdicts)} ok={sum(v is True for v in verdicts)} "
+          f"failed={sum(v is False for v in verdicts)} "
+          f"unknown={sum(v == 'unknown' for v in verdicts)}")
+    return EXIT[{True: "valid", False: "invalid"}.get(overall, "unknown")]  # type: ignore[arg-type]
+
+
+def _clean(args: argparse.Namespace) -> int:
+    from backends.local import LocalSpaces
+
+    removed = 0
+    for spaces_dir in sorted(args.results.glob("**/spaces")):
+        provider = LocalSpaces(spaces_dir)
+        for name in provider.names():
+            provider.delete(name)
+            removed += 1
+    try:
+        from backends.docker import DockerSpaces
+
+        removed += DockerSpaces.clean_all()
+    except (ImportError, BackendUnavailable):
+        pass
+    print(f"clean: removed {removed} Space(s)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "run":
+            return run_campaign(_campaign_config(args))
+        if args.command == "repro":
+            return _repro(args)
+        if args.command == "analyze":
+            return _analyze(args)
+        return _clean(args)
+    except (BadArguments, PresetError, BackendUnavailable, FileNotFoundError) as exc:
+        print(f"chaos: {exc}", file=sys.stderr)
+        return EXIT_BAD_ARGS
+    except KeyboardInterrupt:
+        print("chaos: interrupted", file=sys.stderr)
+        return EXIT_CRASHED
+    except Exception:
+        traceback.print_exc()
+        print("chaos: the harness itself crashed (exit 255); the traceback above says where",
+              file=sys.stderr)
+        return EXIT_CRASHED
+
+
+__all__ = ["main"]

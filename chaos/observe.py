@@ -1,0 +1,92 @@
+"""Turn a finished run (its log, its Space, its effects file) into plain data.
+
+The runner observes once, after a clean driver finished the session; the checker and the
+reports only ever see the ``Observation`` and the history built here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from durable.adapter import IMAGE_DOC, SPACE_DOC
+from durable.adapter.image import IMAGE_KEY, Image
+from durable.adapter.state import RECOVERY_KEY
+from durable.errors import SpaceError
+from durable.log import ROOT_CONVERSATION, Log
+from durable.spaces import Spaces
+from durable.storage.sqlite import SqliteStorage
+from scenarios.host_tools import read_effects
+from scenarios.plan import LOG_FILE
+
+from .checker import Observation, ObservedCall
+
+
+def read_log(path: Path) -> Log:
+    return Log.open(SqliteStorage(path))
+
+
+def calls_of(log: Log, conversation: int = ROOT_CONVERSATION) -> list[ObservedCall]:
+    out: list[ObservedCall] = []
+    results = {e.data["call_id"]: e for e in log.entries(conversation) if e.kind == "tool_result"}
+    for e in log.entries(conversation):
+        if e.kind != "assistant":
+            continue
+        meta = e.data.get("meta", {})
+        for call in e.data.get("tool_calls", []):
+            r = results.get(call["id"])
+            status = None
+            if r is not None:
+                status = ("info" if r.data.get("interrupted") else
+                          "fail" if r.data.get("is_error") else "ok")
+            out.append(ObservedCall(
+                step=meta.get("step", -1), attempt=meta.get("attempt", 1), call_id=call["id"],
+                tool=call["name"], args=call["args"], invoked_ms=e.created_ms, result=status,
+                result_entry=r.id if r else None,
+                content=r.data.get("content", "")[:2000] if r else "",
+                completed_ms=r.created_ms if r else None))
+    return out
+
+
+def recovery_events(log: Log, conversation: int = ROOT_CONVERSATION) -> list[dict[str, Any]]:
+    return [{**e.data[RECOVERY_KEY], "entry": e.id, "time_ms": e.created_ms}
+            for e in log.entries(conversation)
+            if e.kind == "system" and RECOVERY_KEY in e.data]
+
+
+def observe(run_dir: Path, spaces: Spaces, space_name: str, *, epoch: int,
+            final_exit: int | None, final_done: bool) -> tuple[Observation, list[dict[str, Any]]]:
+    """The run's observation and its recovery events."""
+    log = read_log(run_dir / "state" / "log.sqlite")
+    try:
+        calls = calls_of(log)
+        events = recovery_events(log)
+        space = log.read_doc(ROOT_CONVERSATION, SPACE_DOC).value
+        image_doc = log.read_doc(ROOT_CONVERSATION, IMAGE_DOC).value
+        image = Image()
+        for e in log.entries(ROOT_CONVERSATION):
+            if e.kind == "system" and IMAGE_KEY in e.data:
+                image.fold(e.id, e.data[IMAGE_KEY])
+        switch = next((ev["entry"] for ev in events if ev["kind"] == "mode"
+                       and ev["mode"] == "checkpoint"), None)
+    finally:
+        log.close()
+    rows: list[tuple[str, str, bool, str]] = []
+    log_txt = ""
+    try:
+        client = spaces.connect(space_name, epoch=epoch)
+        scan = client.scan()
+        rows = [(e.path, e.kind, bool(e.exec), (e.sha256 if e.kind == "file" else e.target) or "")
+                for e in scan.entries if e.kind in ("file", "symlink")]
+        if any(r[0] == LOG_FILE for r in rows):
+            log_txt = client.read_file(LOG_FILE).decode("utf-8", "replace")
+    except SpaceError:
+        rows = []  # the Space is gone: the hash comparison reports it
+    obs = Observation(
+        calls=calls, workspace=rows, log_txt=log_txt,
+        effects=read_effects(run_dir / "effects"), final_exit=final_exit,
+        final_outcome_done=final_done, end_mode=space["mode"],
+        image_hash=image.hash() if space["mode"] == "transactional" else None,
+        image_stale=image_doc["stale"],
+        mode_switch_entry=switch)
+    return obs, events

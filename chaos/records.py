@@ -1,0 +1,104 @@
+"""The results directory of a campaign, written in phases with atomic writes.
+
+Layout of ``results/<mode>-<backend>-<timestamp>/``:
+
+- ``campaign.json``: the configuration (phase 1, before any run);
+- ``runs.jsonl``: one JSON line per finished run (phase 2, appended and fsynced as runs end);
+- ``runs/run-NNNN/``: kept only for runs that did not pass: the log (``state/log.sqlite``),
+  the workspace tarball, the driver logs, and ``plan.json``;
+- ``summary.json`` and ``SUMMARY`` (phase 3, after the verdicts), plus plots.
+
+``results/latest`` points at the newest campaign. Results are for humans and ``repro``;
+nothing reads them for correctness (Hypothesis's "a cache you never need to invalidate").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+
+def write_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+class ResultsDir:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.runs_dir = path / "runs"
+        self._lock = threading.Lock()
+
+    @classmethod
+    def create(cls, root: Path, mode: str, backend: str) -> ResultsDir:
+        root.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y%m%dT%H%M%S")
+        path = root / f"{mode}-{backend}-{stamp}"
+        n = 1
+        while path.exists():
+            n += 1
+            path = root / f"{mode}-{backend}-{stamp}-{n}"
+        path.mkdir()
+        (path / "runs").mkdir()
+        link = root / "latest"
+        tmp = root / f".latest-{os.getpid()}"
+        if tmp.is_symlink() or tmp.exists():
+            tmp.unlink()
+        tmp.symlink_to(path.name)
+        os.replace(tmp, link)
+        return cls(path)
+
+    @classmethod
+    def open(cls, path: Path) -> ResultsDir:
+        path = Path(path)
+        if not (path / "campaign.json").exists():
+            raise FileNotFoundError(
+                f"{path} is not a campaign results directory (no campaign.json); pass "
+                "results/<campaign> or results/latest")
+        return cls(path.resolve())
+
+    def write_json(self, name: str, obj: Any) -> None:
+        write_atomic(self.path / name, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+    def read_json(self, name: str) -> Any:
+        return json.loads((self.path / name).read_text())
+
+    def append_run(self, record: dict[str, Any]) -> None:
+        line = json.dumps(record, sort_keys=True) + "\n"
+        with self._lock, open(self.path / "runs.jsonl", "a") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+        if record.get("run_dir"):
+            write_atomic(Path(record["run_dir"]) / "plan.json",
+                         json.dumps(record["plan"], indent=2) + "\n")
+
+    def runs(self) -> list[dict[str, Any]]:
+        path = self.path / "runs.jsonl"
+        if not path.exists():
+            return []
+        out = []
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                if i == len(path.read_text().splitlines()):
+                    break  # a torn last line from a campaign that was killed
+                raise
+        return sorted(out, key=lambda r: r["index"])

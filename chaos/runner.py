@@ -1,0 +1,356 @@
+"""One campaign run: launch drivers, inject the planned faults, finish cleanly, observe, check.
+
+The runner is the only part that owns processes and threads (Jepsen's interpreter): drivers
+are ``OwnedProcess``es killed as a group and always reaped; failpoint faults fire from the
+rendezvous handler while the driver waits at the point, time faults from timers. Everything
+that happened is written down as plain operations (``history``): driver attempts, faults,
+and, after the run, every tool call read back from the log.
+
+A run's life:
+1. create the Space of conversation 1 and seed the scenario's initial workspace;
+2. launch drivers with growing epochs until one exits 0 or 78 or the attempt cap is hit,
+   firing each planned fault once when its trigger comes;
+3. if the last driver did not finish, a clean driver (no failpoints) finishes the session;
+4. observe (log, Space, effects) and check the invariant;
+5. delete the run's Spaces; keep the run directory only when the run failed (or ``keep``).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from durable.errors import SpaceError
+from scenarios import generate, load
+from scenarios.plan import Scenario
+
+from .backends import make_spaces
+from .checker import Verdict, check
+from .driver import SPACE_PREFIX
+from .faults import Fault, FaultPlan, draw_plan, reachable_points
+from .observe import observe
+from .processes import OwnedProcess, python_argv
+from .rendezvous import Hit, Rendezvous
+
+DRIVER_TIMEOUT_S = 180.0
+ROOT_SPACE = f"{SPACE_PREFIX}-c1"
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    index: int
+    seed: int
+    campaign_mode: str
+    durable_mode: str
+    backend: str
+    preset: str
+    steps: int | None
+    work_dir: Path
+    plan: FaultPlan | None = None
+    keep: bool = False
+
+
+@dataclass
+class RunState:
+    """Mutable bookkeeping of one run, shared by the runner thread, the rendezvous handler
+    and the fault timers (all under ``lock``)."""
+
+    t0: float
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    history: list[dict[str, Any]] = field(default_factory=list)
+    fired: set[int] = field(default_factory=set)
+    counts: dict[str, int] = field(default_factory=lambda: {
+        "kills": 0, "daemon_kills": 0, "space_restarts": 0, "lost_spaces": 0, "fenced": 0,
+        "timeouts": 0, "attempts": 0})
+    latencies: list[dict[str, Any]] = field(default_factory=list)
+    driver: OwnedProcess | None = None
+    hold: threading.Event | None = None
+
+    def op(self, process: str, type_: str, f: str, value: Any = None) -> None:
+        self.history.append({"process": process, "type": type_, "f": f, "value": value,
+                             "time": round(time.time() - self.t0, 4)})
+
+
+class Run:
+    def __init__(self, spec: RunSpec) -> None:
+        self.spec = spec
+        self.dir = spec.work_dir / f"run-{spec.index:04d}"
+        self.preset = load(spec.preset)
+        self.scenario: Scenario = generate(spec.seed, self.preset, steps=spec.steps)
+        self.plan = spec.plan or (FaultPlan(spec.seed, ()) if spec.campaign_mode == "stale"
+                                  else draw_plan(spec.seed, self.scenario, spec.durable_mode,
+                                                 long_seconds=self.preset.long_seconds))
+        self.state = RunState(time.time())
+        self.epoch = 0
+        self.spaces: Any = None
+        self._hold_at: tuple[str, int] | None = None
+        self._release = threading.Event()
+
+    # ------------------------------------------------------------------ faults
+
+    def _space_fault(self, fault: Fault) -> None:
+        assert self.spaces is not None
+        s = self.state
+        try:
+            if fault.action == "kill_daemon":
+                self.spaces.kill_daemon(ROOT_SPACE)
+                s.counts["daemon_kills"] += 1
+            elif fault.action == "restart_space":
+                self.spaces.restart(ROOT_SPACE)
+                s.counts["space_restarts"] += 1
+            elif fault.action == "delete_space":
+                self.spaces.delete(ROOT_SPACE)
+                s.counts["lost_spaces"] += 1
+        except SpaceError as exc:  # e.g. the Space is already gone
+            s.op("nemesis", "fail", fault.action, str(exc))
+            return
+        s.op("nemesis", "info", fault.action, fault.describe())
+
+    def _fire(self, index: int, fault: Fault, driver: OwnedProcess | None) -> bool:
+        """Fire ``fault`` once; returns True when it killed ``driver``."""
+        s = self.state
+        with s.lock:
+            if index in s.fired:
+                return False
+            s.fired.add(index)
+            if fault.action != "kill_driver":
+                self._space_fault(fault)
+            killed = False
+            if fault.kill_driver and driver is not None and driver.poll() is None:
+                driver.kill_group()
+                s.counts["kills"] += 1
+                s.op("nemesis", "info", "kill_driver", fault.describe())
+                killed = True
+            s.latencies.append({"action": fault.action, "trigger": fault.trigger,
+                                "point": fault.point, "t_fault": time.time() - s.t0,
+                                "t_next_step": None, "t_done": None, "killed": killed})
+            return killed
+
+    def _on_hit(self, hit: Hit) -> str:
+        s = self.state
+        driver = s.driver
+        with s.lock:
+            for lat in s.latencies:
+                if lat["t_next_step"] is None and lat["killed"]:
+                    lat["t_next_step"] = hit.t - s.t0
+        if s.hold is not None and self._hold_point(hit):
+            hold, s.hold = s.hold, None
+            s.op("nemesis", "info", "hold_driver", f"{hit.point}#{hit.occurrence}")
+            hold.set()  # tell the runner: the older driver is parked here
+            self._release.wait(DRIVER_TIMEOUT_S)
+            return "continue"
+        for i, fault in enumerate(self.plan.faults):
+            if (fault.trigger == "failpoint" and fault.point == hit.point
+                    and fault.occurrence == hit.occurrence and i not in s.fired):
+                if self._fire(i, fault, driver):
+                    return "killed"
+        return "continue"
+
+    # ------------------------------------------------------------------ drivers
+
+    def _driver_argv(self) -> list[str]:
+        spec = self.spec
+        argv = python_argv("chaos.driver", "--run-dir", str(self.dir), "--preset", spec.preset,
+                           "--seed", str(spec.seed), "--mode", spec.durable_mode,
+                           "--backend", spec.backend)
+        if spec.steps is not None:
+            argv += ["--steps", str(spec.steps)]
+        return argv
+
+    def _launch(self, attempt: int, failpoints: str | None) -> OwnedProcess:
+        self.epoch += 1
+        env = {**os.environ, "CUA_SESSION_NAME": f"run-{self.spec.index}",
+               "CUA_SESSION_EPOCH": str(self.epoch), "CUA_STATE_DIR": str(self.dir / "state"),
+               "CUA_SESSION_HEARTBEAT_SECS": "0.5",
+               "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        env.pop("CUA_FAILPOINTS", None)
+        if failpoints:
+            env["CUA_FAILPOINTS"] = failpoints
+        out = open(self.dir / f"driver-{attempt:02d}-e{self.epoch}.log", "wb")
+        try:
+            proc = OwnedProcess(self._driver_argv(), env=env, stdout=out,
+                                stderr=subprocess.STDOUT)
+        finally:
+            out.close()
+        self.state.counts["attempts"] += 1
+        self.state.op("driver", "invoke", "attempt", {"attempt": attempt, "epoch": self.epoch})
+        return proc
+
+    def _await(self, proc: OwnedProcess, attempt: int) -> int:
+        try:
+            code = proc.wait(DRIVER_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.state.counts["timeouts"] += 1
+            proc.close()
+            code = -1000
+        finally:
+            proc.close()
+        kind = "ok" if code == 0 else "fail" if code in (75, 78) else "info"
+        self.state.op("driver", kind, "attempt", {"attempt": attempt, "epoch": self.epoch,
+                                                  "exit": code})
+        return code
+
+    def _timers(self, attempt: int, proc: OwnedProcess) -> list[threading.Timer]:
+        timers = []
+        for i, fault in enumerate(self.plan.faults):
+            if fault.trigger == "time" and fault.attempt == attempt:
+                t = threading.Timer(fault.delay or 0.0, self._fire, (i, fault, proc))
+                t.daemon = True
+                t.start()
+                timers.append(t)
+        return timers
+
+    # ------------------------------------------------------------------ the run
+
+    def _seed_workspace(self) -> None:
+        assert self.spaces is not None
+        self.spaces.create(ROOT_SPACE)
+        client = self.spaces.connect(ROOT_SPACE, epoch=0)
+        for path, (data, ex) in sorted(self.scenario.initial.files.items()):
+            client.write_file(path, data, mode=0o755 if ex else 0o644)
+
+    def execute(self) -> dict[str, Any]:
+        spec, s = self.spec, self.state
+        if self.dir.exists():
+            shutil.rmtree(self.dir)
+        (self.dir / "state").mkdir(parents=True)
+        sock_dir = tempfile.mkdtemp(prefix="cua-fp-")
+        final_exit: int | None = None
+        verdict = Verdict("unknown", ["the run did not get to its check"])
+        obs_json: dict[str, Any] | None = None
+        events: list[dict[str, Any]] = []
+        hits: dict[str, int] = {}
+        try:
+            self.spaces = make_spaces(spec.backend, self.dir)
+            self._seed_workspace()
+            with Rendezvous(os.path.join(sock_dir, "fp.sock"), self._on_hit) as rv:
+                if spec.campaign_mode == "stale":
+                    final_exit = self._race(rv)
+                else:
+                    final_exit = self._attempts(rv)
+                hits = rv.counts()
+            if final_exit != 0:
+                clean = self._launch(99, None)
+                final_exit = self._await(clean, 99)
+            t_done = time.time() - s.t0
+            for lat in s.latencies:
+                lat["t_done"] = t_done
+            obs, events = observe(self.dir, self.spaces, ROOT_SPACE, epoch=self.epoch,
+                                  final_exit=final_exit, final_done=final_exit == 0)
+            verdict = check(self.scenario, obs, campaign_mode=spec.campaign_mode)
+            if spec.campaign_mode == "stale" and self._stale_error:
+                verdict = Verdict(False, [self._stale_error, *verdict.errors])
+            obs_json = obs.to_json()
+            for c in obs.calls:
+                s.history.append({"process": "agent", "type": "invoke", "f": c.tool,
+                                  "value": {"step": c.step, "call": c.call_id},
+                                  "time": round(c.invoked_ms / 1000 - s.t0, 4)})
+                if c.result is not None and c.completed_ms is not None:
+                    s.history.append({"process": "agent", "type": c.result, "f": c.tool,
+                                      "value": {"step": c.step, "call": c.call_id},
+                                      "time": round(c.completed_ms / 1000 - s.t0, 4)})
+            s.history.sort(key=lambda op: op["time"])
+        except Exception as exc:  # the run itself broke: unknown, with the reason
+            import traceback
+
+            verdict = Verdict("unknown", [f"run crashed: {type(exc).__name__}: {exc}",
+                                          traceback.format_exc(limit=8)])
+        finally:
+            self._release.set()
+            shutil.rmtree(sock_dir, ignore_errors=True)
+            failed = verdict.valid is not True
+            if self.spaces is not None:
+                if failed:
+                    self._save_workspace()
+                self._cleanup_spaces()
+            if not failed and not spec.keep:
+                shutil.rmtree(self.dir, ignore_errors=True)
+        return {
+            "index": spec.index, "seed": spec.seed, "campaign_mode": spec.campaign_mode,
+            "durable_mode": spec.durable_mode, "backend": spec.backend, "preset": spec.preset,
+            "steps": len(self.scenario.steps), "plan": self.plan.to_json(),
+            "history": s.history, "recoveries": events, "counts": s.counts,
+            "latencies": s.latencies, "points_hit": hits, "final_exit": final_exit,
+            "verdict": verdict.to_json(), "observation": obs_json,
+            "seconds": round(time.time() - s.t0, 3),
+            "run_dir": str(self.dir) if (verdict.valid is not True or spec.keep) else None,
+        }
+
+    def _attempts(self, rv: Rendezvous) -> int | None:
+        code: int | None = None
+        for attempt in range(1, self.plan.max_attempts + 1):
+            proc = self._launch(attempt, rv.address)
+            self.state.driver = proc
+            timers = self._timers(attempt, proc)
+            code = self._await(proc, attempt)
+            for t in timers:
+                t.cancel()
+            if code in (0, 78):
+                return code
+            if self.plan.backoff:
+                time.sleep(self.plan.backoff)
+        return code
+
+    _stale_error: str | None = None
+
+    def _hold_point(self, hit: Hit) -> bool:
+        return (hit.point, hit.occurrence) == self._hold_at
+
+    def _race(self, rv: Rendezvous) -> int | None:
+        """Stale mode: park an older driver at a seeded point, let a newer one finish the
+        session, then release the older one: it must be fenced (exit 75) and change nothing."""
+        rng = random.Random(f"stale:{self.spec.seed}")
+        points = reachable_points(self.scenario, self.spec.durable_mode)
+        candidates = [p for p in ("call.intent", "space.start_mark", "space.running",
+                                  "space.exited", "call.returned", "space.file_op")
+                      if p in points]
+        point = rng.choice(candidates)
+        self._hold_at = (point, rng.randint(1, points[point]))
+        self.state.hold = parked = threading.Event()
+        old = self._launch(1, rv.address)
+        old_epoch = self.epoch
+        self.state.driver = old
+        if not parked.wait(DRIVER_TIMEOUT_S) or old.poll() is not None:
+            self._stale_error = f"the older driver never reached {self._hold_at}"
+            return self._await(old, 1)
+        new = self._launch(2, None)
+        code = self._await(new, 2)
+        self._release.set()
+        old_code = old.wait(DRIVER_TIMEOUT_S)
+        old.close()
+        self.state.op("driver", "fail" if old_code == 75 else "info", "attempt",
+                      {"attempt": 1, "epoch": old_epoch, "exit": old_code})
+        if old_code == 75:
+            self.state.counts["fenced"] += 1
+        else:
+            self._stale_error = (f"the older driver (epoch {old_epoch}) exited {old_code} "
+                                 "after a newer one finished; it must be fenced (75)")
+        return code
+
+    def _save_workspace(self) -> None:
+        assert self.spaces is not None
+        try:
+            client = self.spaces.connect(ROOT_SPACE, epoch=self.epoch + 1)
+            client.checkpoint_create("final-workspace")
+            with open(self.dir / "workspace.tar", "wb") as f:
+                for chunk in client.checkpoint_export("final-workspace"):
+                    f.write(chunk)
+        except Exception as exc:  # keep whatever else we have
+            (self.dir / "workspace.error").write_text(f"{type(exc).__name__}: {exc}\n")
+
+    def _cleanup_spaces(self) -> None:
+        assert self.spaces is not None
+        for name in self.spaces.names():
+            try:
+                self.spaces.delete(name)
+            except Exception as exc:
+                print(f"warning: could not delete Space {name}: {exc}", file=sys.stderr)
