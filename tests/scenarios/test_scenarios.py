@@ -1,0 +1,64 @@
+"""Scenarios: generated from the seed alone, every step's effect applies, presets validated."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from durable.models import ModelRequest
+from scenarios import PresetError, generate, load
+from scenarios.preset import STEP_KINDS, parse
+
+
+@pytest.mark.parametrize("preset", ["default", "auto", "small"])
+def test_same_seed_same_scenario(preset: str) -> None:
+    a, b = generate(7, load(preset)), generate(7, load(preset))
+    assert a.steps == b.steps and a.initial.files == b.initial.files
+    assert generate(8, load(preset)).steps != a.steps
+
+
+def test_markers_are_unique_and_effects_apply() -> None:
+    scenario = generate(3, load("auto"), steps=40)
+    ws = scenario.initial.copy()
+    for step in scenario.steps:
+        step.apply(ws)
+    log = ws.files["log.txt"][0].decode().splitlines() if "log.txt" in ws.files else []
+    assert len(log) == len(set(log)), "append markers repeat"
+    assert {s.kind for s in scenario.steps} <= set(STEP_KINDS)
+    assert ws.hash() != scenario.initial.hash()
+
+
+def test_scripted_model_plays_the_plan_and_reissues_by_seed() -> None:
+    scenario = generate(5, load("default"), steps=3)
+    model = scenario.model()
+    messages: list[dict] = []
+    first = model.complete(ModelRequest(1, messages, []))
+    assert first.meta == {"step": 0, "attempt": 1}
+    messages += [{"role": "assistant", "tool_calls": [{"id": "a"}], "meta": first.meta},
+                 {"role": "tool", "call_id": "a", "interrupted": True}]
+    again = model.complete(ModelRequest(1, messages, []))
+    expected = (0, 2) if scenario.reissue(0, 1) else (1, 1)
+    assert (again.meta["step"], again.meta["attempt"]) == expected
+
+
+@pytest.mark.parametrize(("raw", "message"), [
+    ({"steps": "10"}, "Expected int for 'steps'"),
+    ({"mix": {"telepathy": 1}}, "unknown step kind"),
+    ({"stepz": 3}, "unknown field"),
+    ({"file_size": [10, 1]}, "file_size"),
+    ({"reissue": 2}, "probability"),
+    ({"mix": {"write": 0}}, "no step kind"),
+])
+def test_bad_presets_say_what_is_wrong(raw: dict, message: str) -> None:
+    with pytest.raises(PresetError, match=message):
+        parse(raw, "test.yaml")
+
+
+def test_unknown_preset_lists_known(tmp_path: Path) -> None:
+    with pytest.raises(PresetError, match="known: .*default"):
+        load("nope")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("steps: [unclosed")
+    with pytest.raises(PresetError, match="not valid YAML"):
+        load(str(bad))
