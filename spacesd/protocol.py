@@ -161,3 +161,47 @@ def workspace_hash(entries: list[ScanEntry] | list[tuple[str, str, bool, str]]) 
     for path, kind, ex, ident in sorted(rows):
         h.update(f"{path}\0{kind}\0{int(ex)}\0{ident}\n".encode("utf-8", "surrogateescape"))
     return h.hexdigest()
+
+
+# ---------------------------------------------------------------- wire format
+#
+# JSON over HTTP/1.1. Every operation is ``POST /v1/<op>`` with a JSON object body that
+# carries ``epoch`` (int) and the operation's fields; the answer is a JSON object, or on
+# error ``{"error": {"code": ..., "message": ...}}`` with the status of ``ERROR_STATUS``.
+# Every request needs ``Authorization: Bearer <token>`` except ``GET /v1/health``.
+# Two operations are not JSON-in/JSON-out: ``checkpoint_export`` answers with a chunked tar
+# stream, and ``checkpoint_import`` takes the tar as its body, with ``id`` and ``epoch`` in
+# the query string.
+
+API_PREFIX = "/v1/"
+HEALTH_PATH = API_PREFIX + "health"
+OP_CHECKPOINT_EXPORT = "checkpoint_export"
+OP_CHECKPOINT_IMPORT = "checkpoint_import"
+
+#: HTTP status of each error code.
+ERROR_STATUS: dict[str, int] = {
+    ERR_BAD_REQUEST: 400,
+    ERR_UNAUTHORIZED: 401,
+    ERR_OUTSIDE_ROOT: 403,
+    ERR_NOT_FOUND: 404,
+    ERR_CONFLICT: 409,
+    ERR_STALE_EPOCH: 412,
+    ERR_TOO_LARGE: 413,
+    ERR_INTERNAL: 500,
+}
+
+#: Default limit of a JSON request body (file writes travel base64-encoded inside it).
+DEFAULT_MAX_BODY = 64 * 1024 * 1024
+
+#: How long the daemon holds one ``exec_wait`` request open waiting for output or an exit.
+EXEC_WAIT_SECONDS = 0.2
+
+#: Set in the environment of every command the daemon starts (value: the daemon's state
+#: directory), so that a provider can find every process of a Space, even after the daemon
+#: that started them is gone (``restart`` as a machine restart would).
+ENV_SPACE_STATE = "SPACESD_STATE"
+
+
+def op_path(op: str) -> str:
+    """The URL path of operation ``op``."""
+    return API_PREFIX + op

@@ -1,0 +1,217 @@
+"""``LocalSpaces``: Spaces as directories on this machine, each served by its own spacesd.
+
+``<base_dir>/<name>/work`` is the workspace, ``<base_dir>/<name>/state`` the daemon's state
+(token, port and pid files, exec ledger, checkpoints, ``daemon.log``). Nothing lives in
+memory: any process can find a Space by name, and Spaces outlive the process that created
+them (the daemon runs in a session of its own, so it is not killed with its creator's
+process group). Operations that start or kill a daemon take a per-name lock file under
+``<base_dir>/.locks`` (never deleted), so parallel processes cannot start two daemons.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import spacesd.protocol
+from backends.local import procs
+from backends.space_client import Endpoint, SpaceClient
+from durable.errors import SpaceError, SpaceNotFound, SpaceUnavailable
+from spacesd.protocol import ERR_BAD_REQUEST
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+#: Where ``python -m spacesd`` is importable from (the parent of the spacesd package).
+_SPACESD_PATH = str(Path(spacesd.protocol.__file__).resolve().parent.parent)
+
+
+@dataclass(frozen=True)
+class LocalSpace:
+    """Where a local Space lives on disk."""
+
+    name: str
+    dir: Path
+
+    @property
+    def work(self) -> Path:
+        return self.dir / "work"
+
+    @property
+    def state(self) -> Path:
+        return self.dir / "state"
+
+    @property
+    def token_file(self) -> Path:
+        return self.state / "token"
+
+    @property
+    def port_file(self) -> Path:
+        return self.state / "port"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.state / "daemon.pid"
+
+    @property
+    def log_file(self) -> Path:
+        return self.state / "daemon.log"
+
+    def daemon(self) -> tuple[int, int] | None:
+        """``(pid, start time)`` of the running daemon, or None."""
+        try:
+            pid, started = map(int, self.pid_file.read_text().split())
+        except (FileNotFoundError, ValueError):
+            return None
+        return (pid, started) if procs.start_time(pid) == started else None
+
+    def endpoint(self) -> Endpoint:
+        if not self.token_file.exists():
+            raise SpaceNotFound(f"no Space {self.name!r} in {self.dir.parent}")
+        try:
+            port = int(self.port_file.read_text())
+            token = self.token_file.read_text().strip()
+        except (FileNotFoundError, ValueError):
+            raise SpaceUnavailable(f"Space {self.name!r}: its daemon is not up "
+                                   f"(no port file; see {self.log_file})") from None
+        return Endpoint("127.0.0.1", port, token)
+
+
+class LocalSpaces:
+    """A ``durable.spaces.Spaces`` provider on this machine."""
+
+    kind = "local"
+
+    def __init__(self, base_dir: str | os.PathLike[str], *, start_timeout: float = 30.0) -> None:
+        self.base_dir = Path(base_dir).resolve()
+        self.base_dir.mkdir(parents=True, exist_ok=True)
+        self.start_timeout = start_timeout
+
+    def get(self, name: str) -> LocalSpace:
+        """The Space's paths; raises ``SpaceNotFound``."""
+        space = self._space(name)
+        if not space.token_file.exists():
+            raise SpaceNotFound(f"no Space {name!r} in {self.base_dir}; create it first")
+        return space
+
+    def _space(self, name: str) -> LocalSpace:
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise SpaceError(f"bad Space name {name!r}: use 1-100 of A-Z a-z 0-9 . _ -, "
+                             "starting with a letter or digit (no '/')", code=ERR_BAD_REQUEST)
+        return LocalSpace(name, self.base_dir / name)
+
+    @contextmanager
+    def _locked(self, name: str) -> Iterator[LocalSpace]:
+        space = self._space(name)
+        locks = self.base_dir / ".locks"
+        locks.mkdir(exist_ok=True)
+        with open(locks / f"{name}.lock", "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            yield space
+
+    # ---------------------------------------------------------------- the protocol
+
+    def create(self, name: str) -> None:
+        with self._locked(name) as space:
+            if space.daemon() and self._healthy(space):
+                return
+            space.work.mkdir(parents=True, exist_ok=True)
+            space.state.mkdir(parents=True, exist_ok=True)
+            if not space.token_file.exists():
+                tmp = space.state / "token.tmp"
+                tmp.write_text(secrets.token_hex(32) + "\n")
+                tmp.chmod(0o600)
+                tmp.replace(space.token_file)
+            self._kill_daemon(space)  # a hung one, if any
+            self._start_daemon(space)
+
+    def exists(self, name: str) -> bool:
+        try:
+            return self._space(name).token_file.exists()
+        except SpaceError:
+            return False
+
+    def delete(self, name: str) -> None:
+        with self._locked(name) as space:
+            if not space.dir.exists():
+                return
+            self._kill_daemon(space)
+            procs.kill_space_processes(str(space.state))
+            shutil.rmtree(space.dir)
+
+    def restart(self, name: str) -> None:
+        """As a machine restart: the daemon and every process it started die (found by the
+        marker in their environment), the disk stays, a new daemon starts."""
+        with self._locked(name) as space:
+            self.get(name)
+            self._kill_daemon(space)
+            procs.kill_space_processes(str(space.state))
+            self._start_daemon(space)
+
+    def kill_daemon(self, name: str) -> None:
+        with self._locked(name) as space:
+            self.get(name)
+            self._kill_daemon(space)
+            self._start_daemon(space)
+
+    def connect(self, name: str, *, epoch: int) -> SpaceClient:
+        space = self.get(name)
+        return SpaceClient(name, epoch, space.endpoint)
+
+    def names(self) -> list[str]:
+        return sorted(p.name for p in self.base_dir.iterdir()
+                      if _NAME.fullmatch(p.name) and (p / "state" / "token").exists())
+
+    def delete_all(self) -> None:
+        """Delete every Space under ``base_dir`` (test and benchmark cleanup)."""
+        for name in self.names():
+            self.delete(name)
+
+    # ---------------------------------------------------------------- the daemon
+
+    def _kill_daemon(self, space: LocalSpace) -> None:
+        running = space.daemon()
+        if running:
+            procs.kill_process(*running)
+
+    def _start_daemon(self, space: LocalSpace) -> None:
+        """Start spacesd detached and wait until it answers ``health``."""
+        for stale in (space.port_file, space.pid_file):
+            stale.unlink(missing_ok=True)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (_SPACESD_PATH, env.get("PYTHONPATH")) if p)
+        argv = [sys.executable, "-m", "spacesd", "--root", str(space.work),
+                "--state", str(space.state), "--token-file", str(space.token_file),
+                "--port-file", str(space.port_file), "--pid-file", str(space.pid_file),
+                "--daemonize"]
+        with open(space.log_file, "ab") as log:
+            # --daemonize forks: this returns once the daemon's first process has exited,
+            # and the daemon itself is no child of ours (nothing to reap, ever).
+            subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
+                           cwd=space.state, start_new_session=True, check=True,
+                           timeout=self.start_timeout)
+        deadline = time.monotonic() + self.start_timeout
+        while not (space.pid_file.exists() and self._healthy(space)):
+            if time.monotonic() > deadline:
+                tail = space.log_file.read_text(errors="replace")[-2000:]
+                raise SpaceUnavailable(f"Space {space.name!r}: spacesd did not become healthy "
+                                       f"within {self.start_timeout} s; its log ends with:\n"
+                                       f"{tail}")
+            time.sleep(0.02)
+
+    @staticmethod
+    def _healthy(space: LocalSpace) -> bool:
+        try:
+            SpaceClient(space.name, 0, space.endpoint, timeout=5.0, retry_for=0).health()
+            return True
+        except SpaceError:
+            return False

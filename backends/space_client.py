@@ -1,0 +1,322 @@
+"""The host side of spacesd: a ``durable.spaces.SpaceClient`` over HTTP.
+
+One short connection per request (stdlib ``http.client``): nothing to share between
+threads, nothing left open, and a daemon restart costs only the connection in flight.
+
+Where the daemon is comes from a resolver, called again whenever the cached address fails,
+because a restarted daemon listens on a new port. Retries are careful about effects:
+- the connection could not be made (the request never left): resolve again and retry until
+  ``retry_for`` seconds have passed (a supervised daemon comes back within that), then
+  ``SpaceUnavailable``;
+- the connection broke after the request was sent: retried once if the operation is
+  idempotent (all are except ``edit_file`` and ``checkpoint_import``), else
+  ``SpaceUnavailable``: its outcome is unknown;
+- 401: the port may now belong to another Space's daemon; resolve again and retry once if
+  the address changed.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import http.client
+import json
+import shutil
+import tempfile
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import IO, Any
+from urllib.parse import urlencode
+
+from durable.errors import SpaceError, SpaceUnavailable, StaleEpochError
+from spacesd import protocol
+from spacesd.protocol import CheckpointInfo, ExecInfo, ScanResult
+
+_CHUNK = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    host: str
+    port: int
+    token: str
+
+
+#: Returns where the Space's daemon is now; raises ``SpaceNotFound`` if the Space is gone
+#: and ``SpaceUnavailable`` if its daemon is not up (the client retries that).
+Resolver = Callable[[], Endpoint]
+
+
+class SpaceClient:
+    def __init__(self, name: str, epoch: int, resolver: Resolver, *, timeout: float = 60.0,
+                 retry_for: float = 5.0, long_timeout: float = 900.0) -> None:
+        self.name = name
+        self.epoch = epoch
+        self._resolver = resolver
+        self._endpoint: Endpoint | None = None
+        self.timeout = timeout
+        self.retry_for = retry_for
+        #: For checkpoints and their transfers, which may take long on big workspaces.
+        self.long_timeout = long_timeout
+
+    def with_epoch(self, epoch: int) -> SpaceClient:
+        other = SpaceClient(self.name, epoch, self._resolver, timeout=self.timeout,
+                            retry_for=self.retry_for, long_timeout=self.long_timeout)
+        other._endpoint = self._endpoint
+        return other
+
+    def __repr__(self) -> str:
+        return f"SpaceClient({self.name!r}, epoch={self.epoch})"
+
+    # ---------------------------------------------------------------- transport
+
+    def _resolve(self, deadline: float) -> Endpoint:
+        while True:
+            try:
+                self._endpoint = self._resolver()
+                return self._endpoint
+            except SpaceUnavailable:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.05)
+
+    def _open(self, method: str, path: str, body: bytes | IO[bytes] | None,
+              headers: dict[str, str], *, idempotent: bool,
+              timeout: float) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        """Send one request and return the connection and its response (the caller reads
+        the response and closes the connection)."""
+        deadline = time.monotonic() + self.retry_for
+        resent = reauthorized = False
+        while True:
+            ep = self._endpoint or self._resolve(deadline)
+            conn = http.client.HTTPConnection(ep.host, ep.port, timeout=timeout, blocksize=_CHUNK)
+            try:
+                conn.connect()
+            except OSError as exc:
+                conn.close()
+                self._endpoint = None
+                if time.monotonic() < deadline:
+                    time.sleep(0.05)
+                    continue
+                raise SpaceUnavailable(
+                    f"Space {self.name!r}: cannot reach its daemon at {ep.host}:{ep.port} "
+                    f"({exc}); it is down, restarting or gone") from exc
+            try:
+                conn.request(method, path, body=body,
+                             headers={"Authorization": f"Bearer {ep.token}", **headers})
+                resp = conn.getresponse()
+            except (OSError, http.client.HTTPException) as exc:
+                conn.close()
+                self._endpoint = None
+                if idempotent and not resent:
+                    resent = True
+                    continue
+                raise SpaceUnavailable(
+                    f"Space {self.name!r}: the connection broke during {method} {path} "
+                    f"({exc!r}); whether it took effect is unknown") from exc
+            if resp.status == 401 and not reauthorized:
+                # The port may belong to another Space's daemon now: look again, once.
+                reauthorized = True
+                data = resp.read()
+                conn.close()
+                if self._resolve(deadline) != ep:
+                    continue
+                self._fail(401, data)
+            return conn, resp
+
+    def _fail(self, status: int, data: bytes) -> None:
+        """Raise the error an error response carries."""
+        try:
+            err = json.loads(data)["error"]
+            code, message = str(err["code"]), str(err["message"])
+        except (ValueError, KeyError, TypeError):
+            err, code = {}, protocol.ERR_INTERNAL
+            message = f"HTTP {status} with an unreadable body {data[:200]!r}"
+        if code == protocol.ERR_STALE_EPOCH:
+            raise StaleEpochError(f"Space {self.name!r}: {message}", epoch=self.epoch,
+                                  floor=err.get("floor"))
+        raise SpaceError(f"Space {self.name!r}: {message}", code=code, status=status)
+
+    def _call(self, op: str, *, idempotent: bool = True, timeout: float | None = None,
+              epoch: int | None = None, **fields: Any) -> dict[str, Any]:
+        body = json.dumps({"epoch": self.epoch if epoch is None else epoch, **fields}).encode()
+        conn, resp = self._open("POST", protocol.op_path(op), body,
+                                {"Content-Type": "application/json"}, idempotent=idempotent,
+                                timeout=timeout or self.timeout)
+        try:
+            data = resp.read()
+        except (OSError, http.client.HTTPException) as exc:
+            raise SpaceUnavailable(f"Space {self.name!r}: the answer to {op} was cut short "
+                                   f"({exc!r})") from exc
+        finally:
+            conn.close()
+        if resp.status != 200:
+            self._fail(resp.status, data)
+        return json.loads(data)
+
+    # ---------------------------------------------------------------- daemon
+
+    def health(self) -> dict[str, Any]:
+        conn, resp = self._open("GET", protocol.HEALTH_PATH, None, {}, idempotent=True,
+                                timeout=self.timeout)
+        try:
+            data = resp.read()
+        finally:
+            conn.close()
+        if resp.status != 200:
+            self._fail(resp.status, data)
+        return json.loads(data)
+
+    def capabilities(self) -> set[str]:
+        return set(self._call("capabilities")["capabilities"])
+
+    def advance_epoch(self, epoch: int) -> dict[str, Any]:
+        return self._call("advance_epoch", epoch=epoch)
+
+    # ---------------------------------------------------------------- exec ledger
+
+    def exec_start(self, key: str, command: str, *, cwd: str | None = None,
+                   env: dict[str, str] | None = None) -> ExecInfo:
+        return ExecInfo.from_json(self._call("exec_start", key=key, command=command, cwd=cwd,
+                                             env=env))
+
+    def exec_status(self, key: str) -> ExecInfo:
+        return ExecInfo.from_json(self._call("exec_status", key=key))
+
+    def exec_wait(self, key: str, *, offset: int = 0,
+                  on_output: Callable[[str], None] | None = None,
+                  timeout: float | None = None) -> ExecInfo:
+        """Stream the output of ``key`` from byte ``offset`` to ``on_output`` until the
+        command ends (or ``timeout`` seconds pass: then its ``running`` info).
+
+        Long polls: each request waits up to ``EXEC_WAIT_SECONDS`` on the daemon for output
+        or the end. An exception from ``on_output`` propagates (that is how a caller stops
+        streaming). The returned info's ``output`` is what this call received, cut to about
+        the last ``OUTPUT_TAIL_BYTES`` (``output_offset`` says where it starts).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        kept: deque[tuple[int, str, int]] = deque()  # (offset, text, bytes) received
+        kept_bytes = 0
+        while True:
+            wait = protocol.EXEC_WAIT_SECONDS
+            if deadline is not None:
+                wait = max(0.0, min(wait, deadline - time.monotonic()))
+            res = self._call("exec_wait", key=key, offset=offset, wait=wait,
+                             timeout=wait + self.timeout)
+            info = ExecInfo.from_json(res["info"])
+            if info.output:
+                if on_output is not None:
+                    on_output(info.output)
+                n = res["next_offset"] - info.output_offset
+                kept.append((info.output_offset, info.output, n))
+                kept_bytes += n
+                while len(kept) > 1 and kept_bytes - kept[0][2] >= protocol.OUTPUT_TAIL_BYTES:
+                    kept_bytes -= kept.popleft()[2]
+            offset = res["next_offset"]
+            ended = info.state != "running"
+            if ended or (deadline is not None and time.monotonic() >= deadline):
+                return dataclasses.replace(
+                    info, output="".join(t for _, t, _ in kept),
+                    output_offset=kept[0][0] if kept else info.output_offset)
+
+    def exec_kill(self, key: str) -> ExecInfo:
+        return ExecInfo.from_json(self._call("exec_kill", key=key))
+
+    # ---------------------------------------------------------------- files
+
+    def read_file(self, path: str, *, offset: int = 0, limit: int | None = None) -> bytes:
+        res = self._call("read_file", path=path, offset=offset, limit=limit)
+        return base64.b64decode(res["data"])
+
+    def write_file(self, path: str, data: bytes, *, mode: int | None = None) -> None:
+        self._call("write_file", path=path, data=base64.b64encode(data).decode("ascii"),
+                   mode=mode)
+
+    def edit_file(self, path: str, old: str, new: str) -> None:
+        # Not idempotent: applied twice, an edit whose new text contains the old one would
+        # apply twice. A broken connection after sending is reported, never retried.
+        self._call("edit_file", idempotent=False, path=path, old=old, new=new)
+
+    def stat(self, path: str) -> dict[str, Any] | None:
+        return self._call("stat", path=path)["stat"]
+
+    def list_dir(self, path: str) -> list[dict[str, Any]]:
+        return self._call("list_dir", path=path)["entries"]
+
+    def remove(self, path: str, *, recursive: bool = False) -> None:
+        self._call("remove", path=path, recursive=recursive)
+
+    def mkdir(self, path: str) -> None:
+        self._call("mkdir", path=path)
+
+    def symlink(self, path: str, target: str) -> None:
+        self._call("symlink", path=path, target=target)
+
+    # ---------------------------------------------------------------- workspace
+
+    def scan(self, *, exclude: list[str] | None = None) -> ScanResult:
+        return ScanResult.from_json(self._call("scan", exclude=exclude,
+                                               timeout=self.long_timeout))
+
+    def checkpoint_create(self, checkpoint_id: str) -> CheckpointInfo:
+        return CheckpointInfo.from_json(self._call("checkpoint_create", id=checkpoint_id,
+                                                   timeout=self.long_timeout))
+
+    def checkpoint_restore(self, checkpoint_id: str) -> CheckpointInfo:
+        return CheckpointInfo.from_json(self._call("checkpoint_restore", id=checkpoint_id,
+                                                   timeout=self.long_timeout))
+
+    def checkpoint_list(self) -> list[CheckpointInfo]:
+        return [CheckpointInfo.from_json(c) for c in self._call("checkpoint_list")["checkpoints"]]
+
+    def checkpoint_delete(self, checkpoint_id: str) -> None:
+        self._call("checkpoint_delete", id=checkpoint_id, timeout=self.long_timeout)
+
+    def checkpoint_export(self, checkpoint_id: str) -> Iterator[bytes]:
+        """The checkpoint as a tar stream, in chunks. Errors (no such checkpoint) are raised
+        here; a stream cut short raises ``SpaceUnavailable`` while iterating."""
+        body = json.dumps({"epoch": self.epoch, "id": checkpoint_id}).encode()
+        conn, resp = self._open("POST", protocol.op_path(protocol.OP_CHECKPOINT_EXPORT), body,
+                                {"Content-Type": "application/json"}, idempotent=True,
+                                timeout=self.long_timeout)
+        if resp.status != 200:
+            try:
+                data = resp.read()
+            finally:
+                conn.close()
+            self._fail(resp.status, data)
+        return self._stream(conn, resp)
+
+    def _stream(self, conn: http.client.HTTPConnection,
+                resp: http.client.HTTPResponse) -> Iterator[bytes]:
+        try:
+            while chunk := resp.read(_CHUNK):
+                yield chunk
+        except (OSError, http.client.HTTPException) as exc:
+            raise SpaceUnavailable(f"Space {self.name!r}: the checkpoint export was cut "
+                                   f"short ({exc!r})") from exc
+        finally:
+            conn.close()
+
+    def checkpoint_import(self, checkpoint_id: str, tar: IO[bytes]) -> CheckpointInfo:
+        """Store the tar stream ``tar`` (as made by ``checkpoint_export``) as checkpoint
+        ``checkpoint_id``. The stream is spooled to a temp file first: the daemon needs its
+        length up front."""
+        with tempfile.TemporaryFile() as spool:
+            shutil.copyfileobj(tar, spool, _CHUNK)
+            length = spool.tell()
+            spool.seek(0)
+            query = urlencode({"id": checkpoint_id, "epoch": self.epoch})
+            conn, resp = self._open(
+                "POST", f"{protocol.op_path(protocol.OP_CHECKPOINT_IMPORT)}?{query}", spool,
+                {"Content-Type": "application/x-tar", "Content-Length": str(length)},
+                idempotent=False, timeout=self.long_timeout)
+            try:
+                data = resp.read()
+            finally:
+                conn.close()
+        if resp.status != 200:
+            self._fail(resp.status, data)
+        return CheckpointInfo.from_json(json.loads(data))

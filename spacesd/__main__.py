@@ -1,0 +1,87 @@
+"""``python -m spacesd``: serve one workspace.
+
+    python -m spacesd --root DIR --state DIR [--host 127.0.0.1] [--port 0]
+                      (--token-file F | --token-env VAR) [--port-file F] [--pid-file F]
+                      [--max-body BYTES] [--daemonize] [--verbose]
+
+Once listening it writes the bound port to ``--port-file`` and ``<pid> <start time>`` to
+``--pid-file`` (each atomically), so a supervisor can find it and tell it from a later
+process that reuses its pid. ``--daemonize`` forks into a new session first (the caller's
+process returns at once; the daemon outlives it and is not killed with its group).
+The token given by ``--token-env`` is removed from the environment, so the commands the
+daemon runs never see it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+
+from . import procfs
+from .daemon import Daemon
+from .fsio import AtomicWriter
+from .server import SpacesServer
+
+
+def _args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="spacesd", description="The daemon inside a Space.")
+    p.add_argument("--root", required=True, help="the workspace directory served")
+    p.add_argument("--state", required=True, help="the daemon's own directory (outside root)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    tok = p.add_mutually_exclusive_group(required=True)
+    tok.add_argument("--token-file", help="file holding the bearer token")
+    tok.add_argument("--token-env", help="environment variable holding the bearer token")
+    p.add_argument("--port-file", help="where to write the bound port once listening")
+    p.add_argument("--pid-file", help="where to write '<pid> <start time>' once listening")
+    p.add_argument("--max-body", type=int, default=None, help="request body limit in bytes")
+    p.add_argument("--daemonize", action="store_true", help="fork into a new session")
+    p.add_argument("--verbose", action="store_true", help="log every request to stderr")
+    return p.parse_args(argv)
+
+
+def _token(args: argparse.Namespace) -> str:
+    if args.token_file:
+        with open(args.token_file) as f:
+            token = f.read().strip()
+    else:
+        token = os.environ.pop(args.token_env, "").strip()
+    if not token:
+        raise SystemExit("spacesd: the token is empty; give a non-empty token")
+    return token
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _args(argv)
+    token = _token(args)
+    if args.daemonize:
+        if os.fork():
+            os._exit(0)
+        os.setsid()
+    # Commands are reaped by their shims, and shims need no reaping by us: the exit status
+    # travels through files. Ignoring SIGCHLD makes the kernel reap our children (and any
+    # orphans when we run as PID 1 in a container), so no zombie ever lingers.
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    daemon = Daemon(os.path.abspath(args.root), os.path.abspath(args.state))
+    kwargs = {"max_body": args.max_body} if args.max_body else {}
+    server = SpacesServer((args.host, args.port), daemon, token, verbose=args.verbose, **kwargs)
+    for path, text in ((args.port_file, f"{server.server_address[1]}\n"),
+                       (args.pid_file, f"{os.getpid()} {procfs.start_time(os.getpid())}\n")):
+        if path:
+            daemon.writer.write(os.path.abspath(path), [text.encode()], mode=0o644)
+    print(f"spacesd: serving {daemon.workspace.root} on "
+          f"{server.server_address[0]}:{server.server_address[1]}", file=sys.stderr, flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+        daemon.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,335 @@
+"""Directory checkpoints: copies of the workspace in a content-addressed store.
+
+Layout under ``<state>/checkpoints``: ``objects/<sha[:2]>/<sha>`` holds each distinct file
+content once (a file already stored costs nothing in the next checkpoint: the stat cache
+gives its digest without reading it, and its object exists), ``manifests/<id>.json`` lists
+the files (digest, size, mode), symlinks (target) and directories (mode) of one checkpoint.
+Objects are copies, never hard links, because a hard link would change when a command
+appends to the workspace file in place.
+
+Restore makes the workspace equal to a manifest in steps that are each idempotent: remove
+what the manifest lacks (or has with another kind), create directories, write back each file
+whose content or mode differs (atomically), fix symlinks, then set directory modes. A crash
+midway leaves a mix of old and new whole files; running restore again converges.
+
+Export and import move a checkpoint as a tar stream (``manifest.json`` then
+``objects/<sha>``); import checks every object against its name and the manifest against
+the path rules, so a hostile tar cannot write outside the workspace on restore.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import stat
+import tarfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import IO, Any
+
+from . import paths
+from .errors import BadRequest, NotFound
+from .file_ops import Workspace
+from .fsio import fsync_dir
+from .protocol import CheckpointInfo
+from .workspace_scan import Scanner
+
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,199}")
+_SHA = re.compile(r"[0-9a-f]{64}")
+_MANIFEST_MEMBER = "manifest.json"
+_MAX_MANIFEST = 256 * 1024 * 1024
+_CHUNK = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class FileRec:
+    path: str
+    sha256: str
+    size: int
+    mode: int
+
+
+@dataclass(frozen=True)
+class Manifest:
+    id: str
+    created_ms: int
+    files: list[FileRec] = field(default_factory=list)
+    symlinks: dict[str, str] = field(default_factory=dict)
+    dirs: dict[str, int] = field(default_factory=dict)
+
+    def info(self) -> CheckpointInfo:
+        return CheckpointInfo(self.id, len(self.files), sum(f.size for f in self.files),
+                              self.created_ms)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "created_ms": self.created_ms,
+                "files": [asdict(f) for f in self.files], "symlinks": self.symlinks,
+                "dirs": self.dirs}
+
+    @classmethod
+    def from_json(cls, raw: Any, checkpoint_id: str) -> Manifest:
+        """A manifest checked against the path rules; ``BadRequest`` says what is wrong."""
+        try:
+            m = cls(checkpoint_id, int(raw["created_ms"]),
+                    [FileRec(f["path"], f["sha256"], int(f["size"]), int(f["mode"]))
+                     for f in raw["files"]],
+                    {str(k): str(v) for k, v in raw["symlinks"].items()},
+                    {str(k): int(v) for k, v in raw["dirs"].items()})
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise BadRequest(f"checkpoint {checkpoint_id!r}: malformed manifest ({exc})") from None
+        m._validate()
+        return m
+
+    def _validate(self) -> None:
+        seen: set[str] = set()
+        for path in [f.path for f in self.files] + list(self.symlinks) + list(self.dirs):
+            if path in seen or "/".join(paths.split_rel(path)) != path or not path:
+                raise BadRequest(f"checkpoint {self.id!r}: bad or repeated path {path!r}")
+            seen.add(path)
+            parent = path.rpartition("/")[0]
+            if parent and parent not in self.dirs:
+                raise BadRequest(f"checkpoint {self.id!r}: {path!r} is not under a directory "
+                                 "of the checkpoint")
+        for f in self.files:
+            if not _SHA.fullmatch(f.sha256) or not 0 <= f.mode <= 0o7777:
+                raise BadRequest(f"checkpoint {self.id!r}: bad digest or mode for {f.path!r}")
+
+
+def check_id(checkpoint_id: str) -> str:
+    if not _ID.fullmatch(checkpoint_id):
+        raise BadRequest(f"checkpoint id {checkpoint_id!r} is not valid: use 1-200 of "
+                         "A-Z a-z 0-9 . _ : @ -, starting with a letter or digit")
+    return checkpoint_id
+
+
+class Checkpoints:
+    def __init__(self, state_dir: str, workspace: Workspace, scanner: Scanner) -> None:
+        base = os.path.join(state_dir, "checkpoints")
+        self._objects = os.path.join(base, "objects")
+        self._manifests = os.path.join(base, "manifests")
+        os.makedirs(self._objects, exist_ok=True)
+        os.makedirs(self._manifests, exist_ok=True)
+        self._ws = workspace
+        self._scanner = scanner
+        self._lock = threading.Lock()  # one checkpoint operation at a time (and the GC)
+
+    # ---------------------------------------------------------------- store
+
+    def _object(self, sha: str) -> str:
+        return os.path.join(self._objects, sha[:2], sha)
+
+    def _store(self, chunks: Iterator[bytes], expect: str | None = None) -> tuple[str, int]:
+        """Copy ``chunks`` into the store; returns (digest, size). ``expect``: refuse
+        content whose digest differs (an imported object must match its name)."""
+        tmp = self._ws.writer.temp_path(os.path.join(self._objects, "x"))
+        h = hashlib.sha256()
+        size = 0
+        try:
+            with open(tmp, "xb") as f:
+                for chunk in chunks:
+                    h.update(chunk)
+                    size += len(chunk)
+                    f.write(chunk)
+                f.flush()
+                os.fchmod(f.fileno(), 0o444)
+                os.fsync(f.fileno())
+            sha = h.hexdigest()
+            if expect is not None and sha != expect:
+                raise BadRequest(f"object {expect} has digest {sha}: the tar is corrupt")
+            os.makedirs(os.path.dirname(self._object(sha)), exist_ok=True)
+            os.replace(tmp, self._object(sha))
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        return sha, size
+
+    def _manifest_path(self, checkpoint_id: str) -> str:
+        return os.path.join(self._manifests, check_id(checkpoint_id) + ".json")
+
+    def load(self, checkpoint_id: str) -> Manifest:
+        try:
+            with open(self._manifest_path(checkpoint_id), "rb") as f:
+                return Manifest.from_json(json.load(f), checkpoint_id)
+        except FileNotFoundError:
+            raise NotFound(f"no checkpoint {checkpoint_id!r}; checkpoint_list shows the "
+                           "existing ones") from None
+
+    def _save(self, m: Manifest) -> None:
+        data = json.dumps(m.to_json(), separators=(",", ":")).encode()
+        self._ws.writer.write(self._manifest_path(m.id), [data], mode=0o600)
+
+    # ---------------------------------------------------------------- operations
+
+    def create(self, checkpoint_id: str) -> CheckpointInfo:
+        check_id(checkpoint_id)
+        with self._lock:
+            start_ns = time.time_ns()
+            m = Manifest(checkpoint_id, int(time.time() * 1000))
+            for rel, st in self._scanner.walk():
+                if paths.bad_char(rel):
+                    continue  # refused by scans too: not workspace content
+                kind = paths.kind_of(st.st_mode)
+                full = os.path.join(self._ws.root, rel)
+                if kind == "dir":
+                    m.dirs[rel] = stat.S_IMODE(st.st_mode)
+                elif kind == "symlink":
+                    m.symlinks[rel] = os.readlink(full)
+                elif kind == "file":
+                    sha = self._scanner.digest(rel, st, start_ns)
+                    size = st.st_size
+                    if sha is not None and not os.path.exists(self._object(sha)):
+                        try:
+                            sha, size = self._store(_read_chunks(full))
+                        except FileNotFoundError:
+                            continue  # removed meanwhile
+                    if sha is not None:
+                        m.files.append(FileRec(rel, sha, size, stat.S_IMODE(st.st_mode)))
+            self._save(m)
+            return m.info()
+
+    def restore(self, checkpoint_id: str) -> CheckpointInfo:
+        with self._lock:
+            m = self.load(checkpoint_id)
+            self._restore(m)
+            return m.info()
+
+    def _restore(self, m: Manifest) -> None:
+        root = self._ws.root
+        want: dict[str, str] = {f.path: "file" for f in m.files}
+        want.update({p: "symlink" for p in m.symlinks})
+        want.update({p: "dir" for p in m.dirs})
+        touched = {root}
+        # 1. Remove what the checkpoint lacks or has as another kind (children first).
+        for rel, st in reversed(list(self._scanner.walk())):
+            if want.get(rel) != paths.kind_of(st.st_mode):
+                full = os.path.join(root, rel)
+                if stat.S_ISDIR(st.st_mode):
+                    shutil.rmtree(full, ignore_errors=True)
+                else:
+                    _unlink(full)
+                touched.add(os.path.dirname(full))
+        # 2. Directories, writable while files go in; their modes are set last.
+        for rel in sorted(m.dirs):
+            full = self._ws.resolve(rel, follow=False)
+            os.makedirs(full, exist_ok=True)
+            os.chmod(full, m.dirs[rel] | stat.S_IRWXU)
+            touched.add(os.path.dirname(full))
+        # 3. Files whose content or mode differs.
+        start_ns = time.time_ns()
+        for f in m.files:
+            full = self._ws.resolve(f.path, follow=False)
+            try:
+                st = os.lstat(full)
+                same = (stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == f.mode
+                        and self._scanner.digest(f.path, st, start_ns) == f.sha256)
+            except FileNotFoundError:
+                same = False
+            if not same:
+                self._ws.writer.write(full, _read_chunks(self._object(f.sha256)), mode=f.mode,
+                                      sync_dir=False)
+                touched.add(os.path.dirname(full))
+        # 4. Symlinks.
+        for rel, target in m.symlinks.items():
+            full = self._ws.resolve(rel, follow=False)
+            if not (os.path.islink(full) and os.readlink(full) == target):
+                self._ws.writer.symlink(full, target)
+                touched.add(os.path.dirname(full))
+        # 5. Directory modes, then make the renames durable.
+        for rel, mode in m.dirs.items():
+            os.chmod(os.path.join(root, rel), mode)
+        for d in touched:
+            if os.path.isdir(d):
+                fsync_dir(d)
+
+    def list(self) -> list[CheckpointInfo]:
+        out = []
+        for name in sorted(os.listdir(self._manifests)):
+            if name.endswith(".json"):
+                try:
+                    out.append(self.load(name[:-5]).info())
+                except (NotFound, BadRequest):
+                    continue  # deleted meanwhile, or not ours
+        return out
+
+    def delete(self, checkpoint_id: str) -> bool:
+        """Remove a checkpoint and the objects no other checkpoint uses."""
+        with self._lock:
+            try:
+                os.unlink(self._manifest_path(checkpoint_id))
+            except FileNotFoundError:
+                return False
+            self._collect_garbage()
+            return True
+
+    def _collect_garbage(self) -> None:
+        used = {f.sha256 for info in self.list() for f in self.load(info.id).files}
+        for prefix in os.listdir(self._objects):
+            for sha in os.listdir(os.path.join(self._objects, prefix)):
+                if sha not in used:
+                    _unlink(os.path.join(self._objects, prefix, sha))
+
+    # ---------------------------------------------------------------- export / import
+
+    def export(self, m: Manifest, out: IO[bytes]) -> None:
+        """Write checkpoint ``m`` to ``out`` as a tar stream."""
+        with tarfile.open(fileobj=out, mode="w|") as tar:
+            data = json.dumps(m.to_json(), separators=(",", ":")).encode()
+            info = tarfile.TarInfo(_MANIFEST_MEMBER)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+            for sha in sorted({f.sha256 for f in m.files}):
+                path = self._object(sha)
+                info = tarfile.TarInfo(f"objects/{sha}")
+                info.size = os.path.getsize(path)
+                with open(path, "rb") as f:
+                    tar.addfile(info, f)
+
+    def import_(self, checkpoint_id: str, stream: IO[bytes]) -> CheckpointInfo:
+        """Read a tar stream made by ``export`` into checkpoint ``checkpoint_id``."""
+        check_id(checkpoint_id)
+        with self._lock:
+            raw_manifest = None
+            try:
+                with tarfile.open(fileobj=stream, mode="r|") as tar:
+                    for member in tar:
+                        src = tar.extractfile(member) if member.isfile() else None
+                        if src is None:
+                            raise BadRequest(f"unexpected tar member {member.name!r}")
+                        if member.name == _MANIFEST_MEMBER and member.size <= _MAX_MANIFEST:
+                            raw_manifest = json.loads(src.read())
+                        elif member.name.startswith("objects/") and _SHA.fullmatch(
+                                member.name[8:]):
+                            self._store(iter(lambda: src.read(_CHUNK), b""),
+                                        expect=member.name[8:])
+                        else:
+                            raise BadRequest(f"unexpected tar member {member.name!r}")
+            except (tarfile.TarError, ValueError, EOFError) as exc:
+                raise BadRequest(f"checkpoint_import: not a checkpoint tar ({exc})") from None
+            if raw_manifest is None:
+                raise BadRequest("checkpoint_import: the tar has no manifest.json")
+            m = Manifest.from_json(raw_manifest, checkpoint_id)
+            missing = [f.path for f in m.files if not os.path.exists(self._object(f.sha256))]
+            if missing:
+                raise BadRequest(f"checkpoint_import: the tar lacks the content of "
+                                 f"{len(missing)} file(s), e.g. {missing[0]!r}")
+            self._save(m)
+            return m.info()
+
+
+def _read_chunks(path: str) -> Iterator[bytes]:
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            yield chunk
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

@@ -1,0 +1,242 @@
+"""The daemon's operations: one table of ops, their fields, and how each meets the fence.
+
+``Daemon`` wires the parts (fence, exec ledger, workspace, scanner, checkpoints) and
+``call(op, body)`` runs one JSON operation: it validates the epoch and the fields, then runs
+the handler under the fence. Operations with effects run inside ``fence.admit`` (a stale
+epoch is refused and no advance can slip between the check and the effect); read-only ones
+only check the epoch; ``advance_epoch`` holds the fence exclusively. The HTTP layer
+(``server``) knows nothing of the ops beyond this table.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import IO, Any, Literal
+
+from . import protocol
+from .checkpoints import Checkpoints, Manifest, check_id
+from .epoch_fence import EpochFence
+from .errors import BadRequest, Conflict, NotFound
+from .exec_ledger import ExecLedger
+from .file_ops import Workspace
+from .fsio import AtomicWriter
+from .params import BOOL, INT, NUM, STR, STR_LIST, STR_MAP, Field, check
+from .workspace_scan import Scanner
+
+CAPABILITIES = (protocol.CAP_EXEC_LEDGER, protocol.CAP_EPOCH, protocol.CAP_FS,
+                protocol.CAP_SCAN, protocol.CAP_CHECKPOINT)
+_MAX_KEY = 1024
+_MAX_WAIT = 30.0
+
+FenceUse = Literal["admit", "check", "advance"]
+
+
+@dataclass(frozen=True)
+class Op:
+    handler: Callable[..., dict[str, Any]]
+    fields: dict[str, Field]
+    #: ``admit``: has effects; ``check``: read-only; ``advance``: raises the floor.
+    fence: FenceUse
+    #: Whether the handler takes the request's epoch as ``epoch=``.
+    with_epoch: bool = False
+
+
+class Daemon:
+    def __init__(self, root: str, state_dir: str, *, python: str = sys.executable,
+                 base_env: dict[str, str] | None = None) -> None:
+        if not os.path.isdir(root):
+            raise SystemExit(f"spacesd: workspace root {root!r} is not a directory")
+        os.makedirs(state_dir, exist_ok=True)
+        self.state_dir = os.path.realpath(state_dir)
+        self.writer = AtomicWriter(os.path.join(self.state_dir, "tmp"))
+        self.fence = EpochFence(os.path.join(self.state_dir, "epoch"))
+        env = dict(os.environ if base_env is None else base_env)
+        env[protocol.ENV_SPACE_STATE] = self.state_dir
+        self.ledger = ExecLedger(self.state_dir, python=python, base_env=env)
+        self.workspace = Workspace(root, self.writer)
+        self.scanner = Scanner(root)
+        self.checkpoints = Checkpoints(self.state_dir, self.workspace, self.scanner)
+        # A daemon that crashed inside advance_epoch persisted the floor but may not have
+        # killed every older process: finish that before serving anyone.
+        self.ledger.fence(self.fence.floor)
+        path, opt_int = STR.with_default(""), INT.optional()
+        cid = {"id": STR}
+        self.ops: dict[str, Op] = {
+            "capabilities": Op(self._capabilities, {}, "check"),
+            "advance_epoch": Op(self._advance_epoch, {}, "advance", with_epoch=True),
+            "exec_start": Op(self._exec_start, {"key": STR, "command": STR,
+                                                "cwd": STR.optional(), "env": STR_MAP.optional()},
+                             "admit", with_epoch=True),
+            "exec_status": Op(self._exec_status, {"key": STR}, "check"),
+            "exec_wait": Op(self._exec_wait, {"key": STR, "offset": INT.with_default(0),
+                                              "wait": NUM.with_default(protocol.EXEC_WAIT_SECONDS)},
+                            "check"),
+            "exec_kill": Op(self._exec_kill, {"key": STR}, "admit"),
+            "read_file": Op(self._read_file, {"path": STR, "offset": INT.with_default(0),
+                                              "limit": opt_int}, "check"),
+            "write_file": Op(self._write_file, {"path": STR, "data": STR, "mode": opt_int},
+                             "admit"),
+            "edit_file": Op(self._edit_file, {"path": STR, "old": STR, "new": STR}, "admit"),
+            "stat": Op(self._stat, {"path": path}, "check"),
+            "list_dir": Op(self._list_dir, {"path": path}, "check"),
+            "remove": Op(self._remove, {"path": STR, "recursive": BOOL.with_default(False)},
+                         "admit"),
+            "mkdir": Op(self._mkdir, {"path": STR}, "admit"),
+            "symlink": Op(self._symlink, {"path": STR, "target": STR}, "admit"),
+            "scan": Op(self._scan, {"exclude": STR_LIST.optional()}, "check"),
+            "checkpoint_create": Op(self._checkpoint_create, cid, "admit"),
+            "checkpoint_restore": Op(self._checkpoint_restore, cid, "admit"),
+            "checkpoint_list": Op(self._checkpoint_list, {}, "check"),
+            "checkpoint_delete": Op(self._checkpoint_delete, cid, "admit"),
+        }
+
+    def close(self) -> None:
+        self.ledger.close()
+
+    # ---------------------------------------------------------------- dispatch
+
+    @staticmethod
+    def epoch_of(op: str, body: dict[str, Any]) -> int:
+        """Take the request's ``epoch`` out of ``body``."""
+        if "epoch" not in body:
+            raise BadRequest(f"{op}: missing field 'epoch' (an integer >= 0); every request "
+                             "carries the epoch of its sender")
+        return check(op, {"epoch": body.pop("epoch")}, {"epoch": INT})["epoch"]
+
+    def call(self, op: str, body: Any) -> dict[str, Any]:
+        spec = self.ops.get(op)
+        if spec is None:
+            raise NotFound(f"unknown operation {op!r}; known: "
+                           f"{', '.join(sorted(self.ops))}, checkpoint_export, "
+                           "checkpoint_import, health")
+        if not isinstance(body, dict):
+            raise BadRequest(f"{op}: the request body must be a JSON object, "
+                             f"got {type(body).__name__}")
+        epoch = self.epoch_of(op, body)
+        args = check(op, body, spec.fields)
+        if spec.with_epoch:
+            args["epoch"] = epoch
+        if spec.fence == "advance":
+            return spec.handler(**args)
+        if spec.fence == "check":
+            self.fence.check(epoch)
+            return spec.handler(**args)
+        with self.fence.admit(epoch):
+            return spec.handler(**args)
+
+    def export_manifest(self, body: Any) -> Manifest:
+        """The checkpoint a ``checkpoint_export`` request names (epoch checked)."""
+        if not isinstance(body, dict):
+            raise BadRequest("checkpoint_export: the request body must be a JSON object")
+        self.fence.check(self.epoch_of(protocol.OP_CHECKPOINT_EXPORT, body))
+        args = check(protocol.OP_CHECKPOINT_EXPORT, body, {"id": STR})
+        return self.checkpoints.load(args["id"])
+
+    def import_checkpoint(self, query: dict[str, str], stream: IO[bytes]) -> dict[str, Any]:
+        op = protocol.OP_CHECKPOINT_IMPORT
+        try:
+            epoch = int(query.get("epoch", ""))
+        except ValueError:
+            raise BadRequest(f"{op}: query parameter 'epoch' must be an integer") from None
+        checkpoint_id = check_id(query.get("id", ""))
+        with self.fence.admit(epoch):
+            return self.checkpoints.import_(checkpoint_id, stream).to_json()
+
+    # ---------------------------------------------------------------- handlers
+
+    def _capabilities(self) -> dict[str, Any]:
+        return {"capabilities": list(CAPABILITIES), "protocol": protocol.PROTOCOL_VERSION}
+
+    def _advance_epoch(self, epoch: int) -> dict[str, Any]:
+        with self.fence.advancing(epoch):
+            killed = self.ledger.fence(epoch)
+        return {"floor": self.fence.floor, "killed": killed}
+
+    @staticmethod
+    def _check_key(key: str) -> None:
+        if not key or len(key) > _MAX_KEY:
+            raise BadRequest(f"exec: field 'key' must be 1-{_MAX_KEY} characters")
+
+    def _exec_start(self, key: str, command: str, cwd: str | None, env: dict[str, str] | None,
+                    epoch: int) -> dict[str, Any]:
+        self._check_key(key)
+        if "\x00" in command:
+            raise BadRequest("exec_start: the command contains a NUL byte")
+        for name, value in (env or {}).items():
+            if not name or "=" in name or "\x00" in name + value:
+                raise BadRequest(f"exec_start: bad environment variable {name!r}: names must "
+                                 "be non-empty without '=', and no NUL anywhere")
+        real_cwd = self.workspace.resolve(cwd or "", follow=True)
+        if not os.path.isdir(real_cwd):
+            raise Conflict(f"exec_start: cwd {cwd!r} is not a directory of the workspace")
+        env = {k: v for k, v in (env or {}).items() if k != protocol.ENV_SPACE_STATE}
+        return self.ledger.start(key, command, real_cwd, env, epoch).to_json()
+
+    def _exec_status(self, key: str) -> dict[str, Any]:
+        return self.ledger.status(key).to_json()
+
+    def _exec_wait(self, key: str, offset: int, wait: float) -> dict[str, Any]:
+        info, next_offset = self.ledger.read(key, offset, min(wait, _MAX_WAIT))
+        return {"info": info.to_json(), "next_offset": next_offset}
+
+    def _exec_kill(self, key: str) -> dict[str, Any]:
+        return self.ledger.kill(key).to_json()
+
+    def _read_file(self, path: str, offset: int, limit: int | None) -> dict[str, Any]:
+        data = self.workspace.read(path, offset, limit)
+        return {"data": base64.b64encode(data).decode("ascii")}
+
+    def _write_file(self, path: str, data: str, mode: int | None) -> dict[str, Any]:
+        if mode is not None and mode > 0o7777:
+            raise BadRequest(f"write_file: mode {mode:#o} is not a permission mode (<= 0o7777)")
+        try:
+            raw = base64.b64decode(data, validate=True)
+        except (binascii.Error, ValueError):
+            raise BadRequest("write_file: field 'data' must be base64") from None
+        self.workspace.write(path, raw, mode)
+        return {}
+
+    def _edit_file(self, path: str, old: str, new: str) -> dict[str, Any]:
+        self.workspace.edit(path, old, new)
+        return {}
+
+    def _stat(self, path: str) -> dict[str, Any]:
+        return {"stat": self.workspace.stat(path)}
+
+    def _list_dir(self, path: str) -> dict[str, Any]:
+        return {"entries": self.workspace.list(path)}
+
+    def _remove(self, path: str, recursive: bool) -> dict[str, Any]:
+        return {"removed": self.workspace.remove(path, recursive)}
+
+    def _mkdir(self, path: str) -> dict[str, Any]:
+        self.workspace.mkdir(path)
+        return {}
+
+    def _symlink(self, path: str, target: str) -> dict[str, Any]:
+        self.workspace.symlink(path, target)
+        return {}
+
+    def _scan(self, exclude: list[str] | None) -> dict[str, Any]:
+        entries, refused = self.scanner.scan(exclude)
+        running = self.ledger.running_keys()
+        # vars() of the frozen dataclass: asdict() would deep-copy every entry (slow).
+        return {"entries": [vars(e) for e in entries], "refused": refused,
+                "running": bool(running), "running_keys": running}
+
+    def _checkpoint_create(self, id: str) -> dict[str, Any]:  # noqa: A002 - protocol name
+        return self.checkpoints.create(id).to_json()
+
+    def _checkpoint_restore(self, id: str) -> dict[str, Any]:  # noqa: A002
+        return self.checkpoints.restore(id).to_json()
+
+    def _checkpoint_list(self) -> dict[str, Any]:
+        return {"checkpoints": [c.to_json() for c in self.checkpoints.list()]}
+
+    def _checkpoint_delete(self, id: str) -> dict[str, Any]:  # noqa: A002
+        return {"deleted": self.checkpoints.delete(id)}

@@ -1,0 +1,78 @@
+"""The refusals the daemon answers with: one exception per protocol error code.
+
+Handlers raise these; the server turns them into ``{"error": {"code", "message", ...}}``
+with the HTTP status of ``protocol.ERROR_STATUS``. Messages say what was wrong and what to
+do, because the host side shows them to the model or the operator as they are.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import protocol
+
+
+class OpError(Exception):
+    """A request the daemon refused; ``extra`` fields travel in the error object."""
+
+    code = protocol.ERR_INTERNAL
+
+    def __init__(self, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.extra = extra
+
+    @property
+    def status(self) -> int:
+        return protocol.ERROR_STATUS[self.code]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"error": {"code": self.code, "message": self.message, **self.extra}}
+
+
+class BadRequest(OpError):
+    """Malformed JSON, a missing field, a field of the wrong type or an unusable value."""
+
+    code = protocol.ERR_BAD_REQUEST
+
+
+class Unauthorized(OpError):
+    code = protocol.ERR_UNAUTHORIZED
+
+
+class NotFound(OpError):
+    """An unknown operation, file, directory or checkpoint."""
+
+    code = protocol.ERR_NOT_FOUND
+
+
+class OutsideRoot(OpError):
+    """A path that is absolute, climbs with ``..``, has a NUL, newline or backslash in it,
+    or goes through a symlink that leads out of the workspace."""
+
+    code = protocol.ERR_OUTSIDE_ROOT
+
+
+class Conflict(OpError):
+    """The request is well formed but the workspace does not allow it (edit text not found
+    or not unique, a directory where a file is expected, a non-empty directory)."""
+
+    code = protocol.ERR_CONFLICT
+
+
+class StaleEpoch(OpError):
+    """The request's epoch is below the Space's floor: a newer owner fenced this one off."""
+
+    code = protocol.ERR_STALE_EPOCH
+
+    def __init__(self, epoch: int, floor: int) -> None:
+        super().__init__(
+            f"epoch {epoch} is below this Space's floor {floor}: a newer owner fenced this "
+            "client off; stop, a newer driver owns the session",
+            epoch=epoch,
+            floor=floor,
+        )
+
+
+class TooLarge(OpError):
+    code = protocol.ERR_TOO_LARGE

@@ -1,0 +1,90 @@
+"""The daemon's side of the shim's files: starting a shim, reading its claim and exit.
+
+See ``shim`` for why the files exist and how the claim race is settled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+
+from .shim import LOST, RESET_SIGNALS, SHIM_PATH, publish
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The shim's identity: its pid is also the command's process group id."""
+
+    pid: int
+    started: int
+
+
+@dataclass(frozen=True)
+class ExitStatus:
+    exit_code: int | None
+    signal: int | None
+    ended_ms: int
+
+
+def find_bash(env: dict[str, str]) -> str:
+    """The absolute path of ``bash`` on the commands' PATH."""
+    found = shutil.which("bash", path=env.get("PATH", os.defpath))
+    if found is None:
+        raise SystemExit("spacesd: no bash on PATH; commands run with 'bash -c'")
+    return os.path.abspath(found)
+
+
+def spawn(python: str, bash: str, claim: str, exit_path: str, out_path: str, cwd: str,
+          command: str, env: dict[str, str]) -> int:
+    """Start the shim in a new session (so its pid is the group id) and return its pid.
+
+    stdin is /dev/null; stdout and stderr both append to ``out_path``. Every other
+    descriptor of the daemon is close-on-exec (Python's default), so none leaks.
+    """
+    return os.posix_spawn(
+        python,
+        [python, "-I", "-S", SHIM_PATH, bash, claim, exit_path, cwd, command],
+        env,
+        file_actions=[
+            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+            (os.POSIX_SPAWN_OPEN, 1, out_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
+            (os.POSIX_SPAWN_DUP2, 1, 2),
+        ],
+        setsid=True,
+        setsigdef=RESET_SIGNALS,
+        setsigmask=(),
+    )
+
+
+def read_claim(path: str) -> Claim | str | None:
+    """The shim's claim, ``"lost"`` if the daemon claimed the key lost, None if unclaimed."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except FileNotFoundError:
+        return None
+    if text == LOST:
+        return "lost"
+    pid, started = text.split()
+    return Claim(int(pid), int(started))
+
+
+def claim_lost(path: str) -> Claim | str:
+    """Claim the key lost so that a shim that has not started yet never runs it; returns
+    what the claim is afterwards (the shim's, if it got there first)."""
+    if publish(path, LOST):
+        return "lost"
+    claim = read_claim(path)
+    assert claim is not None  # link() said the path exists, and claims are never removed
+    return claim
+
+
+def read_exit(path: str) -> ExitStatus | None:
+    try:
+        with open(path) as f:
+            raw = json.load(f)
+    except FileNotFoundError:
+        return None
+    return ExitStatus(raw["exit_code"], raw["signal"], raw["ended_ms"])

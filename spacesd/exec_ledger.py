@@ -1,0 +1,318 @@
+"""The exec ledger: commands started under idempotency keys, at most once each.
+
+Starting a key appends ``start`` (key, command, cwd, epoch) to the journal and fsyncs it
+*before* the process is spawned, so no command ever runs without a durable record; a known
+key is never spawned again. The rest of a key's story comes from files the shim writes in
+``exec/`` (claim: pid and start time; exit: status) and from ``end`` records the daemon
+appends when it kills a group itself (``exec_kill``, ``advance_epoch``), since a SIGKILLed
+shim cannot write anything.
+
+A key's state is derived, never cached, in this order: an exit file → ``exited``; an ``end``
+record → ``exited`` (by that signal, maybe ``fenced_by``); the claimed process alive (same
+pid and start time) → ``running``; otherwise ``lost``. That is what makes a restart of the
+daemon harmless: the new daemon reads the same files and gets the same answers.
+
+Output: the command's stdout and stderr append to ``exec/<id>.out``. Readers get bytes from
+an offset; once a key has ended, only its last ``OUTPUT_TAIL_BYTES`` are replayed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+from . import exec_files, procfs
+from .journal import Journal
+from .protocol import OUTPUT_TAIL_BYTES, ExecInfo
+
+#: The most output one read returns (a client that fell far behind reads in several steps).
+MAX_READ = 1024 * 1024
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(frozen=True)
+class Ended:
+    """An end the daemon recorded itself: a kill (the shim died with the group and could
+    not write its exit file) or a spawn that failed."""
+
+    exit_code: int | None
+    signal: int | None
+    ended_ms: int
+    fenced_by: int | None = None
+
+
+@dataclass
+class ExecRecord:
+    key: str
+    id: str
+    command: str
+    cwd: str
+    epoch: int
+    started_ms: int
+    ended: Ended | None = None
+    #: (pid, start time) of the shim spawned by *this* daemon instance: covers the moment
+    #: between spawn and the shim's claim.
+    spawned: tuple[int, int] | None = None
+    #: Set once the process group was seen empty; it never comes back (in memory only).
+    group_gone: bool = False
+
+
+@dataclass(frozen=True)
+class _State:
+    state: str
+    pid: int | None = None
+    exit: exec_files.ExitStatus | None = None
+    fenced_by: int | None = None
+
+
+class ExecLedger:
+    def __init__(self, state_dir: str, *, python: str, base_env: dict[str, str]) -> None:
+        self._dir = os.path.join(state_dir, "exec")
+        os.makedirs(self._dir, exist_ok=True)
+        self._python = python
+        self._base_env = base_env
+        self._bash = exec_files.find_bash(base_env)
+        self._lock = threading.Lock()
+        self._journal = Journal(os.path.join(state_dir, "ledger.jsonl"))
+        self._records: dict[str, ExecRecord] = {}
+        for raw in self._journal.records:
+            self._replay(raw)
+
+    def close(self) -> None:
+        self._journal.close()
+
+    def _replay(self, raw: dict) -> None:
+        if raw.get("t") == "start":
+            self._records[raw["key"]] = ExecRecord(
+                raw["key"], raw["id"], raw["command"], raw["cwd"], raw["epoch"], raw["ms"]
+            )
+        elif raw.get("t") == "end" and raw.get("key") in self._records:
+            self._records[raw["key"]].ended = Ended(
+                raw.get("exit_code"), raw["signal"], raw["ms"], raw["fenced_by"]
+            )
+
+    def _path(self, rec: ExecRecord, suffix: str) -> str:
+        return os.path.join(self._dir, rec.id + suffix)
+
+    # ---------------------------------------------------------------- state
+
+    def _state(self, rec: ExecRecord) -> _State:
+        exit_path = self._path(rec, ".exit")
+        status = exec_files.read_exit(exit_path)
+        if status is not None:
+            return _State("exited", self._pgid(rec), status)
+        if rec.ended is not None:
+            e = rec.ended
+            return _State("exited", self._pgid(rec),
+                          exec_files.ExitStatus(e.exit_code, e.signal, e.ended_ms), e.fenced_by)
+        claim = exec_files.read_claim(self._path(rec, ".claim"))
+        if claim is None and rec.spawned is not None and procfs.is_alive(*rec.spawned):
+            return _State("running", rec.spawned[0])  # the shim is still starting up
+        if claim is None:
+            claim = exec_files.claim_lost(self._path(rec, ".claim"))
+        if isinstance(claim, exec_files.Claim) and procfs.is_alive(claim.pid, claim.started):
+            return _State("running", claim.pid)
+        # Gone without a status, unless it wrote one just after the first look.
+        status = exec_files.read_exit(exit_path)
+        if status is not None:
+            return _State("exited", self._pgid(rec), status)
+        return _State("lost", self._pgid(rec))
+
+    def _pgid(self, rec: ExecRecord) -> int | None:
+        claim = exec_files.read_claim(self._path(rec, ".claim"))
+        if isinstance(claim, exec_files.Claim):
+            return claim.pid
+        return rec.spawned[0] if rec.spawned else None
+
+    def _info(self, rec: ExecRecord, st: _State, *, output: str = "", offset: int = 0,
+              size: int = 0, state: str | None = None) -> ExecInfo:
+        ex = st.exit
+        return ExecInfo(
+            key=rec.key,
+            state=state or st.state,  # type: ignore[arg-type]
+            epoch=rec.epoch,
+            pid=st.pid,
+            exit_code=ex.exit_code if ex else None,
+            output=output,
+            output_offset=offset,
+            output_size=size,
+            started_ms=rec.started_ms,
+            ended_ms=ex.ended_ms if ex else None,
+            fenced_by=st.fenced_by,
+            signal=ex.signal if ex else None,
+        )
+
+    def _read_output(self, rec: ExecRecord, offset: int, *, ended: bool) -> tuple[str, int, int, int]:
+        """(text, its byte offset, the offset after it, output size) from ``offset``.
+
+        A running command's read stops before a split UTF-8 character (the rest comes with
+        the next read); an ended command's read starts at most ``OUTPUT_TAIL_BYTES`` before
+        the end, on a character boundary.
+        """
+        try:
+            f = open(self._path(rec, ".out"), "rb")
+        except FileNotFoundError:
+            return "", 0, 0, 0
+        with f:
+            size = os.fstat(f.fileno()).st_size
+            start = min(offset, size)
+            tail_start = max(0, size - OUTPUT_TAIL_BYTES)
+            moved = ended and start < tail_start
+            if moved:
+                start = tail_start
+            f.seek(start)
+            data = f.read(MAX_READ)
+        if moved:
+            skip = 0
+            while skip < min(3, len(data)) and 0x80 <= data[skip] < 0xC0:
+                skip += 1
+            data, start = data[skip:], start + skip
+        if not ended:
+            data = data[: _complete_utf8(data)]
+        return data.decode("utf-8", "replace"), start, start + len(data), size
+
+    # ---------------------------------------------------------------- operations
+
+    def start(self, key: str, command: str, cwd: str, env: dict[str, str], epoch: int) -> ExecInfo:
+        """Start ``command`` under ``key`` or, for a known key, report what it did."""
+        with self._lock:
+            rec = self._records.get(key)
+            if rec is not None:
+                return self.status(key)
+            rec = ExecRecord(key, hashlib.sha256(key.encode()).hexdigest()[:32], command, cwd,
+                             epoch, _now_ms())
+            self._journal.append({"t": "start", "key": key, "id": rec.id, "command": command,
+                                  "cwd": cwd, "epoch": epoch, "ms": rec.started_ms})
+            # Published in _records only once spawned: a status() racing this start must not
+            # find it unclaimed and declare it lost before its shim could claim it.
+            for suffix in (".claim", ".exit", ".out"):  # leftovers of a torn, dropped start
+                try:
+                    os.unlink(self._path(rec, suffix))
+                except FileNotFoundError:
+                    pass
+            try:
+                pid = exec_files.spawn(self._python, self._bash, self._path(rec, ".claim"),
+                                       self._path(rec, ".exit"), self._path(rec, ".out"),
+                                       cwd, command, {**self._base_env, **env})
+            except OSError as exc:
+                with open(self._path(rec, ".out"), "ab") as f:
+                    f.write(f"spacesd: cannot start the command: {exc}\n".encode())
+                self._record_end(rec, signal=None, fenced_by=None, exit_code=127)
+                self._records[key] = rec
+                return self.status(key)
+            started = procfs.start_time(pid)
+            if started is not None:
+                rec.spawned = (pid, started)
+            self._records[key] = rec
+            return ExecInfo(key=key, state="started", epoch=epoch, pid=pid,
+                            started_ms=rec.started_ms)
+
+    def status(self, key: str) -> ExecInfo:
+        """What the ledger knows of ``key``; an ended key comes with its output tail."""
+        rec = self._records.get(key)
+        if rec is None:
+            return ExecInfo(key=key, state="unknown")
+        st = self._state(rec)
+        if st.state == "running":
+            size = self._output_size(rec)
+            return self._info(rec, st, offset=size, size=size)
+        text, at, _, size = self._read_output(rec, 0, ended=True)
+        return self._info(rec, st, output=text, offset=at, size=size)
+
+    def read(self, key: str, offset: int, wait: float) -> tuple[ExecInfo, int]:
+        """Output of ``key`` from ``offset``, waiting up to ``wait`` seconds for some to
+        appear or for the command to end; returns the info and the offset to ask next."""
+        rec = self._records.get(key)
+        if rec is None:
+            return ExecInfo(key=key, state="unknown"), offset
+        deadline = time.monotonic() + wait
+        pause = 0.002
+        while True:
+            st = self._state(rec)
+            ended = st.state != "running"
+            text, at, nxt, size = self._read_output(rec, offset, ended=ended)
+            if text or ended or time.monotonic() >= deadline:
+                return self._info(rec, st, output=text, offset=at, size=size), nxt
+            time.sleep(pause)
+            pause = min(pause * 2, 0.025)
+
+    def kill(self, key: str) -> ExecInfo:
+        """SIGKILL the key's whole process group (also what it left in the background)."""
+        with self._lock:
+            rec = self._records.get(key)
+            if rec is not None:
+                self._kill([rec], fenced_by=None)
+        return self.status(key)
+
+    def fence(self, epoch: int) -> list[str]:
+        """Kill every group started under an epoch below ``epoch``; returns their keys."""
+        with self._lock:
+            return self._kill([r for r in self._records.values() if r.epoch < epoch],
+                              fenced_by=epoch)
+
+    def _kill(self, recs: list[ExecRecord], *, fenced_by: int | None) -> list[str]:
+        groups = self._live_groups(recs)
+        if not groups:
+            return []
+        running = [rec for rec in groups.values() if self._state(rec).state == "running"]
+        procfs.kill_groups(groups)
+        for rec in running:
+            self._record_end(rec, signal=9, fenced_by=fenced_by)
+        for rec in groups.values():
+            rec.group_gone = True
+        return sorted(rec.key for rec in groups.values())
+
+    def _record_end(self, rec: ExecRecord, *, signal: int | None, fenced_by: int | None,
+                    exit_code: int | None = None) -> None:
+        ended = Ended(exit_code, signal, _now_ms(), fenced_by)
+        self._journal.append({"t": "end", "key": rec.key, "signal": signal,
+                              "fenced_by": fenced_by, "exit_code": exit_code,
+                              "ms": ended.ended_ms})
+        rec.ended = ended
+
+    def _live_groups(self, recs: list[ExecRecord]) -> dict[int, ExecRecord]:
+        """The process groups of ``recs`` that still have live members, by group id."""
+        by_pgid: dict[int, ExecRecord] = {}
+        for rec in recs:
+            if rec.group_gone:
+                continue
+            pgid = self._pgid(rec)
+            if pgid is None:
+                rec.group_gone = True
+            else:
+                by_pgid[pgid] = rec
+        live = procfs.group_members(by_pgid)
+        for pgid, rec in by_pgid.items():
+            if pgid not in live:
+                rec.group_gone = True
+        return {pgid: rec for pgid, rec in by_pgid.items() if pgid in live}
+
+    def running_keys(self) -> list[str]:
+        """Keys whose process group still has a live member: a command that left
+        ``sleep 100 &`` behind counts even after its shell exited."""
+        return sorted(rec.key for rec in self._live_groups(list(self._records.values())).values())
+
+    def _output_size(self, rec: ExecRecord) -> int:
+        try:
+            return os.stat(self._path(rec, ".out")).st_size
+        except FileNotFoundError:
+            return 0
+
+
+def _complete_utf8(data: bytes) -> int:
+    """Length of the longest prefix of ``data`` that does not end inside a UTF-8 char."""
+    n = len(data)
+    for back in range(1, min(4, n) + 1):
+        b = data[n - back]
+        if b < 0x80:
+            return n
+        if b >= 0xC0:  # a lead byte: is its sequence complete?
+            need = 2 if b < 0xE0 else 3 if b < 0xF0 else 4
+            return n if back >= need else n - back
+    return n

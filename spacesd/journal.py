@@ -1,0 +1,66 @@
+"""An append-only file of JSON lines, each append fsynced before it returns.
+
+After a crash the last line may be torn (a partial write that never got its newline, or
+garbage where the disk did not finish). Opening drops it, truncating the file to the last
+complete line, so the next append starts on a clean line. Only the tail can be torn: a bad
+line in the middle means the file was edited or the disk is failing; it is skipped with a
+warning on stderr rather than making the whole Space unusable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from typing import Any
+
+
+class Journal:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self.records = self._load()
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+
+    def _load(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            return []
+        end = raw.rfind(b"\n") + 1
+        lines = raw[:end].split(b"\n")[:-1]
+        if end < len(raw):
+            print(f"spacesd: dropping a torn last record of {self.path} "
+                  f"({len(raw) - end} bytes)", file=sys.stderr)
+        records = []
+        for n, line in enumerate(lines, 1):
+            try:
+                rec = json.loads(line)
+                if not isinstance(rec, dict):
+                    raise ValueError("not an object")
+            except ValueError as exc:
+                if n == len(lines) and end == len(raw):
+                    # A torn last record that happens to end in a newline byte.
+                    end -= len(line) + 1
+                    print(f"spacesd: dropping a torn last record of {self.path}",
+                          file=sys.stderr)
+                else:
+                    print(f"spacesd: skipping unreadable record {n} of {self.path}: {exc}",
+                          file=sys.stderr)
+                continue
+            records.append(rec)
+        if end < len(raw):
+            os.truncate(self.path, end)
+        return records
+
+    def append(self, record: dict[str, Any]) -> None:
+        """Write one record and fsync it: when this returns, the record survives a crash."""
+        line = json.dumps(record, separators=(",", ":")).encode() + b"\n"
+        with self._lock:
+            os.write(self._fd, line)
+            os.fdatasync(self._fd)
+
+    def close(self) -> None:
+        os.close(self._fd)

@@ -1,0 +1,80 @@
+"""What the daemon learns about processes from ``/proc``, and how it kills process groups.
+
+A pid alone does not name a process: after the daemon restarts, a recorded pid may belong to
+someone else. ``(pid, start time)`` does: the start time (field 22 of ``/proc/<pid>/stat``,
+in clock ticks since boot) never changes for a process and two processes with the same pid
+cannot share it. Zombies count as gone: they run nothing and only wait to be reaped.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterable
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """Fields 3.. of ``/proc/<pid>/stat`` (after the command name), or None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    # The command name (field 2) is in parentheses and may itself hold ") ".
+    return raw[raw.rfind(b")") + 2 :].decode("ascii", "replace").split()
+
+
+def start_time(pid: int) -> int | None:
+    """The start time of a live (non-zombie) ``pid``, or None if it is gone."""
+    fields = _stat_fields(pid)
+    if fields is None or fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
+
+
+def is_alive(pid: int, started: int) -> bool:
+    """Whether the process ``pid`` that started at ``started`` still runs."""
+    return start_time(pid) == started
+
+
+def group_members(pgids: Iterable[int]) -> dict[int, list[int]]:
+    """For each of ``pgids`` that still has live members: their pids (one pass over /proc)."""
+    wanted = set(pgids)
+    found: dict[int, list[int]] = {}
+    if not wanted:
+        return found
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        fields = _stat_fields(int(name))
+        if fields is None or fields[0] in ("Z", "X"):
+            continue
+        pgid = int(fields[2])
+        if pgid in wanted:
+            found.setdefault(pgid, []).append(int(name))
+    return found
+
+
+def kill_groups(pgids: Iterable[int], *, timeout: float = 5.0) -> set[int]:
+    """SIGKILL every process in ``pgids`` and wait until none of them runs; returns the
+    groups that still had members at ``timeout`` (a process stuck in the kernel).
+
+    Waiting matters: callers promise that the processes are gone when they return (an
+    ``advance_epoch`` that returned while an old command could still write would break the
+    fence). SIGKILL cannot be caught, so the wait is short; members that appear meanwhile
+    (a fork racing the kill) are killed on the next pass.
+    """
+    pending = set(pgids)
+    deadline = time.monotonic() + timeout
+    while pending:
+        for pgid in pending:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        pending = set(group_members(pending))
+        if not pending or time.monotonic() > deadline:
+            return pending
+        time.sleep(0.005)
+    return pending

@@ -1,0 +1,107 @@
+"""The shim every ledger command runs under (this file runs as a script).
+
+Why a shim: the daemon may be SIGKILLed and restarted while its commands keep running; the
+new daemon is not their parent and cannot ``waitpid`` them, so the exit status would be
+lost. The shim is: it leads the command's session and process group, runs
+``bash -c command``, waits for it and writes the status to an exit file (temp file, fsync,
+rename), which any later daemon reads (``exec_files``).
+
+The claim file closes the other race, a daemon that dies between spawning a shim and
+learning that it runs. The shim publishes ``<pid> <start time>`` by ``link(2)``-ing a
+complete temp file to the claim path *before* it starts the command; a restarted daemon
+that finds a key with no claim and no exit publishes ``lost`` there the same way. ``link``
+fails if the path exists, so exactly one of them wins: either the daemon sees the shim's
+claim (the key runs and can be awaited) or the shim sees ``lost`` and never runs the
+command. A key reported ``lost`` therefore never starts later.
+
+Run as ``python3 -I -S shim.py BASH CLAIM EXIT CWD COMMAND``: by path, without the site
+module, importing only built-in modules, because its start-up is on the path of every
+command. Hence ``_signal`` (the C module under ``signal``, without the enum wrapping that
+costs ~10 ms to import) and an absolute ``BASH`` (``os.execvp`` would import ``warnings``).
+"""
+
+import _signal
+import os
+import sys
+import time
+
+SHIM_PATH = os.path.abspath(__file__)
+LOST = "lost\n"
+
+#: Signals whose disposition must not leak from Python (which ignores SIGPIPE and SIGXFSZ)
+#: or from whoever started the daemon into the user's command.
+RESET_SIGNALS = (
+    _signal.SIGPIPE,
+    _signal.SIGXFSZ,
+    _signal.SIGCHLD,
+    _signal.SIGINT,
+    _signal.SIGTERM,
+    _signal.SIGHUP,
+    _signal.SIGQUIT,
+)
+
+
+def publish(path: str, text: str) -> bool:
+    """Create ``path`` holding ``text`` whole, unless it exists (then False)."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    try:
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        os.unlink(tmp)
+
+
+def _start_time() -> str:
+    """Field 22 of /proc/self/stat (after the parenthesised command name)."""
+    with open("/proc/self/stat", "rb") as f:
+        return f.read().rsplit(b")", 1)[1].split()[19].decode()
+
+
+def _write_exit(path: str, status: int) -> None:
+    """The exit record, atomically. fsynced, but its directory is not: after a power loss
+    a missing exit file reads as ``lost`` (outcome unknown), which is safe, and the
+    command's own writes were not synced either."""
+    code = os.waitstatus_to_exitcode(status)
+    exit_code, sig = (code, "null") if code >= 0 else ("null", -code)
+    record = (f'{{"exit_code": {exit_code}, "signal": {sig}, '
+              f'"ended_ms": {int(time.time() * 1000)}}}\n')
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, record.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def _main(argv: list) -> None:
+    bash, claim, exit_path, cwd, command = argv
+    if not publish(claim, f"{os.getpid()} {_start_time()}\n"):
+        return  # a restarted daemon declared this key lost: it must never run
+    child = os.fork()
+    if child == 0:
+        try:
+            for sig in RESET_SIGNALS:
+                _signal.signal(sig, _signal.SIG_DFL)
+            os.chdir(cwd)
+            os.execv(bash, ["bash", "-c", command])
+        except BaseException as exc:  # noqa: BLE001 - report anything, then exit as sh does
+            os.write(2, f"spacesd: cannot run the command: {exc}\n".encode())
+        os._exit(127)
+    # Survive a SIGTERM/SIGINT/SIGHUP sent to the whole group, so that the command's death
+    # by that signal is recorded. SIGKILL still ends the shim; the daemon records the kills
+    # it makes itself.
+    for sig in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP, _signal.SIGQUIT):
+        _signal.signal(sig, _signal.SIG_IGN)
+    _, status = os.waitpid(child, 0)
+    _write_exit(exit_path, status)
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])
+    os._exit(0)  # skip the interpreter's teardown: nothing is left to flush

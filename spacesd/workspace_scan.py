@@ -1,0 +1,151 @@
+"""The workspace scan: every entry under the root with its kind, exec bit, size and digest.
+
+Speed comes from a stat cache: a file whose (inode, size, mtime_ns, ctime_ns) did not change
+since it was hashed is not read again. One trap (git calls it "racy clean"): file timestamps
+come from a coarse kernel clock, so a file rewritten with the same size within one clock
+tick of its previous write keeps the same mtime and ctime. An entry is therefore cached only
+when its ctime is older than ``RACY_NS`` before the scan began; a younger one is hashed
+again next time. ctime cannot be set by ``touch``, so it also catches a restored mtime.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import os
+import stat
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from . import paths
+from .protocol import ScanEntry
+
+#: Several ticks of the coarsest kernel clock in use (HZ=100 is 10 ms per tick).
+RACY_NS = 50_000_000
+
+
+def _stat_key(st: os.stat_result) -> tuple[int, int, int, int]:
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+@dataclass
+class _Cached:
+    key: tuple[int, int, int, int]
+    sha256: str
+    #: The scan entry made from it, kept so that a rescan allocates nothing for the file
+    #: (the mode is part of it; a chmod changes ctime, so the key covers it too).
+    entry: ScanEntry | None = None
+
+
+def excluded(rel: str, patterns: list[str]) -> bool:
+    """Whether ``rel`` matches one of the glob ``patterns`` (relative to the root; ``*``
+    crosses '/', and ``dir/**`` excludes ``dir`` itself too)."""
+    for pat in patterns:
+        if fnmatch.fnmatchcase(rel, pat):
+            return True
+        if pat.endswith("/**") and rel == pat[:-3]:
+            return True
+    return False
+
+
+class Scanner:
+    def __init__(self, root: str) -> None:
+        self.root = os.path.realpath(root)
+        self._cache: dict[str, _Cached] = {}
+        self._lock = threading.Lock()
+
+    def walk(self, exclude: list[str] | None = None) -> Iterator[tuple[str, os.stat_result]]:
+        """(relative path, lstat) of every entry under the root, parents before children;
+        an excluded directory is not entered. Entries vanishing meanwhile are skipped."""
+        patterns = exclude or []
+        stack = [""]
+        while stack:
+            rel_dir = stack.pop()
+            try:
+                it = os.scandir(os.path.join(self.root, rel_dir) if rel_dir else self.root)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            with it:
+                for de in it:
+                    rel = f"{rel_dir}/{de.name}" if rel_dir else de.name
+                    if patterns and excluded(rel, patterns):
+                        continue
+                    try:
+                        st = de.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
+                    yield rel, st
+                    if stat.S_ISDIR(st.st_mode):
+                        stack.append(rel)
+
+    def digest(self, rel: str, st: os.stat_result, scan_start_ns: int) -> str | None:
+        """sha256 of the regular file ``rel`` (``st`` is its lstat), from the cache when it
+        did not change; None if it vanished."""
+        key = _stat_key(st)
+        cached = self._cache.get(rel)
+        if cached is not None and cached.key == key:
+            return cached.sha256
+        full = os.path.join(self.root, rel)
+        try:
+            fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        with open(fd, "rb") as f:
+            sha = hashlib.file_digest(f, "sha256").hexdigest()
+            after = os.fstat(fd)
+        # Cached only if it did not change while being read, and is out of the racy window.
+        if _stat_key(after) == key and after.st_ctime_ns < scan_start_ns - RACY_NS:
+            with self._lock:
+                self._cache[rel] = _Cached(key, sha)
+        return sha
+
+    def _file_entry(self, rel: str, st: os.stat_result, scan_start_ns: int) -> ScanEntry | None:
+        cached = self._cache.get(rel)
+        if cached is not None and cached.entry is not None and cached.key == _stat_key(st):
+            return cached.entry
+        sha = self.digest(rel, st, scan_start_ns)
+        if sha is None:
+            return None
+        entry = ScanEntry(rel, "file", paths.is_exec(st.st_mode), st.st_size, sha256=sha)
+        cached = self._cache.get(rel)
+        if cached is not None and cached.key == _stat_key(st):
+            cached.entry = entry
+        return entry
+
+    def scan(self, exclude: list[str] | None = None) -> tuple[list[ScanEntry], list[str]]:
+        """(entries sorted by path, refused paths)."""
+        start_ns = time.time_ns()
+        entries: list[ScanEntry] = []
+        refused: list[str] = []
+        for rel, st in self.walk(exclude):
+            if paths.bad_char(rel):
+                refused.append(rel)
+                continue
+            kind = paths.kind_of(st.st_mode)
+            if kind == "file":
+                entry = self._file_entry(rel, st, start_ns)
+                if entry is not None:
+                    entries.append(entry)
+            elif kind == "symlink":
+                try:
+                    entries.append(ScanEntry(rel, "symlink",
+                                             target=os.readlink(os.path.join(self.root, rel))))
+                except FileNotFoundError:
+                    continue
+            elif kind == "dir":
+                entries.append(ScanEntry(rel, "dir"))
+            else:
+                refused.append(rel)  # fifos, sockets, devices: not workspace content
+        self._prune({e.path for e in entries}, exclude or [])
+        entries.sort(key=lambda e: e.path)
+        refused.sort()
+        return entries, refused
+
+    def _prune(self, seen: set[str], exclude: list[str]) -> None:
+        """Forget files that are gone (those merely excluded from this scan stay)."""
+        with self._lock:
+            for rel in [r for r in self._cache if r not in seen]:
+                if not excluded(rel, exclude):
+                    del self._cache[rel]

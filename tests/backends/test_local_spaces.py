@@ -1,0 +1,134 @@
+"""The local provider: Spaces by name from any process, restarts, daemon kills, deletion."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from backends.local import LocalSpaces
+from durable.errors import SpaceError, SpaceNotFound
+from durable.spaces import Spaces
+
+ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def in_child(base: Path, code: str) -> str:
+    """Run ``code`` in a fresh Python process with ``spaces = LocalSpaces(base)``."""
+    out = subprocess.run(
+        [sys.executable, "-c", f"from backends.local import LocalSpaces\n"
+                               f"spaces = LocalSpaces({str(base)!r})\n{code}"],
+        env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def wait_for(path: Path, timeout: float = 10.0) -> str:
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and path.read_text().strip()):
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.01)
+    return path.read_text()
+
+
+def test_is_a_spaces_provider(spaces: LocalSpaces) -> None:
+    assert isinstance(spaces, Spaces) and spaces.kind == "local"
+    assert spaces.names() == []
+    spaces.create("a")
+    daemon = spaces.get("a").daemon()
+    spaces.create("a")  # idempotent: the running daemon is kept
+    assert spaces.get("a").daemon() == daemon
+    assert spaces.exists("a") and not spaces.exists("b")
+    assert spaces.names() == ["a"]
+    assert spaces.connect("a", epoch=3).epoch == 3
+
+
+@pytest.mark.parametrize("name", ["", "a/b", "..", ".hidden", "x" * 101, "new\nline"])
+def test_bad_names_are_refused_clearly(spaces: LocalSpaces, name: str) -> None:
+    with pytest.raises(SpaceError) as exc:
+        spaces.create(name)
+    assert exc.value.code == "bad_request" and "bad Space name" in str(exc.value)
+    assert not spaces.exists(name)
+
+
+def test_missing_spaces(spaces: LocalSpaces) -> None:
+    with pytest.raises(SpaceNotFound):
+        spaces.connect("missing", epoch=1)
+    with pytest.raises(SpaceNotFound):
+        spaces.restart("missing")
+    with pytest.raises(SpaceNotFound):
+        spaces.kill_daemon("missing")
+    spaces.delete("missing")  # no error
+
+
+def test_spaces_outlive_their_creator_and_are_found_by_name(spaces: LocalSpaces) -> None:
+    in_child(spaces.base_dir, "spaces.create('child')")
+    assert spaces.names() == ["child"] and spaces.get("child").daemon()
+    client = spaces.connect("child", epoch=1)
+    client.write_file("hello.txt", b"from the parent")
+    out = in_child(spaces.base_dir,
+                   "c = spaces.connect('child', epoch=1)\n"
+                   "print(c.read_file('hello.txt').decode())")
+    assert out == "from the parent\n"
+
+
+def test_parallel_processes_create_each_space_once(spaces: LocalSpaces) -> None:
+    code = "import sys\nfor n in sys.argv[1:]: spaces.create(n)"
+    procs = [subprocess.Popen([sys.executable, "-c",
+                               f"from backends.local import LocalSpaces\n"
+                               f"spaces = LocalSpaces({str(spaces.base_dir)!r})\n{code}",
+                               "shared", f"own{i}"],
+                              env={**os.environ, "PYTHONPATH": ROOT})
+             for i in range(4)]
+    for p in procs:
+        assert p.wait(timeout=120) == 0
+    assert spaces.names() == ["own0", "own1", "own2", "own3", "shared"]
+    state = str(spaces.get("shared").state)
+    daemons = [p for p in psutil.process_iter(["cmdline"])
+               if p.info["cmdline"] and "spacesd" in p.info["cmdline"]
+               and state in p.info["cmdline"]]
+    assert len(daemons) == 1
+    for name in spaces.names():
+        assert spaces.connect(name, epoch=1).capabilities()
+
+
+def test_kill_daemon_keeps_commands_and_restart_kills_them(spaces: LocalSpaces) -> None:
+    spaces.create("s")
+    space = spaces.get("s")
+    client = spaces.connect("s", epoch=1)
+    client.exec_start("k", "sleep 300 & echo $! > bg.pid; sleep 300")
+    bg = int(wait_for(space.work / "bg.pid"))
+    old_daemon = space.daemon()
+
+    spaces.kill_daemon("s")
+    assert not running(old_daemon[0]) and space.daemon() != old_daemon
+    assert running(bg) and client.exec_status("k").state == "running"
+
+    spaces.restart("s")
+    assert not running(bg)
+    assert client.exec_status("k").state == "lost"
+    assert (space.work / "bg.pid").exists()  # the disk is kept
+
+
+def test_delete_kills_everything_and_removes_the_disk(spaces: LocalSpaces) -> None:
+    spaces.create("s")
+    space = spaces.get("s")
+    client = spaces.connect("s", epoch=1)
+    client.exec_start("k", "echo $$ > sh.pid; sleep 300")
+    sh = int(wait_for(space.work / "sh.pid"))
+    daemon_pid = space.daemon()[0]
+    spaces.delete("s")
+    assert not running(sh) and not running(daemon_pid)
+    assert not space.dir.exists() and spaces.names() == []

@@ -1,0 +1,164 @@
+"""Directory checkpoints: exact restore, content addressing, export and import."""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+
+import pytest
+
+from backends.local import LocalSpace, LocalSpaces
+from backends.space_client import SpaceClient
+from durable.errors import SpaceError
+from spacesd.daemon import Daemon
+from spacesd.protocol import workspace_hash
+
+
+def fill(client: SpaceClient) -> None:
+    client.write_file("src/main.py", b"print(1)\n")
+    client.write_file("bin/run", b"#!/bin/sh\n", mode=0o755)
+    client.symlink("latest", "src/main.py")
+    client.mkdir("empty/dir")
+
+
+def state(client: SpaceClient) -> tuple[str, list]:
+    scan = client.scan()
+    return workspace_hash(scan.entries), [(e.path, e.kind) for e in scan.entries]
+
+
+def objects(space: LocalSpace) -> list[str]:
+    return sorted(p.name for p in (space.state / "checkpoints/objects").rglob("*")
+                  if p.is_file())
+
+
+def test_restore_makes_the_workspace_exactly_equal(client: SpaceClient,
+                                                   space: LocalSpace) -> None:
+    fill(client)
+    before = state(client)
+    info = client.checkpoint_create("cp1")
+    assert (info.id, info.files, info.bytes) == ("cp1", 2, 19)
+    # Change everything: content, exec bit, link target, extra files and dirs, removals.
+    client.write_file("src/main.py", b"print(2)\n")
+    os.chmod(space.work / "bin/run", 0o644)
+    client.symlink("latest", "elsewhere")
+    client.write_file("extra/new.txt", b"new")
+    client.remove("empty", recursive=True)
+    (space.work / "src/main.py").rename(space.work / "src/moved.py")
+    assert state(client) != before
+    client.checkpoint_restore("cp1")
+    assert state(client) == before
+    assert (space.work / "bin/run").stat().st_mode & 0o777 == 0o755
+    assert client.checkpoint_restore("cp1").id == "cp1"  # again: nothing changes
+    assert state(client) == before
+
+
+def test_restore_replaces_entries_of_another_kind(client: SpaceClient,
+                                                  space: LocalSpace) -> None:
+    fill(client)
+    before = state(client)
+    client.checkpoint_create("cp")
+    client.remove("src", recursive=True)
+    client.write_file("src", b"now a file")
+    client.remove("latest")
+    client.mkdir("latest/sub")
+    client.checkpoint_restore("cp")
+    assert state(client) == before
+
+
+def test_unchanged_files_cost_nothing(client: SpaceClient, space: LocalSpace) -> None:
+    for n in range(10):
+        client.write_file(f"f{n}", b"%d" % n)
+    client.checkpoint_create("a")
+    stored = objects(space)
+    assert len(stored) == 10
+    client.write_file("f0", b"changed")
+    client.checkpoint_create("b")
+    assert len(objects(space)) == 11
+    assert [c.id for c in client.checkpoint_list()] == ["a", "b"]
+    client.checkpoint_delete("a")
+    assert len(objects(space)) == 10  # the old f0 is no longer used
+    client.checkpoint_delete("a")  # deleting twice is fine
+    with pytest.raises(SpaceError) as exc:
+        client.checkpoint_restore("a")
+    assert exc.value.code == "not_found"
+
+
+def test_export_and_import_into_another_space(spaces: LocalSpaces, client: SpaceClient) -> None:
+    fill(client)
+    client.write_file("big.bin", os.urandom(3 * 1024 * 1024))
+    before = state(client)
+    client.checkpoint_create("cp")
+    tar = b"".join(client.checkpoint_export("cp"))
+    spaces.create("other")
+    other = spaces.connect("other", epoch=1)
+    other.write_file("junk", b"junk")
+    assert other.checkpoint_import("copy", io.BytesIO(tar)).files == 3
+    other.checkpoint_restore("copy")
+    assert state(other) == before
+
+
+def test_import_refuses_a_tampered_or_hostile_tar(client: SpaceClient) -> None:
+    fill(client)
+    client.checkpoint_create("cp")
+    tar = b"".join(client.checkpoint_export("cp"))
+
+    def rewrite(change) -> bytes:
+        out = io.BytesIO()
+        with tarfile.open(fileobj=io.BytesIO(tar)) as src, tarfile.open(fileobj=out,
+                                                                         mode="w") as dst:
+            for member in src:
+                data = src.extractfile(member).read()
+                data = change(member.name, data)
+                member.size = len(data)
+                dst.addfile(member, io.BytesIO(data))
+        return out.getvalue()
+
+    def corrupt(name: str, data: bytes) -> bytes:
+        return data if name == "manifest.json" else b"evil" + data
+
+    def escape(name: str, data: bytes) -> bytes:
+        return data.replace(b'"src/main.py"', b'"../escape.py"') if name == "manifest.json" \
+            else data
+
+    for bad, code in ((rewrite(corrupt), "bad_request"), (rewrite(escape), "outside_root"),
+                      (b"not a tar at all", "bad_request")):
+        with pytest.raises(SpaceError) as exc:
+            client.checkpoint_import("bad", io.BytesIO(bad))
+        assert exc.value.code == code, exc.value
+    assert [c.id for c in client.checkpoint_list()] == ["cp"]
+    with pytest.raises(SpaceError) as exc:
+        list(client.checkpoint_export("missing"))
+    assert exc.value.code == "not_found"
+
+
+def test_a_restore_cut_short_converges_when_run_again(tmp_path, monkeypatch) -> None:
+    """In-process: the restore fails after a few files (as a crash would leave it)."""
+    (tmp_path / "work").mkdir()
+    daemon = Daemon(str(tmp_path / "work"), str(tmp_path / "state"))
+    try:
+        ws = tmp_path / "work"
+        for n in range(10):
+            (ws / f"f{n}").write_text(f"v1 {n}")
+        cps = daemon.checkpoints
+        cps.create("cp")
+        want, _ = daemon.scanner.scan()
+        for n in range(10):
+            (ws / f"f{n}").write_text(f"v2 {n}")
+        (ws / "extra").write_text("x")
+        real_write, calls = daemon.writer.write, [0]
+
+        def crashing_write(*args, **kwargs):
+            calls[0] += 1
+            if calls[0] > 3:
+                raise OSError("simulated crash")
+            real_write(*args, **kwargs)
+
+        monkeypatch.setattr(daemon.writer, "write", crashing_write)
+        with pytest.raises(OSError):
+            cps.restore("cp")
+        monkeypatch.setattr(daemon.writer, "write", real_write)
+        cps.restore("cp")
+        assert daemon.scanner.scan()[0] == want
+    finally:
+        daemon.close()

@@ -1,0 +1,108 @@
+"""The epoch fence: advance_epoch kills older process trees and refuses older requests."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from backends.local import LocalSpace, LocalSpaces
+from backends.local.procs import kill_process
+from backends.space_client import SpaceClient
+from durable.errors import StaleEpochError
+
+
+def running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def read_pids(work: Path, *names: str, timeout: float = 10.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while not all((work / n).exists() and (work / n).read_text().strip() for n in names):
+        assert time.monotonic() < deadline, "the command did not write its pids"
+        time.sleep(0.01)
+    return [int((work / n).read_text()) for n in names]
+
+
+def test_advance_kills_an_older_process_tree_and_refuses_older_writes(
+    spaces: LocalSpaces, space: LocalSpace
+) -> None:
+    old = spaces.connect(space.name, epoch=1)
+    # A child shell that starts a grandchild sleep; both write their pids.
+    old.exec_start("c:1:0@1", "bash -c 'sleep 300 & echo $! > grandchild.pid; wait' & "
+                              "echo $! > child.pid; wait")
+    child, grandchild = read_pids(space.work, "child.pid", "grandchild.pid")
+    assert running(child) and running(grandchild)
+    old.write_file("f.txt", b"before")
+
+    new = old.with_epoch(2)
+    result = new.advance_epoch(2)
+    assert result == {"floor": 2, "killed": ["c:1:0@1"]}
+    assert not running(child) and not running(grandchild)
+    info = new.exec_status("c:1:0@1")
+    assert (info.state, info.signal, info.fenced_by) == ("exited", 9, 2)
+
+    with pytest.raises(StaleEpochError) as exc:
+        old.write_file("f.txt", b"after")
+    assert (exc.value.epoch, exc.value.floor) == (1, 2)
+    assert (space.work / "f.txt").read_bytes() == b"before"
+    with pytest.raises(StaleEpochError):
+        old.exec_start("c:1:1@1", "echo x > g.txt")
+    assert not (space.work / "g.txt").exists()
+    with pytest.raises(StaleEpochError):
+        old.scan()
+
+
+def test_advance_is_monotonic_and_persisted(spaces: LocalSpaces, space: LocalSpace,
+                                            client: SpaceClient) -> None:
+    assert client.advance_epoch(5) == {"floor": 5, "killed": []}
+    assert client.advance_epoch(5) == {"floor": 5, "killed": []}  # equal: a no-op
+    with pytest.raises(StaleEpochError):
+        client.advance_epoch(4)
+    # A higher epoch than the floor is served without raising it.
+    higher = client.with_epoch(9)
+    higher.write_file("x", b"1")
+    assert client.with_epoch(5).advance_epoch(5)["floor"] == 5
+    spaces.kill_daemon(space.name)
+    with pytest.raises(StaleEpochError):
+        client.with_epoch(4).stat("x")
+    assert client.with_epoch(5).stat("x")["size"] == 1
+
+
+def test_advance_spares_processes_of_newer_epochs(client: SpaceClient) -> None:
+    e3 = client.with_epoch(3)
+    e3.exec_start("k@3", "sleep 30")
+    assert client.with_epoch(2).advance_epoch(2)["killed"] == []
+    assert e3.exec_status("k@3").state == "running"
+    assert e3.advance_epoch(4)["killed"] == ["k@3"]
+
+
+def test_old_leftovers_are_killed_too(client: SpaceClient, space: LocalSpace) -> None:
+    client.exec_start("k", "sleep 300 & echo $! > bg.pid")
+    assert client.exec_wait("k", timeout=10).exit_code == 0
+    (bg,) = read_pids(space.work, "bg.pid")
+    assert running(bg)
+    assert client.with_epoch(2).advance_epoch(2)["killed"] == ["k"]
+    assert not running(bg)
+    # The command itself had exited normally: its record keeps its own exit status.
+    info = client.with_epoch(2).exec_status("k")
+    assert (info.exit_code, info.fenced_by) == (0, None)
+
+
+def test_a_floor_raised_by_a_crashed_advance_is_enforced_at_start(
+    spaces: LocalSpaces, space: LocalSpace, client: SpaceClient
+) -> None:
+    """A daemon killed after persisting the floor but before killing: the next one kills."""
+    client.exec_start("k", "echo $$ > sh.pid; sleep 300")
+    (sh,) = read_pids(space.work, "sh.pid")
+    kill_process(*space.daemon())
+    (space.state / "epoch").write_text("2\n")
+    spaces.create(space.name)  # starts the dead daemon again
+    assert not running(sh)
+    info = client.with_epoch(2).exec_status("k")
+    assert (info.state, info.fenced_by) == ("exited", 2)

@@ -1,0 +1,166 @@
+"""The exec ledger with real processes: at most once per key, reattach, replay, restarts."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from backends.local import LocalSpace, LocalSpaces
+from backends.local.procs import kill_process
+from backends.space_client import SpaceClient
+from durable.errors import SpaceError
+from spacesd.protocol import OUTPUT_TAIL_BYTES
+
+
+def wait_for_file(path: Path, timeout: float = 10.0) -> str:
+    """The text of ``path`` once it exists and is not empty."""
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and path.read_text().strip()):
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.01)
+    return path.read_text()
+
+
+def test_a_key_started_twice_runs_once(client: SpaceClient, space: LocalSpace) -> None:
+    first = client.exec_start("c:1:0@1", "echo ran >> runs.txt")
+    assert first.state == "started"
+    assert client.exec_wait("c:1:0@1", timeout=10).exit_code == 0
+    again = client.exec_start("c:1:0@1", "echo ran >> runs.txt")
+    assert again.state == "exited" and again.exit_code == 0
+    assert (space.work / "runs.txt").read_text() == "ran\n"
+
+
+def test_starting_a_running_key_reattaches(client: SpaceClient, space: LocalSpace) -> None:
+    client.exec_start("k", "echo start; echo x >> runs.txt; sleep 0.6; echo end; exit 7")
+    wait_for_file(space.work / "runs.txt")
+    again = client.exec_start("k", "echo x >> runs.txt")
+    assert again.state == "running"
+    seen: list[str] = []
+    final = client.exec_wait("k", offset=0, on_output=seen.append, timeout=10)
+    assert final.state == "exited" and final.exit_code == 7
+    assert "".join(seen) == "start\nend\n" == final.output
+    assert (space.work / "runs.txt").read_text() == "x\n"
+
+
+def test_wait_resumes_from_an_offset_and_times_out_running(client: SpaceClient) -> None:
+    client.exec_start("k", "printf abc; sleep 30")
+    info = client.exec_wait("k", timeout=0.5)
+    assert info.state == "running" and info.output == "abc"
+    info = client.exec_wait("k", offset=1, timeout=0.3)
+    assert info.output == "bc" and info.output_offset == 1
+    assert client.exec_kill("k").signal == 9
+
+
+def test_replay_after_exit_is_the_last_64k_of_a_1mb_output(client: SpaceClient) -> None:
+    # 1 MiB of numbered lines: the replay must be exactly the output's last 64 KiB.
+    cmd = "seq -f %09g 1 110000 | head -c 1048576"
+    whole = "".join("%09d\n" % i for i in range(1, 110001))[:1048576]
+    client.exec_start("big", cmd)
+    assert client.exec_wait("big", timeout=60).exit_code == 0
+    replay = client.exec_start("big", cmd)
+    assert replay.state == "exited"
+    assert replay.output_size == 1048576
+    assert replay.output_offset == 1048576 - OUTPUT_TAIL_BYTES
+    assert replay.output == whole[-OUTPUT_TAIL_BYTES:]
+    streamed: list[str] = []
+    again = client.exec_wait("big", offset=0, on_output=streamed.append)
+    assert "".join(streamed) == replay.output == again.output
+
+
+def test_on_output_exceptions_propagate(client: SpaceClient) -> None:
+    client.exec_start("k", "echo hi; sleep 30")
+
+    class Stop(Exception):
+        pass
+
+    def stop(_text: str) -> None:
+        raise Stop
+
+    with pytest.raises(Stop):
+        client.exec_wait("k", on_output=stop, timeout=10)
+    assert client.exec_status("k").state == "running"
+    client.exec_kill("k")
+
+
+def test_unknown_key_and_bad_cwd(client: SpaceClient) -> None:
+    assert client.exec_status("nope").state == "unknown"
+    assert client.exec_wait("nope", timeout=1).state == "unknown"
+    with pytest.raises(SpaceError) as exc:
+        client.exec_start("k", "true", cwd="../")
+    assert exc.value.code == "outside_root"
+    with pytest.raises(SpaceError) as exc:
+        client.exec_start("k", "true", cwd="missing-dir")
+    assert exc.value.code == "conflict"
+    assert client.exec_status("k").state == "unknown"  # refused keys are not recorded
+
+
+def test_cwd_env_and_exit_by_signal(client: SpaceClient) -> None:
+    client.mkdir("sub")
+    client.exec_start("k", 'pwd; echo "$GREETING"; kill -TERM $$', cwd="sub",
+                      env={"GREETING": "hello"})
+    info = client.exec_wait("k", timeout=10)
+    assert info.output.splitlines()[0].endswith("/work/sub")
+    assert info.output.splitlines()[1] == "hello"
+    assert (info.exit_code, info.signal) == (None, 15)
+
+
+def test_background_leftovers_count_as_running(client: SpaceClient) -> None:
+    client.exec_start("k", "sleep 30 & echo started")
+    info = client.exec_wait("k", timeout=10)
+    assert info.state == "exited" and info.exit_code == 0
+    scan = client.scan()
+    assert scan.running and scan.running_keys == ["k"]
+    client.exec_kill("k")
+    assert not client.scan().running
+
+
+def test_daemon_killed_mid_command_then_reattached_never_twice(
+    spaces: LocalSpaces, space: LocalSpace, client: SpaceClient
+) -> None:
+    client.exec_start("k", "echo x >> runs.txt; sleep 1; echo done")
+    wait_for_file(space.work / "runs.txt")
+    old_daemon = space.daemon()
+    spaces.kill_daemon(space.name)  # SIGKILL, then a new daemon (on a new port)
+    assert space.daemon() != old_daemon
+    assert client.exec_status("k").state == "running"
+    assert client.exec_start("k", "echo x >> runs.txt").state == "running"
+    final = client.exec_wait("k", timeout=10)
+    assert final.state == "exited" and final.exit_code == 0 and final.output == "done\n"
+    assert (space.work / "runs.txt").read_text() == "x\n"
+
+
+def test_machine_restart_makes_running_keys_lost(
+    spaces: LocalSpaces, space: LocalSpace, client: SpaceClient
+) -> None:
+    client.exec_start("k", "echo x >> runs.txt; sleep 30")
+    client.exec_start("done", "true")
+    client.exec_wait("done", timeout=10)
+    wait_for_file(space.work / "runs.txt")
+    spaces.restart(space.name)
+    assert client.exec_status("k").state == "lost"
+    assert client.exec_start("k", "echo x >> runs.txt").state == "lost"
+    assert client.exec_status("done").state == "exited"
+    assert (space.work / "runs.txt").read_text() == "x\n"
+    assert not client.scan().running
+
+
+def test_a_torn_last_ledger_record_is_dropped_on_restart(
+    spaces: LocalSpaces, space: LocalSpace, client: SpaceClient
+) -> None:
+    for n in range(3):
+        client.exec_start(f"k{n}", f"echo {n}")
+        client.exec_wait(f"k{n}", timeout=10)
+    kill_process(*space.daemon())  # only the daemon, and it stays dead
+    ledger = space.state / "ledger.jsonl"
+    whole = ledger.read_bytes()
+    with open(ledger, "ab") as f:
+        f.write(b'{"t":"start","key":"torn","id":"ab')
+    spaces.create(space.name)  # the daemon is dead: create starts it again
+    assert ledger.read_bytes() == whole
+    assert [client.exec_status(f"k{n}").output for n in range(3)] == ["0\n", "1\n", "2\n"]
+    assert client.exec_status("torn").state == "unknown"
+    client.exec_start("torn", "echo fresh")
+    assert client.exec_wait("torn", timeout=10).output == "fresh\n"
+    assert ledger.read_bytes().startswith(whole) and ledger.read_bytes().endswith(b"}\n")

@@ -1,0 +1,89 @@
+"""The workspace scan: entries, excludes, refused names, the stat cache, the hash."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+
+import pytest
+
+from backends.local import LocalSpace
+from backends.space_client import SpaceClient
+from spacesd import workspace_scan
+from spacesd.protocol import ScanEntry, workspace_hash
+from spacesd.workspace_scan import Scanner
+
+
+def test_scan_lists_every_entry(client: SpaceClient, space: LocalSpace) -> None:
+    client.write_file("a/b.txt", b"hello")
+    client.write_file("run.sh", b"#!/bin/sh\n", mode=0o755)
+    client.symlink("link", "a/b.txt")
+    client.mkdir("empty")
+    client.write_file(".git/HEAD", b"ref")
+    client.write_file("node_modules/x/y.js", b"y")
+    (space.work / "bad\nname").write_bytes(b"x")
+    (space.work / "bad\\name").write_bytes(b"x")
+    scan = client.scan(exclude=[".git/**", "node_modules"])
+    assert scan.entries == [
+        ScanEntry("a", "dir"),
+        ScanEntry("a/b.txt", "file", False, 5, hashlib.sha256(b"hello").hexdigest()),
+        ScanEntry("empty", "dir"),
+        ScanEntry("link", "symlink", target="a/b.txt"),
+        ScanEntry("run.sh", "file", True, 10, hashlib.sha256(b"#!/bin/sh\n").hexdigest()),
+    ]
+    assert scan.refused == ["bad\nname", "bad\\name"]
+    assert not scan.running and scan.running_keys == []
+    assert workspace_hash(scan.entries) == workspace_hash(
+        [("a/b.txt", "file", False, hashlib.sha256(b"hello").hexdigest()),
+         ("link", "symlink", False, "a/b.txt"),
+         ("run.sh", "file", True, hashlib.sha256(b"#!/bin/sh\n").hexdigest())])
+
+
+def test_scan_sees_every_change(client: SpaceClient, space: LocalSpace) -> None:
+    client.write_file("f", b"aaaa")
+    first = client.scan().entries
+    # Same size, rewritten at once: the mtime may not change, the content does.
+    (space.work / "f").write_bytes(b"bbbb")
+    assert client.scan().entries != first
+    os.chmod(space.work / "f", 0o755)
+    assert client.scan().entries[0].exec
+
+
+@pytest.fixture
+def counted_hashing(monkeypatch) -> list[int]:
+    calls = [0]
+    real = workspace_scan.hashlib.file_digest
+
+    def counting(*args, **kwargs):
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(workspace_scan.hashlib, "file_digest", counting)
+    return calls
+
+
+def test_the_stat_cache_skips_unchanged_files(tmp_path, counted_hashing) -> None:
+    for n in range(20):
+        (tmp_path / f"f{n}").write_bytes(b"x" * 4096)
+    time.sleep(workspace_scan.RACY_NS / 1e9 * 2)  # let the files leave the racy window
+    scanner = Scanner(str(tmp_path))
+    first, _ = scanner.scan()
+    assert counted_hashing[0] == 20
+    (tmp_path / "f3").write_bytes(b"y" * 4096)
+    second, _ = scanner.scan()
+    assert counted_hashing[0] == 21
+    assert [e.sha256 for e in first] != [e.sha256 for e in second]
+    assert {e.path: e.sha256 for e in second}["f3"] == hashlib.sha256(b"y" * 4096).hexdigest()
+
+
+def test_racy_files_are_hashed_again(tmp_path, counted_hashing) -> None:
+    """A file changed within the coarse clock's tick keeps mtime and ctime: never trust
+    the cache for files younger than the racy window."""
+    (tmp_path / "f").write_bytes(b"aaaa")
+    scanner = Scanner(str(tmp_path))
+    scanner.scan()
+    (tmp_path / "f").write_bytes(b"bbbb")
+    entries, _ = scanner.scan()
+    assert entries[0].sha256 == hashlib.sha256(b"bbbb").hexdigest()
+    assert counted_hashing[0] == 2
