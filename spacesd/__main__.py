@@ -6,8 +6,9 @@
 
 Once listening it writes the bound port to ``--port-file`` and ``<pid> <start time>`` to
 ``--pid-file`` (each atomically), so a supervisor can find it and tell it from a later
-process that reuses its pid. ``--daemonize`` forks into a new session first (the caller's
-process returns at once; the daemon outlives it and is not killed with its group).
+process that reuses its pid. ``--daemonize`` forks into a new session first: the caller's
+process returns once the daemon listens (exit 0) or failed to start (exit 1), and the
+daemon outlives it and is not killed with its group.
 The token given by ``--token-env`` is removed from the environment, so the commands the
 daemon runs never see it.
 """
@@ -53,13 +54,23 @@ def _token(args: argparse.Namespace) -> str:
     return token
 
 
+def _daemonize() -> int:
+    """Fork into a new session. The parent exits once the daemon is listening (0) or has
+    died trying (1), so a supervisor learns of a failed start at once; the daemon gets the
+    write end of the pipe that tells it (close-on-exec: commands never inherit it)."""
+    read_end, write_end = os.pipe()
+    if os.fork():
+        os.close(write_end)
+        os._exit(0 if os.read(read_end, 1) == b"1" else 1)
+    os.close(read_end)
+    os.setsid()
+    return write_end
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     token = _token(args)
-    if args.daemonize:
-        if os.fork():
-            os._exit(0)
-        os.setsid()
+    ready = _daemonize() if args.daemonize else None
     # Commands are reaped by their shims, and shims need no reaping by us: the exit status
     # travels through files. Ignoring SIGCHLD makes the kernel reap our children (and any
     # orphans when we run as PID 1 in a container), so no zombie ever lingers.
@@ -73,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
             daemon.writer.write(os.path.abspath(path), [text.encode()], mode=0o644)
     print(f"spacesd: serving {daemon.workspace.root} on "
           f"{server.server_address[0]}:{server.server_address[1]}", file=sys.stderr, flush=True)
+    if ready is not None:
+        os.write(ready, b"1")
+        os.close(ready)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -118,6 +118,7 @@ class Checkpoints:
         self._ws = workspace
         self._scanner = scanner
         self._lock = threading.Lock()  # one checkpoint operation at a time (and the GC)
+        self._prefixes: set[str] = set()  # object directories known to exist
 
     # ---------------------------------------------------------------- store
 
@@ -142,7 +143,10 @@ class Checkpoints:
             sha = h.hexdigest()
             if expect is not None and sha != expect:
                 raise BadRequest(f"object {expect} has digest {sha}: the tar is corrupt")
-            os.makedirs(os.path.dirname(self._object(sha)), exist_ok=True)
+            prefix = os.path.dirname(self._object(sha))
+            if prefix not in self._prefixes:
+                os.makedirs(prefix, exist_ok=True)
+                self._prefixes.add(prefix)
             os.replace(tmp, self._object(sha))
         finally:
             if os.path.exists(tmp):

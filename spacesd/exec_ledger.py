@@ -240,7 +240,7 @@ class ExecLedger:
             if text or ended or time.monotonic() >= deadline:
                 return self._info(rec, st, output=text, offset=at, size=size), nxt
             time.sleep(pause)
-            pause = min(pause * 2, 0.025)
+            pause = min(pause * 2, 0.01)
 
     def kill(self, key: str) -> ExecInfo:
         """SIGKILL the key's whole process group (also what it left in the background)."""
@@ -283,6 +283,10 @@ class ExecLedger:
             if rec.group_gone:
                 continue
             pgid = self._pgid(rec)
+            if pgid is None:
+                # Unclaimed after a restart: settle the claim race first (see exec_files).
+                self._state(rec)
+                pgid = self._pgid(rec)
             if pgid is None:
                 rec.group_gone = True
             else:

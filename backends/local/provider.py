@@ -17,7 +17,6 @@ import secrets
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -194,19 +193,15 @@ class LocalSpaces:
                 "--port-file", str(space.port_file), "--pid-file", str(space.pid_file),
                 "--daemonize"]
         with open(space.log_file, "ab") as log:
-            # --daemonize forks: this returns once the daemon's first process has exited,
-            # and the daemon itself is no child of ours (nothing to reap, ever).
-            subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
-                           cwd=space.state, start_new_session=True, check=True,
-                           timeout=self.start_timeout)
-        deadline = time.monotonic() + self.start_timeout
-        while not (space.pid_file.exists() and self._healthy(space)):
-            if time.monotonic() > deadline:
-                tail = space.log_file.read_text(errors="replace")[-2000:]
-                raise SpaceUnavailable(f"Space {space.name!r}: spacesd did not become healthy "
-                                       f"within {self.start_timeout} s; its log ends with:\n"
-                                       f"{tail}")
-            time.sleep(0.02)
+            # --daemonize forks: this returns once the daemon listens (or failed to), and
+            # the daemon itself is no child of ours (nothing to reap, ever).
+            started = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                     env=env, cwd=space.state, start_new_session=True,
+                                     timeout=self.start_timeout)
+        if started.returncode != 0 or not self._healthy(space):
+            tail = space.log_file.read_text(errors="replace")[-2000:]
+            raise SpaceUnavailable(f"Space {space.name!r}: spacesd failed to start; its log "
+                                   f"({space.log_file}) ends with:\n{tail}")
 
     @staticmethod
     def _healthy(space: LocalSpace) -> bool:

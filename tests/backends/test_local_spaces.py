@@ -12,7 +12,8 @@ import psutil
 import pytest
 
 from backends.local import LocalSpaces
-from durable.errors import SpaceError, SpaceNotFound
+from backends.local.procs import kill_process
+from durable.errors import SpaceError, SpaceNotFound, SpaceUnavailable
 from durable.spaces import Spaces
 
 ROOT = str(Path(__file__).resolve().parents[2])
@@ -132,3 +133,15 @@ def test_delete_kills_everything_and_removes_the_disk(spaces: LocalSpaces) -> No
     spaces.delete("s")
     assert not running(sh) and not running(daemon_pid)
     assert not space.dir.exists() and spaces.names() == []
+
+
+def test_a_daemon_that_cannot_start_is_reported_with_its_log(spaces: LocalSpaces) -> None:
+    spaces.create("s")
+    space = spaces.get("s")
+    kill_process(*space.daemon())
+    space.token_file.write_text("")
+    started = time.monotonic()
+    with pytest.raises(SpaceUnavailable) as exc:
+        spaces.create("s")
+    assert "the token is empty" in str(exc.value)
+    assert time.monotonic() - started < 10

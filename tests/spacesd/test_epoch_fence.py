@@ -84,7 +84,7 @@ def test_advance_spares_processes_of_newer_epochs(client: SpaceClient) -> None:
 
 def test_old_leftovers_are_killed_too(client: SpaceClient, space: LocalSpace) -> None:
     client.exec_start("k", "sleep 300 & echo $! > bg.pid")
-    assert client.exec_wait("k", timeout=10).exit_code == 0
+    assert client.exec_wait("k", timeout=60).exit_code == 0
     (bg,) = read_pids(space.work, "bg.pid")
     assert running(bg)
     assert client.with_epoch(2).advance_epoch(2)["killed"] == ["k"]

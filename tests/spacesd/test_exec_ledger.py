@@ -14,10 +14,10 @@ from durable.errors import SpaceError
 from spacesd.protocol import OUTPUT_TAIL_BYTES
 
 
-def wait_for_file(path: Path, timeout: float = 10.0) -> str:
-    """The text of ``path`` once it exists and is not empty."""
+def wait_for_file(path: Path, timeout: float = 30.0, empty_ok: bool = False) -> str:
+    """The text of ``path`` once it exists (and is not empty, unless ``empty_ok``)."""
     deadline = time.monotonic() + timeout
-    while not (path.exists() and path.read_text().strip()):
+    while not (path.exists() and (empty_ok or path.read_text().strip())):
         assert time.monotonic() < deadline, f"{path} never appeared"
         time.sleep(0.01)
     return path.read_text()
@@ -26,27 +26,34 @@ def wait_for_file(path: Path, timeout: float = 10.0) -> str:
 def test_a_key_started_twice_runs_once(client: SpaceClient, space: LocalSpace) -> None:
     first = client.exec_start("c:1:0@1", "echo ran >> runs.txt")
     assert first.state == "started"
-    assert client.exec_wait("c:1:0@1", timeout=10).exit_code == 0
+    assert client.exec_wait("c:1:0@1", timeout=60).exit_code == 0
     again = client.exec_start("c:1:0@1", "echo ran >> runs.txt")
     assert again.state == "exited" and again.exit_code == 0
     assert (space.work / "runs.txt").read_text() == "ran\n"
 
 
+#: Runs until the test creates the file ``go`` in the workspace.
+GATE = "until [ -f go ]; do sleep 0.02; done"
+
+
 def test_starting_a_running_key_reattaches(client: SpaceClient, space: LocalSpace) -> None:
-    client.exec_start("k", "echo start; echo x >> runs.txt; sleep 0.6; echo end; exit 7")
+    client.exec_start("k", f"echo start; echo x >> runs.txt; {GATE}; echo end; exit 7")
     wait_for_file(space.work / "runs.txt")
     again = client.exec_start("k", "echo x >> runs.txt")
     assert again.state == "running"
+    (space.work / "go").touch()
     seen: list[str] = []
-    final = client.exec_wait("k", offset=0, on_output=seen.append, timeout=10)
+    final = client.exec_wait("k", offset=0, on_output=seen.append, timeout=60)
     assert final.state == "exited" and final.exit_code == 7
     assert "".join(seen) == "start\nend\n" == final.output
     assert (space.work / "runs.txt").read_text() == "x\n"
 
 
-def test_wait_resumes_from_an_offset_and_times_out_running(client: SpaceClient) -> None:
-    client.exec_start("k", "printf abc; sleep 30")
-    info = client.exec_wait("k", timeout=0.5)
+def test_wait_resumes_from_an_offset_and_times_out_running(client: SpaceClient,
+                                                           space: LocalSpace) -> None:
+    client.exec_start("k", "printf abc; touch printed; sleep 30")
+    wait_for_file(space.work / "printed", empty_ok=True)
+    info = client.exec_wait("k", timeout=0.3)
     assert info.state == "running" and info.output == "abc"
     info = client.exec_wait("k", offset=1, timeout=0.3)
     assert info.output == "bc" and info.output_offset == 1
@@ -79,7 +86,7 @@ def test_on_output_exceptions_propagate(client: SpaceClient) -> None:
         raise Stop
 
     with pytest.raises(Stop):
-        client.exec_wait("k", on_output=stop, timeout=10)
+        client.exec_wait("k", on_output=stop, timeout=60)
     assert client.exec_status("k").state == "running"
     client.exec_kill("k")
 
@@ -100,7 +107,7 @@ def test_cwd_env_and_exit_by_signal(client: SpaceClient) -> None:
     client.mkdir("sub")
     client.exec_start("k", 'pwd; echo "$GREETING"; kill -TERM $$', cwd="sub",
                       env={"GREETING": "hello"})
-    info = client.exec_wait("k", timeout=10)
+    info = client.exec_wait("k", timeout=60)
     assert info.output.splitlines()[0].endswith("/work/sub")
     assert info.output.splitlines()[1] == "hello"
     assert (info.exit_code, info.signal) == (None, 15)
@@ -108,7 +115,7 @@ def test_cwd_env_and_exit_by_signal(client: SpaceClient) -> None:
 
 def test_background_leftovers_count_as_running(client: SpaceClient) -> None:
     client.exec_start("k", "sleep 30 & echo started")
-    info = client.exec_wait("k", timeout=10)
+    info = client.exec_wait("k", timeout=60)
     assert info.state == "exited" and info.exit_code == 0
     scan = client.scan()
     assert scan.running and scan.running_keys == ["k"]
@@ -119,14 +126,15 @@ def test_background_leftovers_count_as_running(client: SpaceClient) -> None:
 def test_daemon_killed_mid_command_then_reattached_never_twice(
     spaces: LocalSpaces, space: LocalSpace, client: SpaceClient
 ) -> None:
-    client.exec_start("k", "echo x >> runs.txt; sleep 1; echo done")
+    client.exec_start("k", f"echo x >> runs.txt; {GATE}; echo done")
     wait_for_file(space.work / "runs.txt")
     old_daemon = space.daemon()
     spaces.kill_daemon(space.name)  # SIGKILL, then a new daemon (on a new port)
     assert space.daemon() != old_daemon
     assert client.exec_status("k").state == "running"
     assert client.exec_start("k", "echo x >> runs.txt").state == "running"
-    final = client.exec_wait("k", timeout=10)
+    (space.work / "go").touch()
+    final = client.exec_wait("k", timeout=60)
     assert final.state == "exited" and final.exit_code == 0 and final.output == "done\n"
     assert (space.work / "runs.txt").read_text() == "x\n"
 
@@ -136,7 +144,7 @@ def test_machine_restart_makes_running_keys_lost(
 ) -> None:
     client.exec_start("k", "echo x >> runs.txt; sleep 30")
     client.exec_start("done", "true")
-    client.exec_wait("done", timeout=10)
+    client.exec_wait("done", timeout=60)
     wait_for_file(space.work / "runs.txt")
     spaces.restart(space.name)
     assert client.exec_status("k").state == "lost"
@@ -151,7 +159,7 @@ def test_a_torn_last_ledger_record_is_dropped_on_restart(
 ) -> None:
     for n in range(3):
         client.exec_start(f"k{n}", f"echo {n}")
-        client.exec_wait(f"k{n}", timeout=10)
+        client.exec_wait(f"k{n}", timeout=60)
     kill_process(*space.daemon())  # only the daemon, and it stays dead
     ledger = space.state / "ledger.jsonl"
     whole = ledger.read_bytes()
@@ -162,5 +170,5 @@ def test_a_torn_last_ledger_record_is_dropped_on_restart(
     assert [client.exec_status(f"k{n}").output for n in range(3)] == ["0\n", "1\n", "2\n"]
     assert client.exec_status("torn").state == "unknown"
     client.exec_start("torn", "echo fresh")
-    assert client.exec_wait("torn", timeout=10).output == "fresh\n"
+    assert client.exec_wait("torn", timeout=60).output == "fresh\n"
     assert ledger.read_bytes().startswith(whole) and ledger.read_bytes().endswith(b"}\n")

@@ -89,7 +89,7 @@ def test_health_needs_no_token_everything_else_does(daemon: Daemon) -> None:
 def test_the_token_from_the_environment_is_not_passed_to_commands(daemon: Daemon) -> None:
     client = SpaceClient("d", 0, lambda: Endpoint("127.0.0.1", daemon.port, TOKEN))
     client.exec_start("k", "echo \"[$SPACESD_TEST_TOKEN]\"")
-    assert client.exec_wait("k", timeout=10).output == "[]\n"
+    assert client.exec_wait("k", timeout=60).output == "[]\n"
 
 
 @pytest.mark.parametrize("op, body, status, code, words", [
