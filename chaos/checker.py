@@ -53,7 +53,8 @@ class Observation:
     workspace: list[tuple[str, str, bool, str]]
     #: file contents of the marker file, for exactly-once counts
     log_txt: str
-    effects: list[tuple[str, str]]
+    #: (tool, marker, call id) of every real run of a host tool
+    effects: list[tuple[str, str, str]]
     final_exit: int | None
     final_outcome_done: bool
     end_mode: str | None
@@ -143,15 +144,15 @@ def _check(scenario: Scenario, obs: Observation, campaign_mode: str) -> list[str
             want_n = 1 if ok_by_step.get(s.index) else 0
             if seen != want_n:
                 errors.append(f"{s.marker} appears {seen} times in {LOG_FILE}, want {want_n}")
-        if s.tool == "record_never":
-            ran = obs.effects.count(("record_never", s.marker))
+    for c in obs.calls:
+        ran = obs.effects.count((c.tool, steps[c.step].marker if c.step in steps else "", c.call_id))
+        if c.tool == "record_never":
             if ran > 1:
-                errors.append(f"never-tool {s.marker} ran {ran} times")
-            if ok_by_step.get(s.index) and ran != 1:
-                errors.append(f"never-tool {s.marker} reports success but ran {ran} times")
-        if s.tool == "record_safe" and ok_by_step.get(s.index):
-            if obs.effects.count(("record_safe", s.marker)) < 1:
-                errors.append(f"safe tool {s.marker} reports success but never ran")
+                errors.append(f"never-tool call {c.call_id} (step {c.step}) ran {ran} times")
+            if c.result == "ok" and ran != 1:
+                errors.append(f"never-tool call {c.call_id} reports success but ran {ran} times")
+        if c.tool == "record_safe" and c.result == "ok" and ran < 1:
+            errors.append(f"safe tool call {c.call_id} reports success but never ran")
 
     # 3. errors and interruptions
     for c in committed:

@@ -70,6 +70,10 @@ class Rendezvous:
     def close(self) -> None:
         self._closed.set()
         if self._sock is not None:
+            try:  # wakes the thread blocked in accept(); close() alone does not on Linux
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             self._sock.close()
             self._sock = None
         with self._lock:

@@ -10,7 +10,7 @@ A run's life:
 1. create the Space of conversation 1 and seed the scenario's initial workspace;
 2. launch drivers with growing epochs until one exits 0 or 78 or the attempt cap is hit,
    firing each planned fault once when its trigger comes;
-3. if the last driver did not finish, a clean driver (no failpoints) finishes the session;
+3. a clean driver (no failpoints) finishes the session (a no-op re-drive if it was done);
 4. observe (log, Space, effects) and check the invariant;
 5. delete the run's Spaces; keep the run directory only when the run failed (or ``keep``).
 """
@@ -94,6 +94,7 @@ class Run:
         self.spaces: Any = None
         self._hold_at: tuple[str, int] | None = None
         self._release = threading.Event()
+        self._armed = threading.Event()
 
     # ------------------------------------------------------------------ faults
 
@@ -116,8 +117,14 @@ class Run:
         s.op("nemesis", "info", fault.action, fault.describe())
 
     def _fire(self, index: int, fault: Fault, driver: OwnedProcess | None) -> bool:
-        """Fire ``fault`` once; returns True when it killed ``driver``."""
+        """Fire ``fault`` once; returns True when it killed ``driver``.
+
+        Space faults wait until the first driver reached a failpoint: before that the
+        adapter has not adopted the seeded Space, and losing it then would lose the
+        scenario's initial files, which no log holds (a fault of the test, not the SUT)."""
         s = self.state
+        if fault.action != "kill_driver":
+            self._armed.wait(DRIVER_TIMEOUT_S)
         with s.lock:
             if index in s.fired:
                 return False
@@ -137,6 +144,7 @@ class Run:
 
     def _on_hit(self, hit: Hit) -> str:
         s = self.state
+        self._armed.set()
         driver = s.driver
         with s.lock:
             for lat in s.latencies:
@@ -220,6 +228,7 @@ class Run:
 
     def execute(self) -> dict[str, Any]:
         spec, s = self.spec, self.state
+        s.t0 = time.time()
         if self.dir.exists():
             shutil.rmtree(self.dir)
         (self.dir / "state").mkdir(parents=True)
@@ -238,9 +247,11 @@ class Run:
                 else:
                     final_exit = self._attempts(rv)
                 hits = rv.counts()
-            if final_exit != 0:
-                clean = self._launch(99, None)
-                final_exit = self._await(clean, 99)
+            # A clean driver always finishes the session: it completes an unfinished one
+            # and, for a finished one, proves a re-drive changes nothing (and rebuilds a
+            # Space lost after the last driver's final check).
+            clean = self._launch(99, None)
+            final_exit = self._await(clean, 99)
             t_done = time.time() - s.t0
             for lat in s.latencies:
                 lat["t_done"] = t_done

@@ -146,8 +146,10 @@ def run_durable_session(
         adapter = durable(fence, senv.epoch)
         session = Session(senv, storage, fence, adapter)
         submission = start(session)
-        outcome = submission.wait()
         assert session.harness is not None
+        # Bring the Space under this epoch and the log's state before the run goes on.
+        adapter.ensure_space(session.harness, submission.conversation)
+        outcome = submission.wait()
         adapter.ensure_space(session.harness, submission.conversation)
         if outcome.done:
             return _exit(EXIT_OK, "finished")

@@ -1,7 +1,7 @@
 """Host tools of the scripted agents: side effects outside the workspace, counted in a file.
 
 ``record_never`` (``replay="never"``) and ``record_safe`` (``replay="safe"``) each append
-``<tool> <marker>`` to an effects file that lives outside every Space, so the checker can
+``<tool> <marker> <call id>`` to an effects file that lives outside every Space, so the checker can
 prove a never-tool never ran twice (and count how often a safe one reran).
 """
 
@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from durable.tools import Tool, host_tool
+from durable.tools import CallContext, Replay, Tool, ToolResult
 
 SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -21,30 +21,27 @@ SCHEMA: dict[str, Any] = {
 }
 
 
-def _recorder(path: Path, name: str):  # type: ignore[no-untyped-def]
-    def record(args: dict[str, Any]) -> str:
+def _recorder(path: Path, name: str, replay: Replay) -> Tool:
+    def record(args: dict[str, Any], ctx: CallContext) -> ToolResult:
         with open(path, "a") as f:
-            f.write(f"{name} {args['marker']}\n")
+            f.write(f"{name} {args['marker']} {ctx.call_id}\n")
             f.flush()
             os.fsync(f.fileno())
-        return f"recorded {args['marker']}"
-    return record
+        return ToolResult(f"recorded {args['marker']}")
+    return Tool(name, f"Record a marker ({replay} to run again).", SCHEMA, record, replay)
 
 
 def effect_tools(effects: Path) -> list[Tool]:
-    return [
-        host_tool(_recorder(effects, "record_never"), name="record_never", schema=SCHEMA,
-                  description="Record a marker (must never run twice).", replay="never"),
-        host_tool(_recorder(effects, "record_safe"), name="record_safe", schema=SCHEMA,
-                  description="Record a marker (safe to run again).", replay="safe"),
-    ]
+    return [_recorder(effects, "record_never", "never"), _recorder(effects, "record_safe", "safe")]
 
 
-def read_effects(effects: Path) -> list[tuple[str, str]]:
+def read_effects(effects: Path) -> list[tuple[str, str, str]]:
+    """(tool, marker, call id) of every real run, in order."""
     if not effects.exists():
         return []
     out = []
     for line in effects.read_text().splitlines():
-        tool, _, marker = line.partition(" ")
-        out.append((tool, marker))
+        parts = line.split(" ")
+        if len(parts) == 3:
+            out.append((parts[0], parts[1], parts[2]))
     return out

@@ -143,7 +143,10 @@ class DurableSpaces:
     def ensure_space(self, harness: Any, conversation: int) -> SpaceClient:
         """Make sure the conversation's Space exists, is fenced at this epoch and holds the
         log's state (rebuilding a lost one); returns its client."""
-        return self.ensure(harness.log, conversation).client
+        with self._lock:
+            if not self.spaces.exists(self.space_name(conversation)):
+                self._spaces.pop(conversation, None)  # lost since we last used it
+            return self.ensure(harness.log, conversation).client
 
     def raise_epoch(self, name: str) -> dict[str, Any]:
         """Advance the named Space to this session's epoch (kills older commands)."""
@@ -193,10 +196,18 @@ class DurableSpaces:
             if doc["space"] == name and doc["ready"] and exists:
                 st = _Space(name, self._connect(name))
             elif doc["space"] is None and exists:
-                # A Space made for this conversation before its first call (seeded): adopt it.
+                # A Space made for this conversation before its first call (seeded): adopt
+                # it, and record its state at once (image or checkpoint) so that losing it
+                # from now on loses nothing the log does not hold.
                 st = _Space(name, self._connect(name))
+                self._fold(log, conversation, st)
+                try:
+                    _mode, baseline = self._prepare(log, conversation, st, None)
+                except ToolError:  # over the limits: the first call reports it
+                    baseline = None
                 self._commit_space(log, conversation, lambda d: {**d, "space": name,
-                                                                 "generation": 1, "ready": True})
+                                                                 "generation": 1, "ready": True},
+                                   extra=baseline)
             else:
                 st = self._rebuild(log, conversation, name, doc, exists)
             self._spaces[conversation] = st
@@ -359,12 +370,36 @@ class DurableSpaces:
 
     # ------------------------------------------------------------------ a wrapped call
 
-    def run_call(self, tool: str, args: dict[str, Any], ctx: CallContext) -> ToolResult:
+    def run_call(self, tool: str, args: dict[str, Any], ctx: CallContext, replay: str
+                 ) -> ToolResult:
         try:
-            return self._run_call(tool, args, ctx)
+            try:
+                return self._run_call(tool, args, ctx)
+            except SpaceUnavailable:
+                # The Space's daemon went away mid-call (killed, restarted, or the Space was
+                # deleted). Wait for it, then recover this call in-process exactly as a new
+                # driver would: a command that survived the daemon is reattached.
+                self._wait_for_space(ctx.conversation)
+                return self._recover(tool, args, ctx, replay)
         except StaleEpochError as exc:
             self._stale(exc)
             raise
+
+    def _wait_for_space(self, conversation: int, timeout: float = 30.0) -> None:
+        """Block until the conversation's Space answers again or is known to be gone."""
+        name = self.space_name(conversation)
+        with self._lock:
+            self._spaces.pop(conversation, None)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.spaces.exists(name):
+                return  # lost: ensure() rebuilds it
+            try:
+                self.spaces.connect(name, epoch=self.epoch).health()
+                return
+            except SpaceError:
+                time.sleep(0.2)
+        raise SpaceUnavailable(f"Space {name} did not come back within {timeout:.0f} s")
 
     def recover_call(self, tool: str, args: dict[str, Any], ctx: CallContext,
                      replay: str) -> ToolResult:
@@ -374,43 +409,53 @@ class DurableSpaces:
             self._stale(exc)
             raise
 
-    def _run_call(self, tool: str, args: dict[str, Any], ctx: CallContext, *,
-                  n: int = 1) -> ToolResult:
-        log, conv = ctx.log, ctx.conversation
-        st = self.ensure(log, conv)
+    def _prepare(self, log: Log, conv: int, st: _Space, call_id: str | None
+                 ) -> tuple[Mode, Callable[[Transaction], None]]:
+        """Decide the mode before a call (or at adoption) and what must be committed first:
+        the mode and its reason, a baseline checkpoint, changes made outside the calls."""
         mode, reason = self._mode(log, conv, st)
-        gen = log.read_doc(conv, SPACE_DOC).value["generation"]
-        record = call_record(ctx.call_id, tool, gen)
-        key = f"{conv}:{ctx.call_id}:{n}@{self.epoch}"
-        if tool == "bash":
-            record["commands"].append({"key": key, "epoch": self.epoch, "n": n})
         switch: str | None = None
         scan: ScanResult | None = None
         if mode == "transactional":
             scan = self._scan(st)
             stale = log.read_doc(conv, IMAGE_DOC).value["stale"]
             problem = img.over_limits(scan, self.limits) or stale
-            if problem and (self.mode == "transactional"):
+            if problem and self.mode == "transactional":
                 raise ToolError(
                     f"the workspace cannot be kept transactionally: {problem}. Use "
                     "mode='checkpoint' (or 'auto') for this workspace")
             if problem:
                 switch, mode, scan = problem, "checkpoint", None
-        base_needed = mode == "checkpoint" and log.read_doc(conv, SPACE_DOC).value["checkpoint"] is None
-        if base_needed:
+        ref: CheckpointRef | None = None
+        if mode == "checkpoint" and log.read_doc(conv, SPACE_DOC).value["checkpoint"] is None:
             # The state before this call must be restorable: checkpoint it first.
-            bid = f"{st.name}.base-{ctx.call_id}.e{self.epoch}"
-            ref = self.snapshots.take(st.client, bid)
+            ref = self.snapshots.take(st.client, f"{st.name}.base-{call_id or 'adopt'}"
+                                                 f".e{self.epoch}")
 
-        def start_mark(tx: Transaction) -> None:
+        def stage(tx: Transaction) -> None:
             if reason is not None or switch is not None:
-                self._set_mode(tx, conv, mode, switch or reason or "", ctx.call_id,
+                self._set_mode(tx, conv, mode, switch or reason or "", call_id,
                                event=switch is not None)
-            if base_needed:
+            if ref is not None:
                 tx.write_doc(conv, SPACE_DOC, {**tx.read_doc(conv, SPACE_DOC), "checkpoint": {
                     **ref.to_json(), "call_id": None, "entry": None}})
             if scan is not None:
                 self._stage_image(tx, conv, st, scan, None)
+        return mode, stage
+
+    def _run_call(self, tool: str, args: dict[str, Any], ctx: CallContext, *,
+                  n: int = 1) -> ToolResult:
+        log, conv = ctx.log, ctx.conversation
+        st = self.ensure(log, conv)
+        mode, prepare = self._prepare(log, conv, st, ctx.call_id)
+        gen = log.read_doc(conv, SPACE_DOC).value["generation"]
+        record = call_record(ctx.call_id, tool, gen)
+        key = f"{conv}:{ctx.call_id}:{n}@{self.epoch}"
+        if tool == "bash":
+            record["commands"].append({"key": key, "epoch": self.epoch, "n": n})
+
+        def start_mark(tx: Transaction) -> None:
+            prepare(tx)
             tx.write_doc(conv, CALL_DOC, record)
 
         ctx.commit_now(start_mark)
@@ -602,7 +647,7 @@ class _Extension:
         name = tool.name
 
         def run(args: dict[str, Any], ctx: CallContext) -> ToolResult:
-            return adapter.run_call(name, args, ctx)
+            return adapter.run_call(name, args, ctx, tool.replay)
 
         def recover(args: dict[str, Any], ctx: CallContext) -> ToolResult:
             return adapter.recover_call(name, args, ctx, tool.replay)

@@ -37,7 +37,8 @@ def _clean_run(scenario: Scenario) -> Observation:
         calls.append(ObservedCall(step.index, 1, f"c{i}", step.tool, step.args, i, "ok",
                                   result_entry=10 + i))
     log = ws.files.get("log.txt", (b"", False))[0].decode()
-    effects = [(s.tool, s.marker) for s in scenario.steps if s.tool.startswith("record_")]
+    effects = [(c.tool, scenario.steps[c.step].marker, c.call_id) for c in calls
+               if c.tool.startswith("record_")]
     return Observation(calls, ws.rows(), log, effects, 0, True, "transactional", ws.hash(), None)
 
 
@@ -72,8 +73,8 @@ def test_checker_catches_a_duplicate_effect() -> None:
 def test_checker_catches_never_tool_twice_and_errors_and_interrupts() -> None:
     s = generate(2, load("default"), steps=30)
     obs = _clean_run(s)
-    never = next(st for st in s.steps if st.tool == "record_never")
-    obs.effects.append(("record_never", never.marker))
+    never = next(c for c in obs.calls if c.tool == "record_never")
+    obs.effects.append(("record_never", s.steps[never.step].marker, never.call_id))
     bash = next(c for c in obs.calls if c.tool == "bash")
     bash.result = "info"
     write = next(c for c in obs.calls if c.tool == "write")
@@ -81,7 +82,7 @@ def test_checker_catches_never_tool_twice_and_errors_and_interrupts() -> None:
     v = check(s, obs, campaign_mode="transactional")
     text = "\n".join(v.errors)
     assert v.valid is False
-    assert f"never-tool {never.marker} ran 2 times" in text
+    assert f"never-tool call {never.call_id} (step {never.step}) ran 2 times" in text
     assert "ended in an error: Error: disk full" in text
     assert "ended interrupted in transactional mode" in text
 
