@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from backends.local import LocalSpaces
@@ -54,10 +55,12 @@ def _settle() -> None:
 
 def bench_exec(client: SpaceClient, rounds: int) -> None:
     ledger, plain = [], []
+    def noop(key: str) -> None:
+        client.exec_start(key, "true")
+        client.exec_wait(key, timeout=60)
+
     for n in range(rounds):
-        key = f"bench:noop:{n}"
-        ledger.append(_ms(lambda: (client.exec_start(key, "true"),
-                                   client.exec_wait(key, timeout=30))))
+        ledger.append(_ms(partial(noop, f"bench:noop:{n}")))
         plain.append(_ms(lambda: subprocess.run(["bash", "-c", "true"], check=True)))
     print(f"BENCH exec noop_ledger_ms={_median(ledger)} noop_subprocess_ms={_median(plain)} "
           f"ratio={statistics.median(ledger) / statistics.median(plain):.1f} rounds={rounds}")
@@ -85,13 +88,13 @@ def bench_checkpoint(client: SpaceClient, work: Path, count: int, rounds: int) -
         shutil.rmtree(work / "cp", ignore_errors=True)
         _write_files(work / "cp", count, salt=f"cp{r}")
         _settle()
-        create.append(_ms(lambda: client.checkpoint_create(f"bench{r}")))
-        again.append(_ms(lambda: client.checkpoint_create(f"bench{r}-again")))
+        create.append(_ms(partial(client.checkpoint_create, f"bench{r}")))
+        again.append(_ms(partial(client.checkpoint_create, f"bench{r}-again")))
         for n in range(10):
             (work / "cp" / f"f{n:04d}.txt").write_bytes(b"changed".ljust(FILE_SIZE, b"!"))
             (work / "cp" / f"f{n + 10:04d}.txt").unlink()
             (work / "cp" / f"new{n}.txt").write_bytes(b"new".ljust(FILE_SIZE, b"+"))
-        restore.append(_ms(lambda: client.checkpoint_restore(f"bench{r}")))
+        restore.append(_ms(partial(client.checkpoint_restore, f"bench{r}")))
     print(f"BENCH checkpoint files={count} create_ms={_median(create)} "
           f"create_unchanged_ms={_median(again)} restore_ms={_median(restore)} rounds={rounds}")
 

@@ -22,7 +22,6 @@ import sys
 
 from . import procfs
 from .daemon import Daemon
-from .fsio import AtomicWriter
 from .server import SpacesServer
 
 
@@ -78,12 +77,13 @@ def main(argv: list[str] | None = None) -> int:
     daemon = Daemon(os.path.abspath(args.root), os.path.abspath(args.state))
     kwargs = {"max_body": args.max_body} if args.max_body else {}
     server = SpacesServer((args.host, args.port), daemon, token, verbose=args.verbose, **kwargs)
-    for path, text in ((args.port_file, f"{server.server_address[1]}\n"),
+    port = server.server_address[1]
+    for path, text in ((args.port_file, f"{port}\n"),
                        (args.pid_file, f"{os.getpid()} {procfs.start_time(os.getpid())}\n")):
         if path:
             daemon.writer.write(os.path.abspath(path), [text.encode()], mode=0o644)
-    print(f"spacesd: serving {daemon.workspace.root} on "
-          f"{server.server_address[0]}:{server.server_address[1]}", file=sys.stderr, flush=True)
+    print(f"spacesd: serving {daemon.workspace.root} on {args.host}:{port}", file=sys.stderr,
+          flush=True)
     if ready is not None:
         os.write(ready, b"1")
         os.close(ready)

@@ -19,6 +19,7 @@ the path rules, so a hostile tar cannot write outside the workspace on restore.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -31,7 +32,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from typing import IO, Any
+from typing import IO, Any, Protocol, cast
 
 from . import paths
 from .errors import BadRequest, NotFound
@@ -99,6 +100,12 @@ class Manifest:
         for f in self.files:
             if not _SHA.fullmatch(f.sha256) or not 0 <= f.mode <= 0o7777:
                 raise BadRequest(f"checkpoint {self.id!r}: bad digest or mode for {f.path!r}")
+
+
+class Readable(Protocol):
+    """What import reads a tar stream from (a file, or the body of a request)."""
+
+    def read(self, n: int = -1, /) -> bytes: ...
 
 
 def check_id(checkpoint_id: str) -> str:
@@ -294,13 +301,14 @@ class Checkpoints:
                 with open(path, "rb") as f:
                     tar.addfile(info, f)
 
-    def import_(self, checkpoint_id: str, stream: IO[bytes]) -> CheckpointInfo:
+    def import_(self, checkpoint_id: str, stream: Readable) -> CheckpointInfo:
         """Read a tar stream made by ``export`` into checkpoint ``checkpoint_id``."""
         check_id(checkpoint_id)
         with self._lock:
             raw_manifest = None
             try:
-                with tarfile.open(fileobj=stream, mode="r|") as tar:
+                # Stream mode ("r|") only ever calls read() on fileobj.
+                with tarfile.open(fileobj=cast(IO[bytes], stream), mode="r|") as tar:
                     for member in tar:
                         src = tar.extractfile(member) if member.isfile() else None
                         if src is None:
@@ -309,8 +317,7 @@ class Checkpoints:
                             raw_manifest = json.loads(src.read())
                         elif member.name.startswith("objects/") and _SHA.fullmatch(
                                 member.name[8:]):
-                            self._store(iter(lambda: src.read(_CHUNK), b""),
-                                        expect=member.name[8:])
+                            self._store(_chunks_of(src), expect=member.name[8:])
                         else:
                             raise BadRequest(f"unexpected tar member {member.name!r}")
             except (tarfile.TarError, ValueError, EOFError) as exc:
@@ -326,14 +333,16 @@ class Checkpoints:
             return m.info()
 
 
+def _chunks_of(f: IO[bytes]) -> Iterator[bytes]:
+    while chunk := f.read(_CHUNK):
+        yield chunk
+
+
 def _read_chunks(path: str) -> Iterator[bytes]:
     with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            yield chunk
+        yield from _chunks_of(f)
 
 
 def _unlink(path: str) -> None:
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-    except FileNotFoundError:
-        pass

@@ -16,10 +16,10 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import IO, Any, Literal
+from typing import Any, Literal
 
 from . import protocol
-from .checkpoints import Checkpoints, Manifest, check_id
+from .checkpoints import Checkpoints, Manifest, Readable, check_id
 from .epoch_fence import EpochFence
 from .errors import BadRequest, Conflict, NotFound
 from .exec_ledger import ExecLedger
@@ -137,7 +137,7 @@ class Daemon:
         args = check(protocol.OP_CHECKPOINT_EXPORT, body, {"id": STR})
         return self.checkpoints.load(args["id"])
 
-    def import_checkpoint(self, query: dict[str, str], stream: IO[bytes]) -> dict[str, Any]:
+    def import_checkpoint(self, query: dict[str, str], stream: Readable) -> dict[str, Any]:
         op = protocol.OP_CHECKPOINT_IMPORT
         try:
             epoch = int(query.get("epoch", ""))

@@ -18,6 +18,7 @@ an offset; once a key has ended, only its last ``OUTPUT_TAIL_BYTES`` are replaye
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import threading
@@ -131,11 +132,11 @@ class ExecLedger:
         return rec.spawned[0] if rec.spawned else None
 
     def _info(self, rec: ExecRecord, st: _State, *, output: str = "", offset: int = 0,
-              size: int = 0, state: str | None = None) -> ExecInfo:
+              size: int = 0) -> ExecInfo:
         ex = st.exit
         return ExecInfo(
             key=rec.key,
-            state=state or st.state,  # type: ignore[arg-type]
+            state=st.state,  # type: ignore[arg-type]
             epoch=rec.epoch,
             pid=st.pid,
             exit_code=ex.exit_code if ex else None,
@@ -148,7 +149,8 @@ class ExecLedger:
             signal=ex.signal if ex else None,
         )
 
-    def _read_output(self, rec: ExecRecord, offset: int, *, ended: bool) -> tuple[str, int, int, int]:
+    def _read_output(self, rec: ExecRecord, offset: int, *,
+                     ended: bool) -> tuple[str, int, int, int]:
         """(text, its byte offset, the offset after it, output size) from ``offset``.
 
         A running command's read stops before a split UTF-8 character (the rest comes with
@@ -156,18 +158,17 @@ class ExecLedger:
         the end, on a character boundary.
         """
         try:
-            f = open(self._path(rec, ".out"), "rb")
+            with open(self._path(rec, ".out"), "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                start = min(offset, size)
+                tail_start = max(0, size - OUTPUT_TAIL_BYTES)
+                moved = ended and start < tail_start
+                if moved:
+                    start = tail_start
+                f.seek(start)
+                data = f.read(MAX_READ)
         except FileNotFoundError:
             return "", 0, 0, 0
-        with f:
-            size = os.fstat(f.fileno()).st_size
-            start = min(offset, size)
-            tail_start = max(0, size - OUTPUT_TAIL_BYTES)
-            moved = ended and start < tail_start
-            if moved:
-                start = tail_start
-            f.seek(start)
-            data = f.read(MAX_READ)
         if moved:
             skip = 0
             while skip < min(3, len(data)) and 0x80 <= data[skip] < 0xC0:
@@ -192,10 +193,8 @@ class ExecLedger:
             # Published in _records only once spawned: a status() racing this start must not
             # find it unclaimed and declare it lost before its shim could claim it.
             for suffix in (".claim", ".exit", ".out"):  # leftovers of a torn, dropped start
-                try:
+                with contextlib.suppress(FileNotFoundError):
                     os.unlink(self._path(rec, suffix))
-                except FileNotFoundError:
-                    pass
             try:
                 pid = exec_files.spawn(self._python, self._bash, self._path(rec, ".claim"),
                                        self._path(rec, ".exit"), self._path(rec, ".out"),

@@ -8,6 +8,7 @@ would count it), else next to the target under a dot-name.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import uuid
@@ -57,10 +58,8 @@ class AtomicWriter:
                 os.fsync(fd)
             os.replace(tmp, target)
         except BaseException:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
-            except FileNotFoundError:
-                pass
             raise
         if sync_dir:
             fsync_dir(os.path.dirname(target))

@@ -8,6 +8,7 @@ cannot share it. Zombies count as gone: they run nothing and only wait to be rea
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -69,10 +70,8 @@ def kill_groups(pgids: Iterable[int], *, timeout: float = 5.0) -> set[int]:
     deadline = time.monotonic() + timeout
     while pending:
         for pgid in pending:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         pending = set(group_members(pending))
         if not pending or time.monotonic() > deadline:
             return pending

@@ -63,7 +63,7 @@ def test_wait_resumes_from_an_offset_and_times_out_running(client: SpaceClient,
 def test_replay_after_exit_is_the_last_64k_of_a_1mb_output(client: SpaceClient) -> None:
     # 1 MiB of numbered lines: the replay must be exactly the output's last 64 KiB.
     cmd = "seq -f %09g 1 110000 | head -c 1048576"
-    whole = "".join("%09d\n" % i for i in range(1, 110001))[:1048576]
+    whole = "".join(f"{i:09d}\n" for i in range(1, 110001))[:1048576]
     client.exec_start("big", cmd)
     assert client.exec_wait("big", timeout=60).exit_code == 0
     replay = client.exec_start("big", cmd)
