@@ -31,6 +31,10 @@ from spacesd.protocol import ERR_BAD_REQUEST
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 #: Where ``python -m spacesd`` is importable from (the parent of the spacesd package).
 _SPACESD_PATH = str(Path(spacesd.protocol.__file__).resolve().parent.parent)
+#: The variables of the creator's environment that a Space's daemon (and so its commands)
+#: gets; everything else stays out.
+_KEPT_ENV = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LC_ALL",
+                       "LC_CTYPE", "TZ", "TMPDIR", "TERM"})
 
 
 @dataclass(frozen=True)
@@ -185,9 +189,10 @@ class LocalSpaces:
         """Start spacesd detached and wait until it answers ``health``."""
         for stale in (space.port_file, space.pid_file):
             stale.unlink(missing_ok=True)
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (_SPACESD_PATH, env.get("PYTHONPATH")) if p)
+        # A Space's commands inherit the daemon's environment: give it the basics of a
+        # login, not the creator's (a driver's failpoint channel must not leak into them).
+        env = {k: v for k, v in os.environ.items() if k in _KEPT_ENV}
+        env["PYTHONPATH"] = _SPACESD_PATH
         argv = [sys.executable, "-m", "spacesd", "--root", str(space.work),
                 "--state", str(space.state), "--token-file", str(space.token_file),
                 "--port-file", str(space.port_file), "--pid-file", str(space.pid_file),

@@ -145,3 +145,13 @@ def test_a_daemon_that_cannot_start_is_reported_with_its_log(spaces: LocalSpaces
         spaces.create("s")
     assert "the token is empty" in str(exc.value)
     assert time.monotonic() - started < 10
+
+
+def test_commands_do_not_inherit_the_creators_environment(spaces: LocalSpaces,
+                                                           monkeypatch) -> None:
+    monkeypatch.setenv("CREATOR_SECRET", "leaked")
+    spaces.create("s")
+    client = spaces.connect("s", epoch=1)
+    client.exec_start("k", 'echo "[$CREATOR_SECRET]"; command -v bash')
+    out = client.exec_wait("k", timeout=60).output.splitlines()
+    assert out[0] == "[]" and out[1].endswith("/bash")
