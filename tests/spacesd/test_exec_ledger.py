@@ -172,3 +172,25 @@ def test_a_torn_last_ledger_record_is_dropped_on_restart(
     client.exec_start("torn", "echo fresh")
     assert client.exec_wait("torn", timeout=60).output == "fresh\n"
     assert ledger.read_bytes().startswith(whole) and ledger.read_bytes().endswith(b"}\n")
+
+
+@pytest.mark.slow
+def test_keys_run_at_most_once_through_daemon_kills_and_restarts(
+    spaces: LocalSpaces, space: LocalSpace, client: SpaceClient
+) -> None:
+    """Start keys while the daemon is SIGKILLed and the Space restarted around them: every
+    key ran at most once, and exactly once if it reports exited."""
+    keys = [f"c:{n}:0@1" for n in range(24)]
+    for n, key in enumerate(keys):
+        client.exec_start(key, f"echo {key} >> runs.txt; sleep 0.{n % 4}")
+        if n % 6 == 2:
+            spaces.kill_daemon(space.name)
+        elif n % 6 == 5:
+            spaces.restart(space.name)
+        client.exec_start(key, f"echo {key} >> runs.txt")  # a retry: never runs again
+    finals = {key: client.exec_wait(key, timeout=60) for key in keys}
+    runs = (space.work / "runs.txt").read_text().split()
+    for key, info in finals.items():
+        assert info.state in ("exited", "lost"), info
+        assert runs.count(key) == 1 if info.state == "exited" else runs.count(key) <= 1, info
+    assert sorted(runs) == sorted(set(runs))
