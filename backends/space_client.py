@@ -126,8 +126,8 @@ class SpaceClient:
                 self._fail(401, data)
             return conn, resp
 
-    def _fail(self, status: int, data: bytes) -> None:
-        """Raise the error an error response carries."""
+    def _fail(self, status: int, data: bytes, epoch: int | None = None) -> None:
+        """Raise the error an error response carries (``epoch``: the request's)."""
         try:
             err = json.loads(data)["error"]
             code, message = str(err["code"]), str(err["message"])
@@ -135,13 +135,15 @@ class SpaceClient:
             err, code = {}, protocol.ERR_INTERNAL
             message = f"HTTP {status} with an unreadable body {data[:200]!r}"
         if code == protocol.ERR_STALE_EPOCH:
-            raise StaleEpochError(f"Space {self.name!r}: {message}", epoch=self.epoch,
+            raise StaleEpochError(f"Space {self.name!r}: {message}",
+                                  epoch=self.epoch if epoch is None else epoch,
                                   floor=err.get("floor"))
         raise SpaceError(f"Space {self.name!r}: {message}", code=code, status=status)
 
     def _call(self, op: str, *, idempotent: bool = True, timeout: float | None = None,
               epoch: int | None = None, **fields: Any) -> dict[str, Any]:
-        body = json.dumps({"epoch": self.epoch if epoch is None else epoch, **fields}).encode()
+        epoch = self.epoch if epoch is None else epoch
+        body = json.dumps({"epoch": epoch, **fields}).encode()
         conn, resp = self._open("POST", protocol.op_path(op), body,
                                 {"Content-Type": "application/json"}, idempotent=idempotent,
                                 timeout=timeout or self.timeout)
@@ -153,7 +155,7 @@ class SpaceClient:
         finally:
             conn.close()
         if resp.status != 200:
-            self._fail(resp.status, data)
+            self._fail(resp.status, data, epoch)
         return json.loads(data)
 
     # ---------------------------------------------------------------- daemon

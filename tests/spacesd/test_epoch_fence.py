@@ -62,8 +62,9 @@ def test_advance_is_monotonic_and_persisted(spaces: LocalSpaces, space: LocalSpa
                                             client: SpaceClient) -> None:
     assert client.advance_epoch(5) == {"floor": 5, "killed": []}
     assert client.advance_epoch(5) == {"floor": 5, "killed": []}  # equal: a no-op
-    with pytest.raises(StaleEpochError):
+    with pytest.raises(StaleEpochError) as exc:
         client.advance_epoch(4)
+    assert (exc.value.epoch, exc.value.floor) == (4, 5)
     # A higher epoch than the floor is served without raising it.
     higher = client.with_epoch(9)
     higher.write_file("x", b"1")
