@@ -25,13 +25,15 @@ DEFAULT_PRESET = {"auto": "auto", "exhaustive": "small"}
 DEFAULT_DURABLE = {"transactional": "transactional", "checkpoint": "checkpoint",
                    "auto": "auto", "stale": "auto", "exhaustive": "checkpoint"}
 EXIT = {"valid": 0, "invalid": 1, "unknown": 2}
+DEFAULT_RUNS = 40
 
 
 @dataclass(frozen=True)
 class CampaignConfig:
     mode: str
     backend: str = "local"
-    runs: int = 40
+    #: Runs of the campaign; for exhaustive, a cap on the plans (None: all of them).
+    runs: int | None = None
     steps: int | None = None
     seed_base: int = 1
     jobs: int = 2
@@ -39,6 +41,10 @@ class CampaignConfig:
     durable_mode: str | None = None
     results_root: Path = Path("results")
     keep: bool = False
+    #: The driver program (module or .py path); see ``RunSpec.driver``.
+    driver: str = "chaos.driver"
+    #: Exhaustive only: restrict the plans to these failpoints.
+    points: tuple[str, ...] = ()
 
     @property
     def preset_name(self) -> str:
@@ -51,6 +57,7 @@ class CampaignConfig:
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["results_root"] = str(self.results_root)
+        d["points"] = list(self.points)
         d["preset"] = self.preset_name
         d["durable_mode"] = self.adapter_mode
         return d
@@ -96,15 +103,18 @@ class Progress:
 
 def _specs(cfg: CampaignConfig, work: Path) -> tuple[list[RunSpec], int | None]:
     base = dict(campaign_mode=cfg.mode, durable_mode=cfg.adapter_mode, backend=cfg.backend,
-                preset=cfg.preset_name, steps=cfg.steps, work_dir=work, keep=cfg.keep)
+                preset=cfg.preset_name, steps=cfg.steps, work_dir=work, keep=cfg.keep,
+                driver=cfg.driver)
     if cfg.mode != "exhaustive":
-        return [RunSpec(index=i, seed=cfg.seed_base + i, **base) for i in range(cfg.runs)], None
+        return [RunSpec(index=i, seed=cfg.seed_base + i, **base)
+                for i in range(cfg.runs or DEFAULT_RUNS)], None
     # measure every (point, occurrence) of one fault-free run, then kill at each in turn
     reference = Run(RunSpec(index=0, seed=cfg.seed_base, plan=FaultPlan(cfg.seed_base, ()),
                             **{**base, "keep": False})).execute()
-    counts = {p: n for p, n in reference["points_hit"].items()}
+    counts = {p: n for p, n in reference["points_hit"].items()
+              if not cfg.points or p in cfg.points}
     plans = exhaustive_plans(cfg.seed_base, counts)
-    if cfg.runs < len(plans):
+    if cfg.runs is not None:
         plans = plans[: cfg.runs]
     specs = [RunSpec(index=i + 1, seed=cfg.seed_base, plan=p, **base)
              for i, p in enumerate(plans)]

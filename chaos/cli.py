@@ -20,6 +20,7 @@ import traceback
 from pathlib import Path
 from typing import NoReturn
 
+from durable.failpoints import POINTS
 from scenarios import PresetError, generate, load
 
 from .backends import BACKENDS, BackendUnavailable
@@ -69,6 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
                      default=os.environ.get("CRASH_DURABLE_MODE") or None)
     run.add_argument("--results", type=Path, default=Path("results"))
     run.add_argument("--keep", action="store_true", help="keep every run's directory")
+    run.add_argument("--driver", default="chaos.driver",
+                     help="driver program: a module (run with -m) or a .py file")
+    run.add_argument("--points", default="",
+                     help="exhaustive only: comma-separated failpoints to cover (default all)")
     rep = sub.add_parser("repro", help="replay one run's fault plan and print its verdict")
     rep.add_argument("results", type=Path, nargs="?")
     rep.add_argument("--run", type=int)
@@ -91,10 +96,10 @@ def _campaign_config(args: argparse.Namespace) -> CampaignConfig:
                            f"(one of {', '.join(MODES)})")
     if args.mode not in MODES:
         raise BadArguments(f"CRASH_MODE={args.mode!r} is not a mode; use one of {MODES}")
-    runs = args.runs if args.runs is not None else _env_int("CRASH_RUNS") or 40
+    runs = args.runs if args.runs is not None else _env_int("CRASH_RUNS")
     steps = args.steps if args.steps is not None else _env_int("CRASH_STEPS")
     seed = args.seed_base if args.seed_base is not None else _env_int("CRASH_SEED_BASE")
-    if runs < 1:
+    if runs is not None and runs < 1:
         raise BadArguments(f"--runs must be at least 1, got {runs}")
     if steps is not None and steps < 1:
         raise BadArguments(f"--steps must be at least 1, got {steps}")
@@ -103,7 +108,11 @@ def _campaign_config(args: argparse.Namespace) -> CampaignConfig:
     cfg = CampaignConfig(mode=args.mode, backend=args.backend, runs=runs, steps=steps,
                          seed_base=1 if seed is None else seed, jobs=args.jobs,
                          preset=args.preset, durable_mode=args.durable_mode,
-                         results_root=args.results, keep=args.keep)
+                         results_root=args.results, keep=args.keep, driver=args.driver,
+                         points=tuple(p for p in args.points.split(",") if p))
+    unknown = sorted(set(cfg.points) - set(POINTS))
+    if unknown:
+        raise BadArguments(f"unknown failpoint(s) {unknown}; known: {sorted(POINTS)}")
     load(cfg.preset_name)  # a bad preset is a bad argument, before anything runs
     return cfg
 
@@ -120,7 +129,8 @@ def _repro(args: argparse.Namespace) -> int:
                        campaign_mode=record["campaign_mode"], durable_mode=record["durable_mode"],
                        backend=record["backend"], preset=record["preset"],
                        steps=record["steps"], work_dir=results.path / "repro",
-                       plan=FaultPlan.from_json(record["plan"]), keep=True)
+                       plan=FaultPlan.from_json(record["plan"]), keep=True,
+                       driver=results.read_json("campaign.json").get("driver", "chaos.driver"))
     else:
         if args.seed is None or args.mode is None:
             raise BadArguments("repro needs RESULTS --run N, or --seed S --mode M")

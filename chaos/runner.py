@@ -57,6 +57,8 @@ class RunSpec:
     work_dir: Path
     plan: FaultPlan | None = None
     keep: bool = False
+    #: The driver program: a module run with ``-m``, or a path to a ``.py`` file.
+    driver: str = "chaos.driver"
 
 
 @dataclass
@@ -167,9 +169,11 @@ class Run:
 
     def _driver_argv(self) -> list[str]:
         spec = self.spec
-        argv = python_argv("chaos.driver", "--run-dir", str(self.dir), "--preset", spec.preset,
-                           "--seed", str(spec.seed), "--mode", spec.durable_mode,
-                           "--backend", spec.backend)
+        program = ([sys.executable, spec.driver] if spec.driver.endswith(".py")
+                   else python_argv(spec.driver))
+        argv = program + ["--run-dir", str(self.dir), "--preset", spec.preset,
+                          "--seed", str(spec.seed), "--mode", spec.durable_mode,
+                          "--backend", spec.backend]
         if spec.steps is not None:
             argv += ["--steps", str(spec.steps)]
         return argv

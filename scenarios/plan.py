@@ -121,7 +121,7 @@ def generate(seed: int, preset: Preset, *, steps: int | None = None) -> Scenario
     kinds = [k for k, w in preset.mix.items() for _ in range(w)]
     out: list[Step] = []
     for k in range(steps or preset.steps):
-        kind = rng.choice(kinds)
+        kind = preset.sequence[k % len(preset.sequence)] if preset.sequence else rng.choice(kinds)
         marker = f"step-{k}"
         if kind == "write":
             size = rng.randint(*preset.file_size)

@@ -38,13 +38,15 @@ class Preset:
     max_bytes: int = 16 * 1024 * 1024
     #: Probability that the scripted model issues an interrupted step again.
     reissue: float = 0.5
+    #: A fixed order of step kinds (cycled); when set, ``mix`` is not drawn from.
+    sequence: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "steps": self.steps, "mix": dict(self.mix),
                 "file_size": list(self.file_size), "long_seconds": self.long_seconds,
                 "many_files": self.many_files, "initial_files": self.initial_files,
                 "max_files": self.max_files, "max_bytes": self.max_bytes,
-                "reissue": self.reissue}
+                "reissue": self.reissue, "sequence": list(self.sequence)}
 
 
 def _expect(raw: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
@@ -92,6 +94,12 @@ def parse(raw: Any, where: str) -> Preset:
         if sum(mix.values()) == 0:
             raise PresetError(f"{where}: mix has no step kind with a positive weight")
         kw["mix"] = dict(mix)
+    if "sequence" in raw:
+        seq = raw["sequence"]
+        if not isinstance(seq, list) or not seq or not all(k in STEP_KINDS for k in seq):
+            raise PresetError(f"{where}: sequence is a non-empty list of step kinds from "
+                              f"{list(STEP_KINDS)}, got {seq!r}")
+        kw["sequence"] = tuple(seq)
     return Preset(**kw)
 
 

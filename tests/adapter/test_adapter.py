@@ -1,0 +1,171 @@
+"""The Space adapter in-process, on real local Spaces and real SQLite logs: lost Spaces,
+auto's switch to checkpoint mode, forks, and fencing of an older epoch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from backends.local import LocalSpaces
+from durable.adapter import (
+    SPACE_DOC,
+    DirectoryCheckpointStore,
+    DurableSpaces,
+    TransactionalLimits,
+    WorkspaceSnapshots,
+    durable_spaces,
+)
+from durable.adapter.image import IMAGE_KEY, Image
+from durable.coding_tools import coding_tools
+from durable.errors import PermanentFailure, StaleEpochError
+from durable.fences import open_fenced_sqlite
+from durable.harness import Harness
+from durable.models import PlannedCall, ScriptedModel
+from durable.tools import ToolRegistry
+from spacesd.protocol import workspace_hash
+
+
+@dataclass
+class Session:
+    harness: Harness
+    adapter: DurableSpaces
+
+
+@pytest.fixture
+def spaces(local_spaces: LocalSpaces) -> LocalSpaces:
+    return local_spaces
+
+
+def open_session(tmp_path: Path, spaces: LocalSpaces, plan: list[PlannedCall], *, epoch: int,
+                 mode: str, store: bool = True, max_files: int = 1000) -> Session:
+    storage, fence = open_fenced_sqlite(tmp_path / "log.sqlite", epoch)
+    snapshots = WorkspaceSnapshots(
+        spaces, "", DirectoryCheckpointStore(tmp_path / "store") if store else None)
+    adapter = durable_spaces(spaces=spaces, snapshots=snapshots, mode=mode, fence=fence,
+                             epoch=epoch, transactional=TransactionalLimits(max_files=max_files))
+    registry = ToolRegistry(coding_tools())
+    registry.extend(adapter.extension)
+    harness = Harness.open(storage, models=ScriptedModel(plan), registry=registry,
+                           env=adapter.env)
+    harness.resume()
+    return Session(harness, adapter)
+
+
+def steps(*calls: tuple[str, dict]) -> list[PlannedCall]:
+    return [PlannedCall(i, name, args) for i, (name, args) in enumerate(calls)]
+
+
+WRITE = ("write", {"path": "a.txt", "content": "alpha\n"})
+EDIT = ("edit", {"path": "a.txt", "edits": [{"old_text": "alpha", "new_text": "beta"}]})
+APPEND = ("bash", {"command": "printf 'step\\n' >> log.txt"})
+
+
+def space_hash(s: Session) -> str:
+    return workspace_hash(s.adapter.ensure_space(s.harness, 1).scan().entries)
+
+
+def results(s: Session) -> list[dict]:
+    return [e.data for e in s.harness.log.entries(1) if e.kind == "tool_result"]
+
+
+def run(s: Session, request: str = "r1") -> None:
+    outcome = s.harness.root("a").submit(content="go", request_id=request).wait()
+    assert outcome.done, outcome
+
+
+@pytest.mark.parametrize("mode", ["transactional", "checkpoint"])
+def test_lost_space_is_rebuilt(tmp_path: Path, spaces: LocalSpaces, mode: str) -> None:
+    plan = steps(WRITE, APPEND, EDIT, APPEND)
+    s = open_session(tmp_path, spaces, plan[:2], epoch=1, mode=mode)
+    run(s)
+    before = space_hash(s)
+    s.harness.close()
+    spaces.delete("cua-c1")
+    s = open_session(tmp_path, spaces, plan, epoch=2, mode=mode)
+    run(s, "r2")  # the next call finds the Space gone and rebuilds it first
+    kinds = [e.kind for e in s.adapter.events]
+    assert kinds[0] == ("reimaged" if mode == "transactional" else "restored"), kinds
+    client = s.adapter.ensure_space(s.harness, 1)
+    assert client.read_file("a.txt") == b"beta\n"
+    assert client.read_file("log.txt") == b"step\nstep\n"
+    assert all(not r["is_error"] for r in results(s))
+    assert before != space_hash(s)
+    s.harness.close()
+
+
+def test_lost_space_without_store_fails_permanently(tmp_path: Path, spaces: LocalSpaces) -> None:
+    s = open_session(tmp_path, spaces, steps(WRITE), epoch=1, mode="checkpoint", store=False)
+    run(s)
+    s.harness.close()
+    spaces.delete("cua-c1")
+    s = open_session(tmp_path, spaces, steps(WRITE, APPEND), epoch=2, mode="checkpoint",
+                     store=False)
+    with pytest.raises(PermanentFailure, match="CheckpointStore.*transactional mode"):
+        run(s, "r2")
+    s.harness.close()
+
+
+def test_image_in_the_log_equals_the_workspace(tmp_path: Path, spaces: LocalSpaces) -> None:
+    s = open_session(tmp_path, spaces, steps(WRITE, APPEND, EDIT, APPEND), epoch=1,
+                     mode="transactional")
+    run(s)
+    image = Image()
+    for e in s.harness.log.entries(1):
+        if e.kind == "system" and IMAGE_KEY in e.data:
+            image.fold(e.id, e.data[IMAGE_KEY])
+    assert image.hash() == space_hash(s)
+    s.harness.close()
+
+
+@pytest.mark.parametrize(("call", "reason"), [
+    (("bash", {"command": "(sleep 60 >/dev/null 2>&1 &); echo started"}), "process running"),
+    (("bash", {"command": "mkdir -p many && for i in $(seq 1 12); do echo $i > many/f$i; done"}),
+     "exceed max_files=10"),
+])
+def test_auto_switches_to_checkpoint(tmp_path: Path, spaces: LocalSpaces, call: tuple,
+                                     reason: str) -> None:
+    s = open_session(tmp_path, spaces, steps(WRITE, call, APPEND), epoch=1, mode="auto",
+                     max_files=10)
+    run(s)
+    doc = s.harness.log.read_doc(1, SPACE_DOC).value
+    assert doc["mode"] == "checkpoint"
+    assert reason in doc["mode_reason"]
+    modes = [e for e in s.adapter.events if e.kind == "mode"]
+    assert len(modes) == 1 and modes[0].mode == "checkpoint"
+    assert doc["checkpoint"] is not None, "the switch is followed by a checkpoint"
+    assert all(not r["is_error"] for r in results(s)), results(s)
+    s.harness.close()
+
+
+def test_fork_gets_the_parents_state_at_the_fork_entry(tmp_path: Path,
+                                                       spaces: LocalSpaces) -> None:
+    s = open_session(tmp_path, spaces, steps(WRITE, APPEND, EDIT), epoch=1, mode="checkpoint")
+    run(s)
+    entries = s.harness.log.entries(1)
+    after_append = [e for e in entries if e.kind == "tool_result"][1]
+    child = s.harness.root("a").fork(after_append.id)
+    client = s.adapter.ensure_space(s.harness, child.id)
+    assert client.name != "cua-c1"
+    assert client.read_file("a.txt") == b"alpha\n", "the edit came after the fork entry"
+    assert client.read_file("log.txt") == b"step\n"
+    assert s.adapter.ensure_space(s.harness, 1).read_file("a.txt") == b"beta\n"
+    s.harness.close()
+
+
+def test_an_older_epoch_is_refused_by_log_and_space(tmp_path: Path,
+                                                    spaces: LocalSpaces) -> None:
+    old = open_session(tmp_path, spaces, steps(WRITE, APPEND), epoch=1, mode="transactional")
+    run(old)
+    old_client = old.adapter.ensure_space(old.harness, 1)
+    new = open_session(tmp_path, spaces, steps(WRITE, APPEND), epoch=2, mode="transactional")
+    new.adapter.ensure_space(new.harness, 1)
+    with pytest.raises(StaleEpochError):
+        old_client.write_file("a.txt", b"stale\n")
+    with pytest.raises(StaleEpochError):
+        with old.harness.log.transaction() as tx:
+            tx.append(1, "system", {"content": "stale"})
+    assert new.adapter.ensure_space(new.harness, 1).read_file("a.txt") == b"alpha\n"
+    old.harness.close()
+    new.harness.close()

@@ -1,0 +1,77 @@
+"""The crash campaign end to end: real drivers, real SIGKILL, real local Spaces."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from chaos.campaign import CampaignConfig, run_campaign
+from chaos.cli import main
+from chaos.records import ResultsDir
+from chaos.summary import parse_summary
+
+BROKEN = str(Path(__file__).with_name("broken_driver.py"))
+
+
+def campaign(tmp_path: Path, **kw: object) -> tuple[int, dict[str, str], str]:
+    out = io.StringIO()
+    code = run_campaign(CampaignConfig(results_root=tmp_path / "results", jobs=2, **kw), out)
+    text = out.getvalue()
+    line = next(x for x in text.splitlines() if x.startswith("SUMMARY "))
+    return code, parse_summary(line), text
+
+
+@pytest.mark.crash_ci
+@pytest.mark.parametrize("mode", ["transactional", "checkpoint", "auto"])
+def test_fixed_seed_campaign(tmp_path: Path, mode: str) -> None:
+    code, summary, text = campaign(tmp_path, mode=mode, runs=6, steps=6, seed_base=101)
+    assert summary["failed"] == "0" and summary["unknown"] == "0", text
+    assert code == 0
+    assert int(summary["kills"]) >= 4, "the nemesis must actually kill drivers"
+    assert int(summary["ok"]) == 6
+
+
+@pytest.mark.crash_ci
+def test_stale_drivers_are_fenced(tmp_path: Path) -> None:
+    code, summary, text = campaign(tmp_path, mode="stale", runs=4, steps=5, seed_base=7)
+    assert code == 0 and summary["failed"] == "0", text
+    assert summary["fenced"] == "4", "every older driver must exit 75"
+
+
+@pytest.mark.crash_ci
+def test_exhaustive_slice(tmp_path: Path) -> None:
+    code, summary, text = campaign(tmp_path, mode="exhaustive", durable_mode="transactional",
+                                   points=("space.running", "space.exited", "space.file_op"))
+    assert code == 0 and summary["failed"] == "0", text
+    assert int(summary["covered"]) >= 4 and summary["covered"] == summary["runs"]
+
+
+@pytest.mark.crash_ci
+def test_a_broken_adapter_is_caught(tmp_path: Path) -> None:
+    """Rerunning a command that already exited duplicates its append: the campaign must fail
+    and print the repro line; repro replays the same plan and gives the same verdict."""
+    code, summary, text = campaign(tmp_path, mode="exhaustive", durable_mode="checkpoint",
+                                   points=("space.exited",), driver=BROKEN)
+    assert code == 1, text
+    assert int(summary["failed"]) > 0
+    assert "reproduce: python -m chaos repro" in text
+    results = ResultsDir.open(tmp_path / "results" / "latest")
+    failing = next(r for r in results.runs() if r["verdict"]["valid"] is False)
+    assert any("appears 2 times in log.txt" in e for e in failing["verdict"]["errors"])
+    assert (Path(failing["run_dir"]) / "state" / "log.sqlite").exists()
+    assert (Path(failing["run_dir"]) / "workspace.tar").exists()
+    assert main(["repro", str(results.path), "--run", str(failing["index"])]) == 1
+
+
+def test_bad_arguments_exit_254(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "--mode", "checkpoint", "--runs", "0"]) == 254
+    assert "--runs must be at least 1" in capsys.readouterr().err
+    assert main(["run", "--mode", "checkpoint", "--preset", "nope"]) == 254
+    assert "no preset 'nope'" in capsys.readouterr().err
+    assert main(["run", "--mode", "exhaustive", "--points", "call.nowhere"]) == 254
+    assert "unknown failpoint" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["run", "--mode", "sideways"])
+    assert exc.value.code == 254
