@@ -18,7 +18,7 @@ import sys
 import time
 import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import parse_qsl, urlsplit
 
 from . import protocol
@@ -143,7 +143,7 @@ class Handler(BaseHTTPRequestHandler):
                 break
             length -= len(got)
 
-    def _refuse(self, exc: OpError, length: int = 0) -> None:
+    def _refuse(self, exc: OpError, length: int = 0) -> NoReturn:
         self._drain(length)
         raise exc
 
