@@ -26,12 +26,22 @@ def make_spaces(backend: str, run_dir: Path) -> Spaces:
         return LocalSpaces(run_dir / "spaces")
     if backend == "docker":
         try:
-            from backends.docker import DockerSpaces
+            from backends.docker import DockerSpaces, DockerUnavailable
         except ImportError as exc:
             raise BackendUnavailable(
                 f"the docker backend is not installed here ({exc}); install the project "
                 "with its docker extra and build the image (ci/build-images.sh)") from None
-        return DockerSpaces(label_scope=run_dir.name)
+        import hashlib
+        import re
+
+        # The scope must tell this run from every other on the engine, including the
+        # same-numbered run of a campaign running beside this one: name plus path digest.
+        digest = hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:10]
+        readable = re.sub(r"[^A-Za-z0-9-]", "-", run_dir.name).strip("-")[:40] or "run"
+        try:
+            return DockerSpaces(label_scope=f"{readable}-{digest}")
+        except DockerUnavailable as exc:
+            raise BackendUnavailable(str(exc)) from None
     if backend == "microvm":
         raise BackendUnavailable(
             "the microvm backend is not built yet; use --backend local or docker")

@@ -4,6 +4,7 @@
     chaos repro RESULTS --run N          (or: chaos repro --seed S --mode M [--backend B])
     chaos analyze RESULTS
     chaos clean [--results DIR]
+    chaos image build [--image NAME] [--base IMAGE]
 
 Flags of ``run`` mirror the environment variables ``CRASH_MODE``, ``CRASH_BACKEND``,
 ``CRASH_RUNS``, ``CRASH_STEPS``, ``CRASH_SEED_BASE`` and ``CRASH_DURABLE_MODE``, which work
@@ -87,6 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
     ana.add_argument("results", type=Path)
     cln = sub.add_parser("clean", help="remove Spaces left behind by crashed campaigns")
     cln.add_argument("--results", type=Path, default=Path("results"))
+    img = sub.add_parser("image", help="build the Docker Space image (as ci/build-images.sh)")
+    img_sub = img.add_subparsers(dest="image_command", required=True)
+    imb = img_sub.add_parser("build", help="build durable-space (a debootstrap'd base when "
+                             "debian:bookworm-slim cannot be pulled); fast when cached")
+    imb.add_argument("--image", default="durable-space")
+    imb.add_argument("--base", default=None, help="use this base image as is")
     return p
 
 
@@ -186,13 +193,25 @@ def _clean(args: argparse.Namespace) -> int:
             provider.delete(name)
             removed += 1
     try:
-        from backends.docker import DockerSpaces
-
-        removed += DockerSpaces.clean_all()
-    except (ImportError, BackendUnavailable):
+        from backends.docker import DockerSpaces, DockerUnavailable
+    except ImportError:  # no docker SDK here: no docker Spaces either
         pass
+    else:
+        try:
+            removed += DockerSpaces.clean_all()
+        except DockerUnavailable as exc:
+            print(f"clean: docker Spaces not cleaned: {exc}", file=sys.stderr)
     print(f"clean: removed {removed} Space(s)")
     return 0
+
+
+def _image(args: argparse.Namespace) -> int:
+    from backends.docker.image import build
+
+    code, seconds = build(image=args.image, base=args.base)
+    print(f"image: build of {args.image} {'ok' if code == 0 else f'failed (exit {code})'} "
+          f"in {seconds:.1f}s")
+    return 0 if code == 0 else EXIT_BAD_ARGS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -204,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
             return _repro(args)
         if args.command == "analyze":
             return _analyze(args)
+        if args.command == "image":
+            return _image(args)
         return _clean(args)
     except (BadArguments, PresetError, BackendUnavailable, FileNotFoundError) as exc:
         print(f"chaos: {exc}", file=sys.stderr)

@@ -1,0 +1,398 @@
+"""``DockerSpaces``: each Space is a container of the ``durable-space`` image.
+
+A Space is found again from any process by its container, never by in-memory state: the
+container is named ``durable-space.<scope>.<name>`` (the engine refuses a second container
+of that name, which makes ``create`` safe from parallel processes) and carries the labels
+``durable.space=1``, ``durable.space.scope=<scope>`` and ``durable.space.name=<name>``
+(which ``names`` and ``clean_all`` filter on). A provider sees only its own scope, so the
+Spaces of parallel campaign runs never mix.
+
+Inside, PID 1 is ``spacesd.supervisor``, which restarts the daemon when it dies; the workspace
+(``/home/cua/work``) and the daemon's state (``/var/lib/spacesd``) live in the container's
+writable layer (one filesystem: spacesd renames temp files from its state into the
+workspace), so a restart keeps them and ``docker rm`` removes them. spacesd listens on port 7777 of the container, published on a random port of
+127.0.0.1 only; a fresh token per Space is passed in ``SPACESD_TOKEN`` (the daemon removes it
+from the environment of its commands; the commands run as the daemon's user, so the token is
+no secret from them, only from everything else on the host).
+
+The faults are what they say:
+- ``kill_daemon``: ``docker exec`` SIGKILLs spacesd (found by its pid file and checked
+  against its start time); the supervisor starts a new one, which the ledger uses to
+  reattach to the commands that kept running.
+- ``restart``: ``docker restart -t 0``, every process in the container dies, the disk stays.
+  The engine publishes the port again on a new random host port: clients find it through
+  their resolver, which reads the container's port mapping on every reconnect.
+- ``delete``: ``docker rm -fv``, the container and any volume it has.
+
+Connection semantics differ with the engine's userland proxy: with it (the default), a
+connection to the published port is accepted by ``docker-proxy`` even while the daemon is
+down and then reset, which the client sees as a connection broken after sending (retried
+once if idempotent, else ``SpaceUnavailable``). Without it (``dockerd
+--userland-proxy=false``, what ``ci/docker.sh`` runs) the connection is refused exactly as
+for a local Space, and the client waits for the daemon to come back. Both are correct; the
+second turns fewer daemon restarts into driver crashes.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import time
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import docker
+import docker.errors
+import requests.exceptions
+from docker.types import LogConfig
+
+from backends.docker.errors import DockerUnavailable
+from backends.local.provider import _NAME  # one rule for Space names on every backend
+from backends.space_client import Endpoint, SpaceClient
+from durable.errors import SpaceError, SpaceNotFound, SpaceUnavailable
+from spacesd.protocol import ERR_BAD_REQUEST
+
+IMAGE = "durable-space"
+LABEL = "durable.space"
+LABEL_SCOPE = "durable.space.scope"
+LABEL_NAME = "durable.space.name"
+PORT = "7777/tcp"
+TOKEN_ENV = "SPACESD_TOKEN"
+PID_FILE = "/var/lib/spacesd/daemon.pid"
+WORKSPACE = "/home/cua/work"
+_SCOPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,62}")  # no '.': it separates scope and name
+#: Errors of the engine's API and of the HTTP connection to it.
+_ENGINE_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resources of one Space (``docker run --cpus --memory --pids-limit``)."""
+
+    cpus: float = 1.0
+    memory: str = "1g"
+    pids: int = 1024
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.cpus, (int, float)) and self.cpus > 0):
+            raise ValueError(f"Expected cpus > 0 but got cpus={self.cpus!r}")
+        if not (isinstance(self.pids, int) and self.pids > 0):
+            raise ValueError(f"Expected an int pids > 0 but got pids={self.pids!r}")
+
+
+@dataclass(frozen=True)
+class DockerSpace:
+    """One Space's container as the engine reports it now."""
+
+    name: str
+    container: str  # the container's name
+    id: str
+    status: str  # created | running | restarting | exited | ...
+    endpoint: Endpoint | None  # None unless running with its port published
+
+
+def _connect_engine(timeout: float) -> docker.DockerClient:
+    try:
+        return docker.from_env(timeout=int(timeout))
+    except _ENGINE_ERRORS as exc:
+        raise DockerUnavailable(
+            f"no Docker engine answers ({exc}); start dockerd (ci/docker.sh shows how) or "
+            "set DOCKER_HOST") from None
+
+
+class DockerSpaces:
+    """A ``durable.spaces.Spaces`` provider of containers (see the module docstring).
+
+    ``label_scope`` separates providers (a campaign run passes its own); ``limits`` are each
+    Space's resources; ``start_timeout`` bounds the wait for a healthy daemon after create,
+    restart and kill_daemon. Raises ``DockerUnavailable`` when no engine answers or the
+    image is missing. Close the provider (or use it as a context manager) to close its
+    connection to the engine; its Spaces live on.
+    """
+
+    kind = "docker"
+
+    def __init__(self, *, label_scope: str = "default", image: str = IMAGE,
+                 limits: Limits | None = None, start_timeout: float = 60.0,
+                 api_timeout: float = 60.0) -> None:
+        if not isinstance(label_scope, str) or not _SCOPE.fullmatch(label_scope):
+            raise ValueError(f"Expected a label_scope of 1-63 of A-Z a-z 0-9 - (starting with "
+                             f"a letter or digit) but got label_scope={label_scope!r}")
+        self.scope = label_scope
+        self.image = image
+        self.limits = limits or Limits()
+        self.start_timeout = start_timeout
+        self._docker = _connect_engine(api_timeout)
+        self._api = self._docker.api
+        try:
+            self._api.inspect_image(image)
+        except docker.errors.ImageNotFound:
+            self.close()
+            raise DockerUnavailable(
+                f"the Space image {image!r} is not in the engine; build it with "
+                "`python -m chaos image build` (or ci/build-images.sh)") from None
+        except _ENGINE_ERRORS as exc:
+            self.close()
+            raise DockerUnavailable(f"the Docker engine did not answer ({exc})") from None
+
+    # ---------------------------------------------------------------- lifetime
+
+    def close(self) -> None:
+        self._docker.close()
+
+    def __enter__(self) -> DockerSpaces:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"DockerSpaces(label_scope={self.scope!r}, image={self.image!r})"
+
+    # ---------------------------------------------------------------- names
+
+    def container_name(self, name: str) -> str:
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise SpaceError(f"bad Space name {name!r}: use 1-100 of A-Z a-z 0-9 . _ -, "
+                             "starting with a letter or digit (no '/')", code=ERR_BAD_REQUEST)
+        return f"durable-space.{self.scope}.{name}"
+
+    def _inspect(self, name: str) -> dict[str, Any]:
+        """The container's inspect data; ``SpaceNotFound`` if it is not one of our Spaces."""
+        cname = self.container_name(name)
+        try:
+            attrs = self._api.inspect_container(cname)
+        except docker.errors.NotFound:
+            raise SpaceNotFound(f"no Space {name!r} (container {cname}) in scope "
+                                f"{self.scope!r}; create it first") from None
+        except _ENGINE_ERRORS as exc:
+            raise SpaceUnavailable(f"Space {name!r}: the Docker engine did not answer "
+                                   f"({exc})") from exc
+        labels = attrs["Config"].get("Labels") or {}
+        if labels.get(LABEL_NAME) != name or labels.get(LABEL_SCOPE) != self.scope:
+            raise SpaceNotFound(f"container {cname} exists but is not Space {name!r} of scope "
+                                f"{self.scope!r} (labels {labels}); remove it")
+        return attrs
+
+    @staticmethod
+    def _endpoint_of(attrs: dict[str, Any]) -> Endpoint | None:
+        if not attrs["State"].get("Running"):
+            return None
+        bound = (attrs["NetworkSettings"].get("Ports") or {}).get(PORT) or []
+        env = dict(e.split("=", 1) for e in attrs["Config"].get("Env") or [] if "=" in e)
+        token = env.get(TOKEN_ENV)
+        if not bound or not token:
+            return None
+        return Endpoint(bound[0].get("HostIp") or "127.0.0.1", int(bound[0]["HostPort"]), token)
+
+    def get(self, name: str) -> DockerSpace:
+        """The Space's container now; raises ``SpaceNotFound``."""
+        attrs = self._inspect(name)
+        return DockerSpace(name, attrs["Name"].lstrip("/"), attrs["Id"],
+                           attrs["State"]["Status"], self._endpoint_of(attrs))
+
+    def _resolver(self, name: str) -> Endpoint:
+        attrs = self._inspect(name)
+        endpoint = self._endpoint_of(attrs)
+        if endpoint is None:
+            raise SpaceUnavailable(f"Space {name!r}: its container is "
+                                   f"{attrs['State']['Status']}, its daemon is not reachable")
+        return endpoint
+
+    # ---------------------------------------------------------------- the protocol
+
+    def create(self, name: str) -> None:
+        cname = self.container_name(name)
+        try:
+            attrs = self._inspect(name)
+        except SpaceNotFound:
+            attrs = None
+        if attrs is None:
+            self._create_container(name, cname)
+        elif attrs["State"].get("Running") and self._healthy(name):
+            return
+        self._start(name)
+        self._wait_healthy(name)
+
+    def _create_container(self, name: str, cname: str) -> None:
+        lim = self.limits
+        host_config = self._api.create_host_config(
+            port_bindings={PORT: ("127.0.0.1", None)},
+            nano_cpus=int(lim.cpus * 1e9), mem_limit=lim.memory, pids_limit=lim.pids,
+            cap_drop=["ALL"], security_opt=["no-new-privileges"],
+            log_config=LogConfig(type="json-file", config={"max-size": "1m", "max-file": "2"}))
+        try:
+            self._api.create_container(
+                self.image, name=cname, detach=True, host_config=host_config,
+                ports=[7777], environment={TOKEN_ENV: secrets.token_hex(32)},
+                labels={LABEL: "1", LABEL_SCOPE: self.scope, LABEL_NAME: name},
+                use_config_proxy=False)
+        except docker.errors.ImageNotFound:
+            raise DockerUnavailable(
+                f"the Space image {self.image!r} is not in the engine; build it with "
+                "`python -m chaos image build` (or ci/build-images.sh)") from None
+        except docker.errors.APIError as exc:
+            if exc.status_code != 409:  # 409: another process created it first; use that
+                raise SpaceUnavailable(f"Space {name!r}: docker create failed ({exc})") from exc
+        except _ENGINE_ERRORS as exc:
+            raise SpaceUnavailable(f"Space {name!r}: docker create failed ({exc})") from exc
+
+    def _start(self, name: str) -> None:
+        try:
+            self._api.start(self.container_name(name))
+        except docker.errors.NotFound:
+            raise SpaceNotFound(f"Space {name!r} was removed while it was being started") \
+                from None
+        except _ENGINE_ERRORS as exc:
+            raise SpaceUnavailable(f"Space {name!r}: docker start failed ({exc})") from exc
+
+    def exists(self, name: str) -> bool:
+        try:
+            self._inspect(name)
+            return True
+        except SpaceNotFound:
+            return False
+        except SpaceError as exc:
+            if exc.code == ERR_BAD_REQUEST:
+                return False
+            raise
+
+    def delete(self, name: str) -> None:
+        cname = self.container_name(name)
+        try:
+            self._inspect(name)
+        except SpaceNotFound:
+            return
+        self._remove(cname)
+
+    def _remove(self, container: str) -> None:
+        deadline = time.monotonic() + self.start_timeout
+        while True:
+            try:
+                self._api.remove_container(container, v=True, force=True)
+                return
+            except docker.errors.NotFound:
+                return
+            except docker.errors.APIError as exc:
+                # 409: a removal already in progress (another process deletes it too).
+                if exc.status_code != 409 or time.monotonic() > deadline:
+                    raise SpaceUnavailable(f"docker rm {container} failed ({exc})") from exc
+                time.sleep(0.1)
+            except _ENGINE_ERRORS as exc:
+                raise SpaceUnavailable(f"docker rm {container} failed ({exc})") from exc
+
+    def restart(self, name: str) -> None:
+        """``docker restart -t 0``: every process dies, the disk stays, the daemon comes
+        back (on a new host port) healthy before this returns."""
+        cname = self.container_name(name)
+        self._inspect(name)
+        try:
+            self._api.restart(cname, timeout=0)
+        except docker.errors.NotFound:
+            raise SpaceNotFound(f"Space {name!r} was removed during its restart") from None
+        except _ENGINE_ERRORS as exc:
+            raise SpaceUnavailable(f"Space {name!r}: docker restart failed ({exc})") from exc
+        self._wait_healthy(name)
+
+    def kill_daemon(self, name: str) -> None:
+        """SIGKILL spacesd inside (``docker exec``); the supervisor starts a new one, healthy
+        before this returns. Commands keep running."""
+        cname = self.container_name(name)
+        self._inspect(name)
+        try:
+            ex = self._api.exec_create(
+                cname, ["python3", "-m", "spacesd.supervisor", "kill-daemon",
+                        "--pid-file", PID_FILE, "--timeout", str(self.start_timeout)])
+            out = self._api.exec_start(ex["Id"]).decode(errors="replace")
+            code = self._api.exec_inspect(ex["Id"])["ExitCode"]
+        except docker.errors.NotFound:
+            raise SpaceNotFound(f"Space {name!r} was removed during kill_daemon") from None
+        except _ENGINE_ERRORS as exc:
+            raise SpaceUnavailable(f"Space {name!r}: docker exec kill-daemon failed "
+                                   f"({exc})") from exc
+        # 1: no daemon was running (one is being restarted already): wait for it all the same.
+        if code not in (0, 1):
+            raise SpaceUnavailable(f"Space {name!r}: kill-daemon exited {code}: {out.strip()}"
+                                   f"\n{self._log_tail(cname)}")
+        self._wait_healthy(name)
+
+    def connect(self, name: str, *, epoch: int) -> SpaceClient:
+        self._inspect(name)
+        return SpaceClient(name, epoch, lambda: self._resolver(name))
+
+    def names(self) -> list[str]:
+        return sorted(c["Labels"][LABEL_NAME] for c in self._containers(self.scope))
+
+    # ---------------------------------------------------------------- cleanup
+
+    def delete_all(self) -> None:
+        """Delete every Space of this provider's scope (test and benchmark cleanup)."""
+        for c in self._containers(self.scope):
+            self._remove(c["Id"])
+
+    def _containers(self, scope: str | None) -> list[dict[str, Any]]:
+        labels = [f"{LABEL}=1"] + ([f"{LABEL_SCOPE}={scope}"] if scope else [])
+        try:
+            found = self._api.containers(all=True, filters={"label": labels})
+        except _ENGINE_ERRORS as exc:
+            raise SpaceUnavailable(f"the Docker engine did not list containers ({exc})") \
+                from exc
+        return [c for c in found if LABEL_NAME in (c.get("Labels") or {})]
+
+    @classmethod
+    def clean_all(cls) -> int:
+        """Remove every Space container of every scope (with its volumes), as left behind
+        by crashed campaigns; returns how many. Spaces of a campaign still running are
+        removed too: run it when none is. ``DockerUnavailable`` when no engine answers."""
+        engine = _connect_engine(60)
+        try:
+            found = engine.api.containers(all=True, filters={"label": [f"{LABEL}=1"]})
+            for c in found:
+                try:
+                    engine.api.remove_container(c["Id"], v=True, force=True)
+                except docker.errors.NotFound:
+                    pass
+            return len(found)
+        finally:
+            engine.close()
+
+    # ---------------------------------------------------------------- health
+
+    def _healthy(self, name: str) -> bool:
+        try:
+            SpaceClient(name, 0, lambda: self._resolver(name), timeout=5.0,
+                        retry_for=0).health()
+            return True
+        except SpaceNotFound:
+            raise
+        except SpaceError:
+            return False
+
+    def _wait_healthy(self, name: str) -> None:
+        """Until the daemon answers ``health`` through the published port. Fails at once
+        with the container's log when the container stopped (a broken image), else after
+        ``start_timeout``."""
+        deadline = time.monotonic() + self.start_timeout
+        while True:
+            if self._healthy(name):
+                return
+            attrs = self._inspect(name)
+            state = attrs["State"]
+            if not state.get("Running") and state.get("Status") in ("exited", "dead"):
+                raise SpaceUnavailable(
+                    f"Space {name!r}: its container stopped (exit {state.get('ExitCode')}, "
+                    f"{state.get('Error') or 'no error'}); its log ends with:\n"
+                    f"{self._log_tail(attrs['Name'].lstrip('/'))}")
+            if time.monotonic() > deadline:
+                raise SpaceUnavailable(
+                    f"Space {name!r}: its daemon was not healthy within {self.start_timeout}s;"
+                    f" the container's log ends with:\n{self._log_tail(attrs['Name'][1:])}")
+            time.sleep(0.05)
+
+    def _log_tail(self, container: str) -> str:
+        try:
+            return self._api.logs(container, tail=30).decode(errors="replace")
+        except _ENGINE_ERRORS as exc:
+            return f"(no log: {exc})"
