@@ -35,14 +35,17 @@ second turns fewer daemon restarts into driver crashes.
 
 from __future__ import annotations
 
+import os
 import re
 import secrets
+import socket
 import time
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
 import docker
+import docker.constants
 import docker.errors
 import requests.exceptions
 from docker.types import LogConfig
@@ -93,12 +96,37 @@ class DockerSpace:
 
 
 def _connect_engine(timeout: float) -> docker.DockerClient:
+    """A client speaking the engine's API version (at most the SDK's). Not
+    ``from_env(version="auto")``: when no engine answers, that leaks its socket."""
+    host = os.environ.get("DOCKER_HOST") or docker.constants.DEFAULT_UNIX_SOCKET
+    if host.startswith(("unix://", "http+unix://")):
+        # The SDK leaks its socket when a unix socket does not answer: ask first ourselves.
+        path = host.split("://", 1)[1]
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout)
+            try:
+                sock.connect(path)
+            except OSError as exc:
+                raise DockerUnavailable(
+                    f"no Docker engine answers at {host} ({exc}); start dockerd "
+                    "(ci/docker.sh shows how) or set DOCKER_HOST") from None
     try:
-        return docker.from_env(timeout=int(timeout))
+        probe = docker.from_env(version=docker.constants.MINIMUM_DOCKER_API_VERSION,
+                                timeout=int(timeout))
+    except _ENGINE_ERRORS as exc:
+        raise DockerUnavailable(f"cannot talk to a Docker engine ({exc}); check DOCKER_HOST") \
+            from None
+    try:
+        server = probe.api.version(api_version=False)["ApiVersion"]
     except _ENGINE_ERRORS as exc:
         raise DockerUnavailable(
             f"no Docker engine answers ({exc}); start dockerd (ci/docker.sh shows how) or "
             "set DOCKER_HOST") from None
+    finally:
+        probe.close()
+    newest = docker.constants.DEFAULT_DOCKER_API_VERSION
+    version = min(server, newest, key=lambda v: tuple(int(p) for p in v.split(".")))
+    return docker.from_env(version=version, timeout=int(timeout))
 
 
 class DockerSpaces:
@@ -299,24 +327,30 @@ class DockerSpaces:
     def kill_daemon(self, name: str) -> None:
         """SIGKILL spacesd inside (``docker exec``); the supervisor starts a new one, healthy
         before this returns. Commands keep running."""
-        cname = self.container_name(name)
-        self._inspect(name)
-        try:
-            ex = self._api.exec_create(
-                cname, ["python3", "-m", "spacesd.supervisor", "kill-daemon",
-                        "--pid-file", PID_FILE, "--timeout", str(self.start_timeout)])
-            out = self._api.exec_start(ex["Id"]).decode(errors="replace")
-            code = self._api.exec_inspect(ex["Id"])["ExitCode"]
-        except docker.errors.NotFound:
-            raise SpaceNotFound(f"Space {name!r} was removed during kill_daemon") from None
-        except _ENGINE_ERRORS as exc:
-            raise SpaceUnavailable(f"Space {name!r}: docker exec kill-daemon failed "
-                                   f"({exc})") from exc
+        code, out = self.exec_in(name, ["python3", "-m", "spacesd.supervisor", "kill-daemon",
+                                        "--pid-file", PID_FILE,
+                                        "--timeout", str(self.start_timeout)])
         # 1: no daemon was running (one is being restarted already): wait for it all the same.
         if code not in (0, 1):
             raise SpaceUnavailable(f"Space {name!r}: kill-daemon exited {code}: {out.strip()}"
-                                   f"\n{self._log_tail(cname)}")
+                                   f"\n{self._log_tail(self.container_name(name))}")
         self._wait_healthy(name)
+
+    def exec_in(self, name: str, argv: list[str]) -> tuple[int, str]:
+        """``docker exec`` ``argv`` in the Space as its user (outside spacesd, for faults,
+        tests and debugging); returns the exit code and the output (stdout and stderr)."""
+        cname = self.container_name(name)
+        self._inspect(name)
+        try:
+            ex = self._api.exec_create(cname, argv)
+            out = self._api.exec_start(ex["Id"]).decode(errors="replace")
+            code = self._api.exec_inspect(ex["Id"])["ExitCode"]
+        except docker.errors.NotFound:
+            raise SpaceNotFound(f"Space {name!r} was removed during docker exec") from None
+        except _ENGINE_ERRORS as exc:
+            raise SpaceUnavailable(f"Space {name!r}: docker exec {argv[0]} failed "
+                                   f"({exc})") from exc
+        return code, out
 
     def connect(self, name: str, *, epoch: int) -> SpaceClient:
         self._inspect(name)

@@ -1,0 +1,264 @@
+"""The docker backend against real containers: the provider's lifecycle and the spacesd
+behaviours that matter inside a container.
+
+Skipped, with the reason, when the docker SDK is missing, no engine answers or the
+``durable-space`` image is not built (``python -m chaos image build``; ``ci/docker.sh`` does
+everything on a bare machine). Each test gets a provider of its own label scope; the
+finalizer removes that scope's containers (by id) and closes the engine connection.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from durable.errors import SpaceError, SpaceNotFound, StaleEpochError
+from durable.spaces import Spaces
+
+pytestmark = pytest.mark.docker
+
+ROOT = str(Path(__file__).resolve().parents[2])
+_REASON: list[str | None] = []
+
+
+def _why_not() -> str | None:
+    """Why docker tests cannot run here, or None (asked once per session)."""
+    if _REASON:
+        return _REASON[0]
+    try:
+        from backends.docker import DockerSpaces, DockerUnavailable
+    except ImportError as exc:
+        _REASON.append(f"the docker SDK is not installed ({exc}); pip install -e '.[docker]'")
+        return _REASON[0]
+    try:
+        DockerSpaces(label_scope="probe").close()
+        _REASON.append(None)
+    except DockerUnavailable as exc:
+        _REASON.append(f"{exc}")
+    return _REASON[0]
+
+
+@pytest.fixture
+def spaces() -> Iterator:
+    reason = _why_not()
+    if reason:
+        pytest.skip(reason)
+    from backends.docker import DockerSpaces
+
+    provider = DockerSpaces(label_scope=f"pytest-{os.getpid()}-{secrets.token_hex(4)}",
+                            start_timeout=60)
+    try:
+        yield provider
+    finally:
+        provider.delete_all()
+        provider.close()
+
+
+def in_child(scope: str, code: str) -> str:
+    """Run ``code`` in a fresh Python process with ``spaces = DockerSpaces(scope)``."""
+    out = subprocess.run(
+        [sys.executable, "-c", "from backends.docker import DockerSpaces\n"
+                               f"spaces = DockerSpaces(label_scope={scope!r})\n"
+                               f"try:\n" + "".join(f"    {line}\n" for line in code.splitlines())
+                               + "finally:\n    spaces.close()\n"],
+        env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def wait_text(client, path: str, timeout: float = 20.0) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        if client.stat(path) is not None:
+            text = client.read_file(path).decode()
+            if text.strip():
+                return text
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+def alive(spaces, name: str, pid: int) -> bool:
+    """Whether ``pid`` (a pid inside the container) is a live, non-zombie process."""
+    code, out = spaces.exec_in(name, ["ps", "-o", "stat=", "-p", str(pid)])
+    return code == 0 and bool(out.strip()) and not out.strip().startswith("Z")
+
+
+# ---------------------------------------------------------------- lifecycle
+
+
+def test_is_a_spaces_provider(spaces) -> None:
+    assert isinstance(spaces, Spaces) and spaces.kind == "docker"
+    assert spaces.names() == []
+    spaces.create("a")
+    first = spaces.get("a")
+    spaces.create("a")  # idempotent: the running container is kept
+    assert spaces.get("a").id == first.id and first.status == "running"
+    assert spaces.exists("a") and not spaces.exists("b") and not spaces.exists("bad/name")
+    assert spaces.names() == ["a"]
+    assert spaces.connect("a", epoch=3).epoch == 3
+
+
+@pytest.mark.parametrize("name", ["", "a/b", "..", ".hidden", "x" * 101, "new\nline"])
+def test_bad_names_are_refused_clearly(spaces, name: str) -> None:
+    with pytest.raises(SpaceError) as exc:
+        spaces.create(name)
+    assert exc.value.code == "bad_request" and "bad Space name" in str(exc.value)
+
+
+def test_missing_spaces(spaces) -> None:
+    with pytest.raises(SpaceNotFound):
+        spaces.connect("missing", epoch=1)
+    with pytest.raises(SpaceNotFound):
+        spaces.restart("missing")
+    with pytest.raises(SpaceNotFound):
+        spaces.kill_daemon("missing")
+    spaces.delete("missing")  # no error
+
+
+def test_the_container_is_the_space_the_design_describes(spaces) -> None:
+    spaces.create("s")
+    space = spaces.get("s")
+    attrs = spaces._api.inspect_container(space.id)
+    # Published on 127.0.0.1 only, with the scope's labels and the resource limits.
+    assert [b["HostIp"] for b in attrs["NetworkSettings"]["Ports"]["7777/tcp"]] == ["127.0.0.1"]
+    labels = attrs["Config"]["Labels"]
+    assert (labels["durable.space.name"], labels["durable.space.scope"]) == ("s", spaces.scope)
+    host = attrs["HostConfig"]
+    assert host["NanoCpus"] == int(spaces.limits.cpus * 1e9)
+    assert host["Memory"] == 1024**3 and host["PidsLimit"] == spaces.limits.pids
+    # A non-root user, its workspace, the supervisor as PID 1, spacesd as its child.
+    assert spaces.exec_in("s", ["id", "-un"]) == (0, "cua\n")
+    code, ps = spaces.exec_in("s", ["ps", "-o", "pid=,ppid=,args=", "-e"])
+    procs = [line.split(None, 2) for line in ps.splitlines()]
+    assert any(p[0] == "1" and "spacesd.supervisor run" in p[2] for p in procs)
+    assert any(p[1] == "1" and "-m spacesd --root /home/cua/work" in p[2] for p in procs)
+    client = spaces.connect("s", epoch=1)
+    info = client.exec_wait(client.exec_start("k", "pwd; bash --version | head -1; "
+                                                   "find . -maxdepth 0; ls /var/lib/spacesd").key)
+    assert info.exit_code == 0 and info.output.startswith("/home/cua/work\nGNU bash")
+    assert "exec" in info.output  # the ledger's state lives outside the workspace
+
+
+def test_spaces_are_found_by_name_from_a_new_process(spaces) -> None:
+    in_child(spaces.scope, "spaces.create('child')")
+    assert spaces.names() == ["child"]
+    client = spaces.connect("child", epoch=1)
+    client.write_file("hello.txt", b"from the parent")
+    out = in_child(spaces.scope, "c = spaces.connect('child', epoch=1)\n"
+                                 "print(c.read_file('hello.txt').decode())")
+    assert out == "from the parent\n"
+    # Another scope does not see it.
+    assert in_child(f"{spaces.scope}-other", "print(spaces.names())") == "[]\n"
+
+
+def test_kill_daemon_keeps_commands_and_restart_kills_them_but_keeps_the_disk(spaces) -> None:
+    spaces.create("s")
+    client = spaces.connect("s", epoch=1)
+    client.exec_start("k", "sleep 300 & echo $! > bg.pid; sleep 300")
+    bg = int(wait_text(client, "bg.pid"))
+    _, before = spaces.exec_in("s", ["cat", "/var/lib/spacesd/daemon.pid"])
+
+    spaces.kill_daemon("s")
+    _, after = spaces.exec_in("s", ["cat", "/var/lib/spacesd/daemon.pid"])
+    assert after != before  # a new daemon (new pid or start time)
+    assert alive(spaces, "s", bg) and client.exec_status("k").state == "running"
+
+    old = spaces.get("s")
+    spaces.restart("s")
+    new = spaces.get("s")
+    assert new.id == old.id and new.status == "running"
+    assert not alive(spaces, "s", bg)
+    assert client.exec_status("k").state == "lost"  # the client found the new port itself
+    assert client.read_file("bg.pid").decode().strip() == str(bg)  # the disk is kept
+
+
+def test_delete_removes_the_container(spaces) -> None:
+    spaces.create("s")
+    cid = spaces.get("s").id
+    client = spaces.connect("s", epoch=1)
+    client.exec_start("k", "sleep 300")
+    spaces.delete("s")
+    assert not spaces.exists("s") and spaces.names() == []
+    assert not spaces._api.containers(all=True, filters={"id": cid})
+    with pytest.raises(SpaceNotFound):
+        client.exec_status("k")
+    spaces.delete("s")  # again: no error
+
+
+# ---------------------------------------------------------------- spacesd in a container
+
+
+def test_a_key_started_twice_runs_once(spaces) -> None:
+    spaces.create("s")
+    client = spaces.connect("s", epoch=1)
+    cmd = "echo run >> runs.txt; echo out"
+    first = client.exec_start("c:1:0@1", cmd)
+    done = client.exec_wait(first.key)
+    again = client.exec_start("c:1:0@1", cmd)
+    assert (done.state, done.exit_code, done.output) == ("exited", 0, "out\n")
+    assert (again.state, again.exit_code, again.output) == ("exited", 0, "out\n")
+    assert client.read_file("runs.txt") == b"run\n"
+
+
+def test_reattach_after_a_daemon_kill(spaces) -> None:
+    spaces.create("s")
+    client = spaces.connect("s", epoch=1)
+    client.exec_start("c:1:0@1", "echo started >> runs.txt; "
+                                 "while [ ! -e gate ]; do sleep 0.05; done; echo finished")
+    wait_text(client, "runs.txt")
+    spaces.kill_daemon("s")
+    again = client.exec_start("c:1:0@1", "echo started >> runs.txt")  # reattaches
+    assert again.state == "running"
+    client.write_file("gate", b"")
+    done = client.exec_wait("c:1:0@1", timeout=60)
+    assert (done.state, done.exit_code) == ("exited", 0) and "finished" in done.output
+    assert client.read_file("runs.txt") == b"started\n"
+
+
+def test_advance_epoch_kills_an_older_process_tree(spaces) -> None:
+    spaces.create("s")
+    old = spaces.connect("s", epoch=1)
+    old.exec_start("c:1:0@1", "bash -c 'sleep 300 & echo $! > grandchild.pid; wait' & "
+                              "echo $! > child.pid; wait")
+    child, grandchild = int(wait_text(old, "child.pid")), int(wait_text(old, "grandchild.pid"))
+    assert alive(spaces, "s", child) and alive(spaces, "s", grandchild)
+    old.write_file("f.txt", b"before")
+
+    new = old.with_epoch(2)
+    assert new.advance_epoch(2) == {"floor": 2, "killed": ["c:1:0@1"]}
+    assert not alive(spaces, "s", child) and not alive(spaces, "s", grandchild)
+    info = new.exec_status("c:1:0@1")
+    assert (info.state, info.signal, info.fenced_by) == ("exited", 9, 2)
+    with pytest.raises(StaleEpochError):
+        old.write_file("f.txt", b"after")
+    with pytest.raises(StaleEpochError):
+        old.exec_start("c:1:1@1", "echo x > g.txt")
+    assert new.read_file("f.txt") == b"before" and new.stat("g.txt") is None
+
+
+def test_file_operations_stay_in_the_workspace(spaces) -> None:
+    spaces.create("s")
+    client = spaces.connect("s", epoch=1)
+    for path in ("../escape.txt", "/etc/passwd", "a/../../escape.txt"):
+        for op, args in ((client.write_file, (b"x",)), (client.read_file, ()),
+                         (client.remove, ())):
+            with pytest.raises(SpaceError) as exc:
+                op(path, *args)
+            assert exc.value.code == "outside_root", (path, op)
+    # A link made by a command inside the Space cannot lead the daemon out either.
+    client.exec_wait(client.exec_start("k", "ln -s /etc out-dir; ln -s /etc/hostname out-f").key)
+    for op, args in ((client.read_file, ("out-f",)), (client.write_file, ("out-f", b"x")),
+                     (client.list_dir, ("out-dir",)),
+                     (client.write_file, ("out-dir/pwned", b"x"))):
+        with pytest.raises(SpaceError) as exc:
+            op(*args)
+        assert exc.value.code == "outside_root"
+    assert spaces.exec_in("s", ["test", "-e", "/etc/pwned"])[0] == 1
+    assert spaces.exec_in("s", ["test", "-e", "/home/cua/escape.txt"])[0] == 1
