@@ -260,6 +260,11 @@ class DurableSpaces:
                            extra=lambda tx: self._record_event(tx, conversation, event))
         return st
 
+    def _note(self, ctx: CallContext, kind: str, detail: str, mode: str | None) -> None:
+        """Record a recovery event of this call with its result."""
+        event = RecoveryEvent(kind, mode, ctx.call_id, detail, ctx.conversation)  # type: ignore[arg-type]
+        ctx.on_result(lambda tx, _entry: self._record_event(tx, ctx.conversation, event))
+
     def _record_event(self, tx: Transaction, conversation: int, event: RecoveryEvent) -> None:
         tx.append(conversation, "system", event.to_entry())
         self.events.append(event)
@@ -487,7 +492,13 @@ class DurableSpaces:
         timed_out = False
         if info.state in ("started", "running"):
             ctx.reset_progress()
+            boot = st.client.health().get("started_ms")
             info = st.client.exec_wait(key, offset=0, on_output=on_output, timeout=timeout)
+            if info.state == "exited" and st.client.health().get("started_ms") != boot:
+                # The daemon died and came back while the command ran on: the ledger
+                # reattached to it (the client retried through the restart).
+                self._note(ctx, "reattached", f"command {key} outlived a daemon restart",
+                           ctx.log.read_doc(ctx.conversation, SPACE_DOC).value["mode"])
             if info.state == "running":  # the tool's own timeout: kill it and say so
                 info = st.client.exec_kill(key)
                 timed_out = True
@@ -561,15 +572,9 @@ class DurableSpaces:
         rec = log.read_doc(conv, CALL_DOC).value
         mine = rec if rec is not None and rec["call_id"] == ctx.call_id else None
         same_space = mine is not None and mine["generation"] == space["generation"]
-        events: list[RecoveryEvent] = []
 
-        def event(kind: str, detail: str, m: str | None = None) -> None:
-            events.append(RecoveryEvent(kind, m or mode, ctx.call_id, detail, conv))  # type: ignore[arg-type]
-
-        def commit_events(tx: Transaction, _entry: int) -> None:
-            for e in events:
-                self._record_event(tx, conv, e)
-        ctx.on_result(commit_events)
+        def event(kind: str, detail: str) -> None:
+            self._note(ctx, kind, detail, mode)
 
         if mine is not None and mine["outcome"] is not None and same_space:
             result = ToolResult(**mine["outcome"])

@@ -1,0 +1,48 @@
+"""Campaign throughput: ``python -m chaos.bench [--runs 250] [--steps 10] [--mode checkpoint]``.
+
+Runs one campaign on the local backend and prints runs per minute and kills per minute
+(the seed document's goal: a checkpoint campaign of 250 runs of 10 calls in under 5 minutes
+on 2 cores). It prints numbers; it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .campaign import CampaignConfig, run_campaign
+from .summary import parse_summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m chaos.bench", description=__doc__)
+    p.add_argument("--runs", type=int, default=250)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--mode", default="checkpoint")
+    p.add_argument("--jobs", type=int, default=2 * (os.cpu_count() or 1))
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="chaos-bench-") as tmp:
+        out = io.StringIO()
+        t0 = time.monotonic()
+        code = run_campaign(CampaignConfig(mode=args.mode, runs=args.runs, steps=args.steps,
+                                           jobs=args.jobs, results_root=Path(tmp)), out)
+        seconds = time.monotonic() - t0
+    line = next(x for x in out.getvalue().splitlines() if x.startswith("SUMMARY "))
+    s = parse_summary(line)
+    print(line)
+    print(f"chaos.bench: {args.runs} runs x {args.steps} steps, mode={args.mode}, "
+          f"jobs={args.jobs}, {os.cpu_count()} cores")
+    print(f"  wall time      {seconds:8.1f} s")
+    print(f"  runs/minute    {60 * args.runs / seconds:8.1f}")
+    print(f"  kills/minute   {60 * int(s['kills']) / seconds:8.1f}")
+    print(f"  250-run estimate {250 * seconds / args.runs / 60:6.1f} min (goal: under 5)")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
