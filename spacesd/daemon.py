@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import os
 import sys
 from collections.abc import Callable
@@ -36,9 +37,14 @@ _MAX_WAIT = 30.0
 FenceUse = Literal["admit", "check", "advance"]
 
 
+class Encoded(bytes):
+    """A result already encoded as JSON (the scan reuses the encoding of unchanged files)."""
+
+
+
 @dataclass(frozen=True)
 class Op:
-    handler: Callable[..., dict[str, Any]]
+    handler: Callable[..., dict[str, Any] | Encoded]
     fields: dict[str, Field]
     #: ``admit``: has effects; ``check``: read-only; ``advance``: raises the floor.
     fence: FenceUse
@@ -108,7 +114,7 @@ class Daemon:
                              "carries the epoch of its sender")
         return check(op, {"epoch": body.pop("epoch")}, {"epoch": INT})["epoch"]
 
-    def call(self, op: str, body: Any) -> dict[str, Any]:
+    def call(self, op: str, body: Any) -> dict[str, Any] | Encoded:
         spec = self.ops.get(op)
         if spec is None:
             raise NotFound(f"unknown operation {op!r}; known: "
@@ -222,12 +228,12 @@ class Daemon:
         self.workspace.symlink(path, target)
         return {}
 
-    def _scan(self, exclude: list[str] | None) -> dict[str, Any]:
+    def _scan(self, exclude: list[str] | None) -> Encoded:
         entries, refused = self.scanner.scan(exclude)
         running = self.ledger.running_keys()
-        # vars() of the frozen dataclass: asdict() would deep-copy every entry (slow).
-        return {"entries": [vars(e) for e in entries], "refused": refused,
-                "running": bool(running), "running_keys": running}
+        rest = json.dumps({"refused": refused, "running": bool(running),
+                           "running_keys": running}, separators=(",", ":")).encode()
+        return Encoded(b'{"entries":' + self.scanner.encode(entries) + b"," + rest[1:])
 
     def _checkpoint_create(self, id: str) -> dict[str, Any]:  # noqa: A002 - protocol name
         return self.checkpoints.create(id).to_json()

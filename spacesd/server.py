@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 from urllib.parse import parse_qsl, urlsplit
 
 from . import protocol
-from .daemon import Daemon
+from .daemon import Daemon, Encoded
 from .errors import BadRequest, NotFound, OpError, TooLarge, Unauthorized
 
 _MAX_DRAIN = 1024 * 1024 * 1024
@@ -207,8 +207,8 @@ class Handler(BaseHTTPRequestHandler):
             return
         out.close()
 
-    def _send_json(self, status: int, obj: dict[str, Any]) -> None:
-        data = json.dumps(obj, separators=(",", ":")).encode()
+    def _send_json(self, status: int, obj: dict[str, Any] | Encoded) -> None:
+        data = obj if isinstance(obj, Encoded) else json.dumps(obj, separators=(",", ":")).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import json
 import os
 import stat
 import threading
@@ -37,6 +38,12 @@ class _Cached:
     #: The scan entry made from it, kept so that a rescan allocates nothing for the file
     #: (the mode is part of it; a chmod changes ctime, so the key covers it too).
     entry: ScanEntry | None = None
+    #: ``entry`` encoded as JSON, kept so that a rescan does not encode it again.
+    json: bytes | None = None
+
+
+def _encode(entry: ScanEntry) -> bytes:
+    return json.dumps(vars(entry), separators=(",", ":")).encode()
 
 
 def excluded(rel: str, patterns: list[str]) -> bool:
@@ -142,6 +149,20 @@ class Scanner:
         entries.sort(key=lambda e: e.path)
         refused.sort()
         return entries, refused
+
+    def encode(self, entries: list[ScanEntry]) -> bytes:
+        """``entries`` as a JSON array. Half the cost of a rescan was encoding (and the
+        other half decoding on the host): an unchanged file's encoding is reused."""
+        parts = []
+        for e in entries:
+            cached = self._cache.get(e.path) if e.kind == "file" else None
+            if cached is not None and cached.entry is e:
+                if cached.json is None:
+                    cached.json = _encode(e)
+                parts.append(cached.json)
+            else:
+                parts.append(_encode(e))
+        return b"[" + b",".join(parts) + b"]"
 
     def _prune(self, seen: set[str], exclude: list[str]) -> None:
         """Forget files that are gone (those merely excluded from this scan stay)."""
