@@ -287,10 +287,12 @@ class Harness:
         try:
             out = fn(args, ctx)
         except ToolError as exc:
+            ctx.discard()  # a call that throws changes no document
             return ToolResult(f"Error: {exc}", is_error=True)
         except DurableError:
             raise
         except Exception as exc:  # a tool's own bug is the model's error result
+            ctx.discard()
             return ToolResult(f"Error: {type(exc).__name__}: {exc}", is_error=True)
         return out if isinstance(out, ToolResult) else ToolResult(str(out))
 

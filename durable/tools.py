@@ -129,6 +129,11 @@ class CallContext:
                 extra(tx)
         self._staged.clear()
 
+    def discard(self) -> None:
+        """Drop the staged edits and result hooks (the call failed: it changes nothing)."""
+        self._staged.clear()
+        self._hooks.clear()
+
     def on_result(self, hook: ResultHook) -> None:
         """Run ``hook(tx, result_entry_id)`` inside the transaction that commits the result."""
         self._hooks.append(hook)
