@@ -95,6 +95,7 @@ class Run:
         self.epoch = 0
         self.spaces: Any = None
         self._hold_at: tuple[str, int] | None = None
+        self._attempt = 0
         self._release = threading.Event()
         self._armed = threading.Event()
 
@@ -159,10 +160,15 @@ class Run:
             self._release.wait(DRIVER_TIMEOUT_S)
             return "continue"
         for i, fault in enumerate(self.plan.faults):
-            if (fault.trigger == "failpoint" and fault.point == hit.point
-                    and fault.occurrence == hit.occurrence and i not in s.fired):
-                if self._fire(i, fault, driver):
-                    return "killed"
+            due = (fault.trigger == "failpoint" and fault.point == hit.point
+                   and fault.occurrence == hit.occurrence)
+            # A time fault whose delay outlasts its driver lands at the driver's very end
+            # instead of never: a launched attempt always gets its faults, so the same seed
+            # gives the same fault counts however fast the machine is.
+            due = due or (hit.point == "session.end" and fault.trigger == "time"
+                          and fault.attempt == self._attempt)
+            if due and i not in s.fired and self._fire(i, fault, driver):
+                return "killed"
         return "continue"
 
     # ------------------------------------------------------------------ drivers
@@ -303,6 +309,7 @@ class Run:
     def _attempts(self, rv: Rendezvous) -> int | None:
         code: int | None = None
         for attempt in range(1, self.plan.max_attempts + 1):
+            self._attempt = attempt
             proc = self._launch(attempt, rv.address)
             self.state.driver = proc
             timers = self._timers(attempt, proc)

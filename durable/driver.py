@@ -31,6 +31,7 @@ from pathlib import Path
 
 from .adapter import DurableSpaces
 from .errors import HaltError, PermanentFailure, StaleEpochError
+from .failpoints import failpoint
 from .fence import Fence
 from .harness import Harness, Submission
 from .log import Log
@@ -152,6 +153,7 @@ def run_durable_session(
         outcome = submission.wait()
         adapter.ensure_space(session.harness, submission.conversation)
         if outcome.done:
+            failpoint("session.end", epoch=senv.epoch)
             return _exit(EXIT_OK, "finished")
         return _exit(EXIT_PERMANENT, f"unanswered: {outcome.reason}")
     except StaleEpochError as exc:

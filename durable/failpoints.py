@@ -46,6 +46,8 @@ POINTS: dict[str, str] = {
     "recovery.restore": "a checkpoint restore is about to run",
     "recovery.reimage": "the workspace is about to be made equal to the image",
     "recovery.decided": "recovery decided; the call's result is not committed",
+    # the driver
+    "session.end": "the session finished; the driver is about to exit 0",
 }
 
 _lock = threading.Lock()

@@ -75,3 +75,12 @@ def test_bad_arguments_exit_254(tmp_path: Path, capsys: pytest.CaptureFixture[st
     with pytest.raises(SystemExit) as exc:
         main(["run", "--mode", "sideways"])
     assert exc.value.code == 254
+
+
+@pytest.mark.crash_ci
+def test_same_seeds_same_fault_counts(tmp_path: Path) -> None:
+    keys = ("kills", "daemon_kills", "space_restarts", "lost_spaces", "runs", "failed")
+    first = campaign(tmp_path / "a", mode="checkpoint", runs=5, steps=5, seed_base=40)[1]
+    second = campaign(tmp_path / "b", mode="checkpoint", runs=5, steps=5, seed_base=40)[1]
+    assert {k: first[k] for k in keys} == {k: second[k] for k in keys}
+    assert int(first["kills"]) > 0
