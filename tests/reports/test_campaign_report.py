@@ -1,0 +1,102 @@
+"""The reports of a real campaign with failing runs, and the HTML page in headless Chromium.
+
+The failing runs are real: a small transactional campaign runs with its drivers replaced by
+``broken_adapter_driver.py`` (the campaign's driver with a recovery that skips revert and
+restore), so the records, SUMMARY, plots and repro commands are the campaign's own.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import chaos.runner
+from chaos.campaign import CampaignConfig, repro_command, run_campaign
+from reports.results import load
+
+BROKEN_DRIVER = Path(__file__).with_name("broken_adapter_driver.py")
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+@pytest.fixture(scope="module")
+def failing_campaign(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 4-run transactional campaign whose drivers run the broken adapter."""
+    root = tmp_path_factory.mktemp("results")
+    launch = chaos.runner.python_argv
+
+    def broken(module: str, *args: str) -> list[str]:
+        if module == "chaos.driver":
+            return [sys.executable, str(BROKEN_DRIVER), *args]
+        return launch(module, *args)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(chaos.runner, "python_argv", broken)
+        code = run_campaign(CampaignConfig(mode="transactional", runs=4, steps=8, seed_base=1,
+                                           jobs=2, results_root=root))
+    assert code == 1, "the broken adapter produced no failing run; try other seeds"
+    return (root / "latest").resolve()
+
+
+def _reports(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "reports", *args], capture_output=True,
+                          text=True, timeout=300, check=False)
+
+
+def _dump_dom(page: Path, profile: Path) -> str:
+    """The DOM of ``page`` after headless Chromium loaded it; the browser's whole process
+    group is killed if it hangs."""
+    argv = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            "--no-first-run", f"--user-data-dir={profile}", "--dump-dom", page.as_uri()]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == 0, f"chromium exited {proc.returncode}"
+    return out
+
+
+@pytest.fixture
+def chromium() -> Iterator[Path]:
+    if not CHROMIUM.exists():
+        pytest.skip(f"{CHROMIUM} is absent: install Debian's chromium "
+                    "(apt-get install -y chromium) to render the report")
+    yield CHROMIUM
+
+
+@pytest.mark.slow
+def test_the_html_report_renders_in_chromium(failing_campaign: Path, tmp_path: Path,
+                                              chromium: Path) -> None:
+    out = tmp_path / "report.html"
+    done = _reports("html", str(failing_campaign), "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    dom = _dump_dom(out, tmp_path / "profile")
+    assert "<h2 id=\"summary\">SUMMARY</h2>" in dom and ">verdict</td>" in dom
+    assert '<img src="data:image/png;base64,' in dom
+    failing = [r for r in load(failing_campaign).records if r["verdict"]["valid"] is not True]
+    assert failing
+    for record in failing:
+        assert repro_command(failing_campaign, record["index"]) in dom
+
+
+@pytest.mark.slow
+def test_the_latency_report_merges_results(failing_campaign: Path, tmp_path: Path) -> None:
+    done = _reports("latency", str(failing_campaign), str(failing_campaign),
+                    "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert "| transactional |" in done.stdout and "kill_driver (" in done.stdout
+    runs = load(failing_campaign).records
+    faults = sum(len(r["latencies"]) for r in runs)
+    assert (tmp_path / "latency.csv").read_text().count("\n") == 1 + 2 * faults
+    assert {p.name for p in tmp_path.glob("*.png")} == {
+        "recoveries.png", "kills_by_point.png", "recovery_latency_cdf.png"}

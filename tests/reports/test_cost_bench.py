@@ -1,0 +1,34 @@
+"""The cost benchmark end to end with tiny parameters (2 calls per cell, 10 files), through
+the CLI, including a backend that cannot be had. It prints numbers; nothing is timed."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reports.bench import KINDS, MODES
+
+
+@pytest.mark.bench
+def test_cost_prints_every_mode_and_kind_and_writes_csv_and_plots(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "reports", "cost", "--backend", "local,microvm", "--repeat", "2",
+         "--sizes", "10", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "skipping backend microvm:" in done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ")]
+    assert [c.strip() for c in rows[0].split("|")[1:-1]] == [
+        "mode", "write", "edit", "bash append", "log KiB/call"]
+    assert [r.split("|")[1].split()[0] for r in rows[1:]] == list(MODES)
+    assert "growth not fitted" in done.stdout
+    with open(tmp_path / "samples.csv") as f:
+        samples = list(csv.DictReader(f))
+    assert len(samples) == len(MODES) * len(KINDS) * 2
+    assert all(float(s["ms"]) > 0 for s in samples)
+    assert {p.name for p in tmp_path.glob("*.png")} == {"cost-local-size.png",
+                                                       "cost-local-log.png"}
