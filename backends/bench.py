@@ -1,6 +1,8 @@
 """``python -m backends.bench``: what a local Space costs. Prints numbers, asserts nothing.
 
-One ``BENCH`` line per measurement, ``key=value`` pairs, medians over several rounds:
+One ``BENCH`` line per measurement, ``key=value`` pairs, medians over several rounds (the
+setup line gives the load average: on a shared machine other processes inflate the short
+operations most, so read the ratios with it):
 - ``exec``: a no-op (``true``) through the exec ledger (start + wait: ledger fsync, the
   shim, the exit file), next to ``subprocess.run(["bash", "-c", "true"])``;
 - ``scan``: 100 and 1000 files of 4 KiB, a first scan (every file hashed) and a rescan
@@ -105,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--small", action="store_true", help="few rounds (a smoke run)")
     args = parser.parse_args(argv)
     rounds = 3 if args.small else 15
-    scan_rounds = 1 if args.small else 5
+    scan_rounds = 1 if args.small else 7
     with tempfile.TemporaryDirectory(prefix="spaces-bench-") as base:
         spaces = LocalSpaces(base)
         try:
@@ -113,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             client = spaces.connect("bench", epoch=1)
             work = spaces.get("bench").work
             print(f"BENCH setup python={sys.version.split()[0]} cpus={os.cpu_count()} "
-                  f"workspace={work}")
+                  f"load1={os.getloadavg()[0]:.2f} workspace={work}")
             bench_exec(client, rounds)
             for count in (100, 1000):
                 bench_scan(client, work, count, scan_rounds)
