@@ -303,6 +303,8 @@ class Run:
             "latencies": s.latencies, "points_hit": hits, "final_exit": final_exit,
             "verdict": verdict.to_json(), "observation": obs_json,
             "seconds": round(time.time() - s.t0, 3),
+            #: Unix time of the run's start: history times are seconds after it.
+            "started_at": s.t0,
             "run_dir": str(self.dir) if (verdict.valid is not True or spec.keep) else None,
         }
 

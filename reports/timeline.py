@@ -29,7 +29,10 @@ RECOVERY_COLOR = {"adopted": "#2e86c1", "reattached": "#17a589", "replayed": "#4
 
 
 def run_start(record: dict[str, Any]) -> float | None:
-    """The run's start in Unix seconds, or None when no call was observed."""
+    """The run's start in Unix seconds (``started_at``; older records without it: worked out
+    from an observed call, or None when there is none)."""
+    if record.get("started_at") is not None:
+        return float(record["started_at"])
     calls = {c["call_id"]: c for c in (record.get("observation") or {}).get("calls", [])}
     for op in record["history"]:
         if op["process"] == "agent" and op["type"] == "invoke":

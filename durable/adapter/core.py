@@ -466,17 +466,22 @@ class DurableSpaces:
         ctx.commit_now(start_mark)
         failpoint("space.start_mark", call=ctx.call_id, tool=tool)
         if tool == "bash":
+            boot = st.client.health().get("started_ms")
             failpoint("space.before_spawn", call=ctx.call_id, key=key)
             info = st.client.exec_start(key, args["command"], cwd=self.cwd)
-            result = self._await(ctx, st, key, info, args.get("timeout"))
+            result = self._await(ctx, st, key, info, args.get("timeout"), boot)
         else:
             failpoint("space.file_op", call=ctx.call_id, tool=tool)
             result = self._file_op(st.client, tool, args)
         return self._finish(ctx, st, mode, tool, result)
 
     def _await(self, ctx: CallContext, st: _Space, key: str, info: ExecInfo,
-               timeout: float | None) -> ToolResult:
-        """Stream a started (or reattached) command to its end; its output from byte 0."""
+               timeout: float | None, boot: int | None = None) -> ToolResult:
+        """Stream a started (or reattached) command to its end; its output from byte 0.
+
+        ``boot`` is the daemon's start time read before the command was started: a different
+        one at the end means the daemon died and came back while the command ran on, and
+        the ledger reattached to it (the client retried through the restart)."""
         failpoint("space.running", call=ctx.call_id, key=key)
         chunks: list[str] = []
         last_check = [time.monotonic()]
@@ -492,11 +497,9 @@ class DurableSpaces:
         timed_out = False
         if info.state in ("started", "running"):
             ctx.reset_progress()
-            boot = st.client.health().get("started_ms")
             info = st.client.exec_wait(key, offset=0, on_output=on_output, timeout=timeout)
-            if info.state == "exited" and st.client.health().get("started_ms") != boot:
-                # The daemon died and came back while the command ran on: the ledger
-                # reattached to it (the client retried through the restart).
+            if (boot is not None and info.state == "exited"
+                    and st.client.health().get("started_ms") != boot):
                 self._note(ctx, "reattached", f"command {key} outlived a daemon restart",
                            ctx.log.read_doc(ctx.conversation, SPACE_DOC).value["mode"])
             if info.state == "running":  # the tool's own timeout: kill it and say so
