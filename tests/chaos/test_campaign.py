@@ -63,6 +63,7 @@ def test_a_broken_adapter_is_caught(tmp_path: Path) -> None:
     assert (Path(failing["run_dir"]) / "state" / "log.sqlite").exists()
     assert (Path(failing["run_dir"]) / "workspace.tar").exists()
     assert main(["repro", str(results.path), "--run", str(failing["index"])]) == 1
+    assert main(["analyze", str(results.path)]) == 1, "analyze re-checks the stored records"
 
 
 def test_bad_arguments_exit_254(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
