@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -102,22 +102,20 @@ class Progress:
 
 
 def _specs(cfg: CampaignConfig, work: Path) -> tuple[list[RunSpec], int | None]:
-    base = dict(campaign_mode=cfg.mode, durable_mode=cfg.adapter_mode, backend=cfg.backend,
-                preset=cfg.preset_name, steps=cfg.steps, work_dir=work, keep=cfg.keep,
-                driver=cfg.driver)
+    base = RunSpec(index=0, seed=cfg.seed_base, campaign_mode=cfg.mode,
+                   durable_mode=cfg.adapter_mode, backend=cfg.backend, preset=cfg.preset_name,
+                   steps=cfg.steps, work_dir=work, keep=cfg.keep, driver=cfg.driver)
     if cfg.mode != "exhaustive":
-        return [RunSpec(index=i, seed=cfg.seed_base + i, **base)
+        return [replace(base, index=i, seed=cfg.seed_base + i)
                 for i in range(cfg.runs or DEFAULT_RUNS)], None
     # measure every (point, occurrence) of one fault-free run, then kill at each in turn
-    reference = Run(RunSpec(index=0, seed=cfg.seed_base, plan=FaultPlan(cfg.seed_base, ()),
-                            **{**base, "keep": False})).execute()
+    reference = Run(replace(base, plan=FaultPlan(cfg.seed_base, ()), keep=False)).execute()
     counts = {p: n for p, n in reference["points_hit"].items()
               if not cfg.points or p in cfg.points}
     plans = exhaustive_plans(cfg.seed_base, counts)
     if cfg.runs is not None:
         plans = plans[: cfg.runs]
-    specs = [RunSpec(index=i + 1, seed=cfg.seed_base, plan=p, **base)
-             for i, p in enumerate(plans)]
+    specs = [replace(base, index=i + 1, plan=p) for i, p in enumerate(plans)]
     return specs, sum(counts.get(p, 0) for p in counts if not p.startswith("recovery."))
 
 

@@ -26,7 +26,7 @@ from scenarios import PresetError, generate, load
 
 from .backends import BACKENDS, BackendUnavailable
 from .campaign import EXIT, MODES, CampaignConfig, run_campaign
-from .checker import Observation, check, merge
+from .checker import Observation, Valid, check, merge
 from .faults import FaultPlan
 from .records import ResultsDir
 from .runner import Run, RunSpec
@@ -162,7 +162,7 @@ def _repro(args: argparse.Namespace) -> int:
 
 def _analyze(args: argparse.Namespace) -> int:
     results = ResultsDir.open(args.results)
-    verdicts = []
+    verdicts: list[Valid] = []
     for r in results.runs():
         if r["observation"] is None:
             verdicts.append("unknown")

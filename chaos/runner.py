@@ -39,7 +39,7 @@ from .driver import SPACE_PREFIX
 from .faults import Fault, FaultPlan, draw_plan, reachable_points
 from .observe import observe
 from .processes import OwnedProcess, python_argv
-from .rendezvous import Hit, Rendezvous
+from .rendezvous import Action, Hit, Rendezvous
 
 DRIVER_TIMEOUT_S = 180.0
 ROOT_SPACE = f"{SPACE_PREFIX}-c1"
@@ -145,7 +145,7 @@ class Run:
                                 "t_next_step": None, "t_done": None, "killed": killed})
             return killed
 
-    def _on_hit(self, hit: Hit) -> str:
+    def _on_hit(self, hit: Hit) -> Action:
         s = self.state
         self._armed.set()
         driver = s.driver

@@ -14,7 +14,10 @@ from typing import Protocol, runtime_checkable
 
 @runtime_checkable
 class Fence(Protocol):
-    epoch: int
+    @property
+    def epoch(self) -> int:
+        """The epoch of the process that opened the log through this fence."""
+        ...
 
     def floor(self) -> int:
         """The highest epoch that has opened this log (read from storage, not cached)."""

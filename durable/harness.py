@@ -232,10 +232,11 @@ class Harness:
             ModelRequest(conversation, messages, self.registry.specs())
         )
         with self.log.transaction() as tx:
-            calls = []
+            calls: list[dict[str, Any]] = []
             entry_id = tx.last_id + 1  # the id append() allocates next
-            for i, c in enumerate(reply.tool_calls):
-                calls.append({"id": f"{entry_id}.{i}", "name": c.name, "args": c.args})
+            for i, request in enumerate(reply.tool_calls):
+                calls.append({"id": f"{entry_id}.{i}", "name": request.name,
+                              "args": request.args})
             got = tx.append(conversation, "assistant",
                             {"text": reply.text, "tool_calls": calls, "meta": reply.meta})
             assert got == entry_id

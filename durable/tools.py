@@ -120,7 +120,7 @@ class CallContext:
         self.write_doc(doc, value)
         return value
 
-    def commit_now(self, extra: Callable[[Transaction], None] | None = None) -> None:
+    def commit_now(self, extra: Callable[[Transaction], object] | None = None) -> None:
         """Commit the staged document edits (and ``extra``'s additions) now, in one
         transaction, instead of with the result."""
         with self.log.transaction() as tx:

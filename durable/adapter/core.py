@@ -61,7 +61,15 @@ from ..tools import CallContext, Tool, ToolResult, interrupted_result
 from . import image as img
 from .snapshots import CheckpointRef, SnapshotProvider
 from .space_env import SpaceEnv, tool_error
-from .state import CALL_DOC, IMAGE_DOC, SPACE_DOC, Mode, RecoveryEvent, call_record
+from .state import (
+    CALL_DOC,
+    IMAGE_DOC,
+    SPACE_DOC,
+    EventKind,
+    Mode,
+    RecoveryEvent,
+    call_record,
+)
 
 #: How often live output streaming checks the log's fence.
 FENCE_CHECK_INTERVAL_S = 0.2
@@ -249,7 +257,7 @@ class DurableSpaces:
                     "transactional mode, whose image is in the log")
             failpoint("recovery.restore", space=name, checkpoint=ref.id)
             self.snapshots.restore(st.client, ref)
-            kind = "restored"
+            kind: EventKind = "restored"
         else:
             self._reimage(log, conversation, st)
             kind = "reimaged"
@@ -260,9 +268,9 @@ class DurableSpaces:
                            extra=lambda tx: self._record_event(tx, conversation, event))
         return st
 
-    def _note(self, ctx: CallContext, kind: str, detail: str, mode: str | None) -> None:
+    def _note(self, ctx: CallContext, kind: EventKind, detail: str, mode: str | None) -> None:
         """Record a recovery event of this call with its result."""
-        event = RecoveryEvent(kind, mode, ctx.call_id, detail, ctx.conversation)  # type: ignore[arg-type]
+        event = RecoveryEvent(kind, mode, ctx.call_id, detail, ctx.conversation)
         ctx.on_result(lambda tx, _entry: self._record_event(tx, ctx.conversation, event))
 
     def _record_event(self, tx: Transaction, conversation: int, event: RecoveryEvent) -> None:
@@ -576,7 +584,7 @@ class DurableSpaces:
         mine = rec if rec is not None and rec["call_id"] == ctx.call_id else None
         same_space = mine is not None and mine["generation"] == space["generation"]
 
-        def event(kind: str, detail: str) -> None:
+        def event(kind: EventKind, detail: str) -> None:
             self._note(ctx, kind, detail, mode)
 
         if mine is not None and mine["outcome"] is not None and same_space:
