@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any, Literal, Protocol, runtime_checkable
 
+from ..atomic_file import write_atomic
 from ..errors import PermanentFailure, SpaceError
 from ..failpoints import failpoint
 from ..spaces import SpaceClient, Spaces
@@ -67,24 +68,7 @@ class DirectoryCheckpointStore:
         return self.path / f"{checkpoint_id}.tar"
 
     def put(self, checkpoint_id: str, chunks: Iterator[bytes]) -> None:
-        target = self._file(checkpoint_id)
-        fd, tmp = tempfile.mkstemp(dir=self.path, prefix=".put-")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                for chunk in chunks:
-                    f.write(chunk)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
-        dirfd = os.open(self.path, os.O_RDONLY)
-        try:
-            os.fsync(dirfd)
-        finally:
-            os.close(dirfd)
+        write_atomic(self._file(checkpoint_id), chunks)
 
     def open(self, checkpoint_id: str) -> IO[bytes] | None:
         try:
