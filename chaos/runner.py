@@ -10,7 +10,8 @@ A run's life:
 1. create the Space of conversation 1 and seed the scenario's initial workspace;
 2. launch drivers with growing epochs until one exits 0 or 78 or the attempt cap is hit,
    firing each planned fault once when its trigger comes;
-3. a clean driver (no failpoints) finishes the session (a no-op re-drive if it was done);
+3. a clean driver (no failpoints) finishes the session, unless the last driver finished it
+   with no fault since its launch;
 4. observe (log, Space, effects) and check the invariant;
 5. delete the run's Spaces; keep the run directory only when the run failed (or ``keep``).
 """
@@ -96,6 +97,7 @@ class Run:
         self.spaces: Any = None
         self._hold_at: tuple[str, int] | None = None
         self._attempt = 0
+        self._fired_at_launch = 0
         self._release = threading.Event()
         self._armed = threading.Event()
 
@@ -257,11 +259,13 @@ class Run:
                 else:
                     final_exit = self._attempts(rv)
                 hits = rv.counts()
-            # A clean driver always finishes the session: it completes an unfinished one
-            # and, for a finished one, proves a re-drive changes nothing (and rebuilds a
-            # Space lost after the last driver's final check).
-            clean = self._launch(99, None)
-            final_exit = self._await(clean, 99)
+            # A clean driver finishes the session unless the last driver finished it with
+            # no fault fired since it started (a fault during its last steps, a Space lost
+            # after its final check, need one; for a finished session the re-drive must
+            # change nothing).
+            if final_exit != 0 or len(s.fired) > self._fired_at_launch:
+                clean = self._launch(99, None)
+                final_exit = self._await(clean, 99)
             t_done = time.time() - s.t0
             for lat in s.latencies:
                 lat["t_done"] = t_done
@@ -312,6 +316,8 @@ class Run:
         code: int | None = None
         for attempt in range(1, self.plan.max_attempts + 1):
             self._attempt = attempt
+            with self.state.lock:
+                self._fired_at_launch = len(self.state.fired)
             proc = self._launch(attempt, rv.address)
             self.state.driver = proc
             timers = self._timers(attempt, proc)
@@ -340,6 +346,7 @@ class Run:
         point = rng.choice(candidates)
         self._hold_at = (point, rng.randint(1, points[point]))
         self.state.hold = parked = threading.Event()
+        self._fired_at_launch = -1  # the race always ends with a clean driver
         old = self._launch(1, rv.address)
         old_epoch = self.epoch
         self.state.driver = old
