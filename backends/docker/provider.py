@@ -10,10 +10,11 @@ Spaces of parallel campaign runs never mix.
 Inside, PID 1 is ``spacesd.supervisor``, which restarts the daemon when it dies; the workspace
 (``/home/cua/work``) and the daemon's state (``/var/lib/spacesd``) live in the container's
 writable layer (one filesystem: spacesd renames temp files from its state into the
-workspace), so a restart keeps them and ``docker rm`` removes them. spacesd listens on port 7777 of the container, published on a random port of
-127.0.0.1 only; a fresh token per Space is passed in ``SPACESD_TOKEN`` (the daemon removes it
-from the environment of its commands; the commands run as the daemon's user, so the token is
-no secret from them, only from everything else on the host).
+workspace), so a restart keeps them and ``docker rm`` removes them. spacesd listens on port
+7777 of the container, published on a random port of 127.0.0.1 only; a fresh token per
+Space is passed in ``SPACESD_TOKEN`` (the daemon removes it from the environment of its
+commands; the commands run as the daemon's user, so the token is no secret from them, only
+from everything else on the host).
 
 The faults are what they say:
 - ``kill_daemon``: ``docker exec`` SIGKILLs spacesd (found by its pid file and checked
@@ -42,7 +43,7 @@ import socket
 import time
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 import docker
 import docker.constants
@@ -169,7 +170,7 @@ class DockerSpaces:
     def close(self) -> None:
         self._docker.close()
 
-    def __enter__(self) -> DockerSpaces:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

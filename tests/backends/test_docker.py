@@ -68,7 +68,8 @@ def in_child(scope: str, code: str) -> str:
                                f"spaces = DockerSpaces(label_scope={scope!r})\n"
                                f"try:\n" + "".join(f"    {line}\n" for line in code.splitlines())
                                + "finally:\n    spaces.close()\n"],
-        env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=180)
+        env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=180,
+        check=False)
     assert out.returncode == 0, out.stderr
     return out.stdout
 
@@ -135,7 +136,7 @@ def test_the_container_is_the_space_the_design_describes(spaces) -> None:
     assert host["Memory"] == 1024**3 and host["PidsLimit"] == spaces.limits.pids
     # A non-root user, its workspace, the supervisor as PID 1, spacesd as its child.
     assert spaces.exec_in("s", ["id", "-un"]) == (0, "cua\n")
-    code, ps = spaces.exec_in("s", ["ps", "-o", "pid=,ppid=,args=", "-e"])
+    _, ps = spaces.exec_in("s", ["ps", "-o", "pid=,ppid=,args=", "-e"])
     procs = [line.split(None, 2) for line in ps.splitlines()]
     assert any(p[0] == "1" and "spacesd.supervisor run" in p[2] for p in procs)
     assert any(p[1] == "1" and "-m spacesd --root /home/cua/work" in p[2] for p in procs)

@@ -13,8 +13,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import pytest
-
 from backends.space_client import Endpoint, SpaceClient
 from spacesd import procfs
 
@@ -72,7 +70,7 @@ def kill_daemon(tmp: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "spacesd.supervisor", "kill-daemon",
                            "--pid-file", str(tmp / "state/daemon.pid"), "--timeout", "20"],
                           env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=60, check=False)
 
 
 def test_a_killed_daemon_is_started_again_and_its_commands_live_on(tmp_path: Path) -> None:
@@ -128,5 +126,5 @@ def test_daemonize_is_refused(tmp_path: Path) -> None:
                           "--root", str(tmp_path), "--state", str(tmp_path / "s"),
                           "--token-env", "X", "--daemonize"],
                          env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True,
-                         text=True, timeout=60)
+                         text=True, timeout=60, check=False)
     assert out.returncode != 0 and "do not pass --daemonize" in out.stderr
