@@ -8,12 +8,14 @@ is unknown (and none inconsistent). Bad arguments (254) and a crash of the harne
 from __future__ import annotations
 
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
+from .backends import make_spaces
 from .faults import FaultPlan, exhaustive_plans
 from .plots import campaign_plots
 from .records import ResultsDir
@@ -120,7 +122,11 @@ def _specs(cfg: CampaignConfig, work: Path) -> tuple[list[RunSpec], int | None]:
 
 
 def run_campaign(cfg: CampaignConfig, out: TextIO = sys.stdout) -> int:
+    """Run the campaign; raises ``BackendUnavailable`` before any run when the backend
+    cannot be had here (the CLI turns that into exit 254)."""
     t0 = time.time()
+    with tempfile.TemporaryDirectory(prefix="chaos-probe-") as probe:
+        make_spaces(cfg.backend, Path(probe))
     results = ResultsDir.create(cfg.results_root, cfg.mode, cfg.backend)
     results.write_json("campaign.json", cfg.to_json())
     specs, reachable = _specs(cfg, results.runs_dir)

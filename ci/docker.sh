@@ -8,6 +8,7 @@
 #   4. pytest -m docker;
 #   5. a short docker campaign per mode (transactional, checkpoint, auto), SUMMARY lines.
 # Exits non-zero when any step fails; every SUMMARY line is printed before that.
+# `--prepare` stops after step 3 (engine and image ready); `--campaign` skips step 4.
 #
 # What dockerd needs here (a VM with cgroup v1, iptables available, no registry): nothing
 # but `--userland-proxy=false`. The defaults (overlay2, iptables NAT for builds reaching
@@ -61,9 +62,15 @@ say "engine: $(docker version --format 'server {{.Server.Version}}, API {{.Serve
 # 3. image ------------------------------------------------------------------
 "${SUDO[@]}" env PATH="$PATH" bash ci/build-images.sh
 
+if [ "${1:-}" = "--prepare" ]; then
+    exit 0  # engine and image are ready; the caller runs the tests
+fi
+
 # 4. tests ------------------------------------------------------------------
 status=0
-.venv/bin/python -m pytest -m docker -q || status=1
+if [ "${1:-}" != "--campaign" ]; then
+    .venv/bin/python -m pytest -m docker -q || status=1
+fi
 
 # 5. a short campaign per mode ---------------------------------------------------------
 for mode in transactional checkpoint auto; do

@@ -79,9 +79,17 @@ def test_bad_arguments_exit_254(tmp_path: Path, capsys: pytest.CaptureFixture[st
 
 
 @pytest.mark.crash_ci
-def test_same_seeds_same_fault_counts(tmp_path: Path) -> None:
+def test_same_seeds_same_plans_and_fault_counts(tmp_path: Path) -> None:
+    """Plans are drawn from the seeds alone. The fault counts are equal too where no timing
+    can change the path: failpoint kills of file calls (a kill at a random time, or while a
+    command runs, may land elsewhere on a loaded machine; see test_faults_and_checker)."""
     keys = ("kills", "daemon_kills", "space_restarts", "lost_spaces", "runs", "failed")
-    first = campaign(tmp_path / "a", mode="checkpoint", runs=5, steps=5, seed_base=40)[1]
-    second = campaign(tmp_path / "b", mode="checkpoint", runs=5, steps=5, seed_base=40)[1]
-    assert {k: first[k] for k in keys} == {k: second[k] for k in keys}
-    assert int(first["kills"]) > 0
+    runs = []
+    for name in ("a", "b"):
+        kw = dict(mode="exhaustive", durable_mode="checkpoint",
+                  points=("call.intent", "space.file_op"))
+        summary = campaign(tmp_path / name, **kw)[1]
+        plans = [r["plan"] for r in ResultsDir.open(tmp_path / name / "results" / "latest").runs()]
+        runs.append(({k: summary[k] for k in keys}, plans))
+    assert runs[0] == runs[1]
+    assert int(runs[0][0]["kills"]) >= 4
