@@ -224,6 +224,13 @@ class DurableSpaces:
 
     def _connect(self, name: str) -> SpaceClient:
         client = self.spaces.connect(name, epoch=self.epoch)
+        try:
+            client.health()
+        except SpaceUnavailable:
+            # Its daemon is not up: a crash during the Space's creation, a stopped machine.
+            # ``create`` is idempotent and brings an existing Space up.
+            self.spaces.create(name)
+            client = self.spaces.connect(name, epoch=self.epoch)
         self._advance(client)
         return client
 
@@ -242,8 +249,7 @@ class DurableSpaces:
             # A new generation is committed before the Space is created (see module doc).
             self._commit_space(log, conversation, lambda d: {
                 **d, "space": name, "generation": d["generation"] + 1, "ready": False})
-        if not self.spaces.exists(name):
-            self.spaces.create(name)
+        self.spaces.create(name)  # idempotent: also finishes a creation a crash cut short
         st = _Space(name, self._connect(name))
         self._fold(log, conversation, st)
         doc = log.read_doc(conversation, SPACE_DOC).value

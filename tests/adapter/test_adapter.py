@@ -4,6 +4,8 @@ auto's switch to checkpoint mode, forks, and fencing of an older epoch."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -169,3 +171,38 @@ def test_an_older_epoch_is_refused_by_log_and_space(tmp_path: Path,
     assert new.adapter.ensure_space(new.harness, 1).read_file("a.txt") == b"alpha\n"
     old.harness.close()
     new.harness.close()
+
+
+def test_a_space_half_made_by_a_crash_is_finished(tmp_path: Path, spaces: LocalSpaces,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A driver crashed right after creating a lost Space's replacement, before bringing it
+    to the log's state (its daemon is gone too): the next driver finishes the job."""
+    s = open_session(tmp_path, spaces, steps(WRITE, APPEND), epoch=1, mode="transactional")
+    run(s)
+    s.harness.close()
+    spaces.delete("cua-c1")
+
+    class Crash(Exception):
+        pass
+
+    real_create = spaces.create
+
+    def create_then_crash(name: str) -> None:
+        real_create(name)
+        daemon = spaces.get(name).daemon()
+        assert daemon is not None
+        os.kill(daemon[0], signal.SIGKILL)
+        raise Crash
+
+    monkeypatch.setattr(spaces, "create", create_then_crash)
+    s = open_session(tmp_path, spaces, steps(WRITE, APPEND), epoch=2, mode="transactional")
+    with pytest.raises(Crash):
+        s.adapter.ensure_space(s.harness, 1)
+    s.harness.close()
+    monkeypatch.setattr(spaces, "create", real_create)
+    s = open_session(tmp_path, spaces, steps(WRITE, APPEND, EDIT), epoch=3, mode="transactional")
+    run(s, "r2")
+    client = s.adapter.ensure_space(s.harness, 1)
+    assert client.read_file("a.txt") == b"beta\n"
+    assert client.read_file("log.txt") == b"step\n"
+    s.harness.close()
