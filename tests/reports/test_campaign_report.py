@@ -1,7 +1,7 @@
 """The reports of a real campaign with failing runs, and the HTML page in headless Chromium.
 
 The failing runs are real: a small transactional campaign runs with its drivers replaced by
-``broken_adapter_driver.py`` (the campaign's driver with a recovery that skips revert and
+``tests/chaos/broken_driver.py`` (BROKEN_RULE=skip_recovery: a recovery that skips revert and
 restore), so the records, SUMMARY, plots and repro commands are the campaign's own.
 """
 
@@ -16,11 +16,10 @@ from pathlib import Path
 
 import pytest
 
-import chaos.runner
 from chaos.campaign import CampaignConfig, repro_command, run_campaign
 from reports.results import load
 
-BROKEN_DRIVER = Path(__file__).with_name("broken_adapter_driver.py")
+BROKEN_DRIVER = Path(__file__).parents[1] / "chaos" / "broken_driver.py"
 CHROMIUM = Path("/usr/bin/chromium")
 
 
@@ -28,17 +27,11 @@ CHROMIUM = Path("/usr/bin/chromium")
 def failing_campaign(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 4-run transactional campaign whose drivers run the broken adapter."""
     root = tmp_path_factory.mktemp("results")
-    launch = chaos.runner.python_argv
-
-    def broken(module: str, *args: str) -> list[str]:
-        if module == "chaos.driver":
-            return [sys.executable, str(BROKEN_DRIVER), *args]
-        return launch(module, *args)
-
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(chaos.runner, "python_argv", broken)
+        mp.setenv("BROKEN_RULE", "skip_recovery")
         code = run_campaign(CampaignConfig(mode="transactional", runs=4, steps=8, seed_base=1,
-                                           jobs=2, results_root=root))
+                                           jobs=2, results_root=root,
+                                           driver=str(BROKEN_DRIVER)))
     assert code == 1, "the broken adapter produced no failing run; try other seeds"
     return (root / "latest").resolve()
 
