@@ -11,7 +11,6 @@ import argparse
 import io
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -25,13 +24,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--mode", default="checkpoint")
     p.add_argument("--jobs", type=int, default=2 * (os.cpu_count() or 1))
+    p.add_argument("--results", type=Path, default=Path("results"),
+                   help="where the campaign's results go (kept: a failure must be reproducible)")
     args = p.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="chaos-bench-") as tmp:
-        out = io.StringIO()
-        t0 = time.monotonic()
-        code = run_campaign(CampaignConfig(mode=args.mode, runs=args.runs, steps=args.steps,
-                                           jobs=args.jobs, results_root=Path(tmp)), out)
-        seconds = time.monotonic() - t0
+    out = io.StringIO()
+    t0 = time.monotonic()
+    code = run_campaign(CampaignConfig(mode=args.mode, runs=args.runs, steps=args.steps,
+                                       jobs=args.jobs, results_root=args.results), out)
+    seconds = time.monotonic() - t0
+    for text in out.getvalue().splitlines():  # failures with their repro lines, then results
+        if not text.startswith("SUMMARY "):
+            print(text)
     line = next(x for x in out.getvalue().splitlines() if x.startswith("SUMMARY "))
     s = parse_summary(line)
     print(line)

@@ -43,6 +43,9 @@ from .processes import OwnedProcess, python_argv
 from .rendezvous import Action, Hit, Rendezvous
 
 DRIVER_TIMEOUT_S = 180.0
+#: Failpoints reached only after the driver adopted the seeded Space (it adopts at start,
+#: before any call or recovery).
+ARMING_POINTS = ("call.", "recovery.", "session.")
 ROOT_SPACE = f"{SPACE_PREFIX}-c1"
 
 
@@ -124,18 +127,22 @@ class Run:
     def _fire(self, index: int, fault: Fault, driver: OwnedProcess | None) -> bool:
         """Fire ``fault`` once; returns True when it killed ``driver``.
 
-        Space faults wait until the first driver reached a failpoint: before that the
-        adapter has not adopted the seeded Space, and losing it then would lose the
-        scenario's initial files, which no log holds (a fault of the test, not the SUT)."""
+        Space faults need the seeded Space adopted first (``ARMING_POINTS``): before
+        that its initial files exist nowhere else, so losing them would be a fault of the
+        test, not of the system. A timed one waits for that; one at a failpoint reached
+        earlier (the adoption's own checkpoint) leaves the Space alone, deterministically."""
         s = self.state
-        if fault.action != "kill_driver":
+        space_fault = fault.action != "kill_driver"
+        if space_fault and fault.trigger == "time":
             self._armed.wait(DRIVER_TIMEOUT_S)
         with s.lock:
             if index in s.fired:
                 return False
             s.fired.add(index)
-            if fault.action != "kill_driver":
+            if space_fault and self._armed.is_set():
                 self._space_fault(fault)
+            elif space_fault:
+                s.op("nemesis", "fail", fault.action, "skipped: the Space is not adopted yet")
             killed = False
             if fault.kill_driver and driver is not None and driver.poll() is None:
                 driver.kill_group()
@@ -149,7 +156,8 @@ class Run:
 
     def _on_hit(self, hit: Hit) -> Action:
         s = self.state
-        self._armed.set()
+        if hit.point.startswith(ARMING_POINTS):
+            self._armed.set()
         driver = s.driver
         with s.lock:
             for lat in s.latencies:
