@@ -27,7 +27,7 @@ from durable.storage import SqliteStorage
 from durable.storage.records import Batch, EntryRecord
 from durable.tools import CallContext, Tool, ToolRegistry, ToolResult, doc_tools, host_tool
 
-TODO = define_doc("test.todo", 1, [])
+TASKS = define_doc("test.tasks", 1, [])
 
 
 def harness_for(tmp_path: Path, plan: list[PlannedCall], tools: list[Tool]) -> Harness:
@@ -59,22 +59,22 @@ def test_bad_calls_become_error_results(tmp_path: Path) -> None:
 
 def test_tool_doc_edits_commit_with_the_result_or_not_at_all(tmp_path: Path) -> None:
     def add(args: dict[str, Any], ctx: CallContext) -> ToolResult:
-        ctx.update_doc(TODO, lambda v: [*v, args["item"]])
+        ctx.update_doc(TASKS, lambda v: [*v, args["item"]])
         if args["item"] == "boom":
             raise RuntimeError("tool bug after editing")
         return ToolResult("added")
 
     schema = {"type": "object", "properties": {"item": {"type": "string"}}, "required": ["item"]}
     plan = [PlannedCall(0, "add", {"item": "a"}), PlannedCall(1, "add", {"item": "boom"}),
-            PlannedCall(2, "read_test_todo", {}), PlannedCall(3, "update_test_todo", {"value": ["z"]})]
-    h = harness_for(tmp_path, plan, [Tool("add", "add", schema, add)] + doc_tools([TODO]))
+            PlannedCall(2, "read_test_tasks", {}), PlannedCall(3, "update_test_tasks", {"value": ["z"]})]
+    h = harness_for(tmp_path, plan, [Tool("add", "add", schema, add)] + doc_tools([TASKS]))
     assert h.root().submit(content="go").wait().done
     r = tool_results(h)
     assert r[1]["is_error"] and "tool bug" in r[1]["content"]
     assert r[2]["content"] == '["a"]', "the failed call's edit was not committed"
-    assert h.log.read_doc(1, TODO).value == ["z"]
+    assert h.log.read_doc(1, TASKS).value == ["z"]
     first_result = next(e for e in h.log.entries(1) if e.kind == "tool_result")
-    assert h.log.read_doc(1, TODO).revision == 2
+    assert h.log.read_doc(1, TASKS).revision == 2
     assert first_result.data["content"] == "added"
     h.close()
 
