@@ -31,6 +31,7 @@ before anything (even the journal mode) is set.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 from collections.abc import Callable
@@ -202,12 +203,11 @@ class SqliteStorage:
         self._lock = threading.RLock()  # close() runs inside a failing commit too
         self._conn: sqlite3.Connection | None = None
         try:
-            exists = _check_existing_file(self.path, busy_timeout)
+            if not _check_existing_file(self.path, busy_timeout):
+                self._create_file()
             self._conn = conn = sqlite3.connect(
                 self.path, isolation_level=None, check_same_thread=False, timeout=busy_timeout
             )
-            if not exists:
-                self._transaction(_WRITE, self._create_schema)
             mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             if mode != "wal":
                 raise StorageError(
@@ -326,6 +326,40 @@ class SqliteStorage:
         assert self.epoch_guard is not None
         if self.epoch_guard.admit(self._floor(conn)):
             conn.execute("UPDATE fence SET floor = ?", (self.epoch_guard.epoch,))
+
+    def _create_file(self) -> None:
+        """Make the new log atomically: built in a temporary file beside ``path`` (schema,
+        WAL mode), fsynced, then linked into place.
+
+        A crash while it is built leaves no half-made log at ``path`` (a first driver
+        SIGKILLed there once left a hot rollback journal that no later open could get past),
+        only a temporary file that is never read. A concurrent creator that linked its own
+        log first wins; ours is dropped."""
+        tmp = self.path.with_name(f".{self.path.name}.new-{os.getpid()}-{threading.get_ident()}")
+        tmp.unlink(missing_ok=True)
+        try:
+            conn = sqlite3.connect(tmp, isolation_level=None)
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("BEGIN IMMEDIATE")
+                self._create_schema(conn)
+                conn.execute("COMMIT")
+            finally:
+                conn.close()  # the last connection checkpoints the WAL into the file
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            try:
+                os.link(tmp, self.path)
+            except FileExistsError:
+                if self.path.stat().st_size == 0:  # an empty file stands for a new log
+                    os.replace(tmp, self.path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        dirfd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dirfd)
+        finally:
+            os.close(dirfd)
 
     def _create_schema(self, conn: sqlite3.Connection) -> None:
         # Another process may have created the log between our look at the file and our

@@ -330,3 +330,30 @@ def test_jsonl_failed_sync_is_uncertain_and_closes(
 def test_sqlite_in_a_missing_directory_says_so(tmp_path: Path) -> None:
     with pytest.raises(StorageError, match="check that its directory exists"):
         SqliteStorage(tmp_path / "missing" / "log.sqlite")
+
+
+def test_a_crash_while_creating_the_log_leaves_no_half_made_log(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A driver killed while the log is being created must not leave a file that no later
+    open gets past (it once left a hot rollback journal: NotALog forever)."""
+    path = tmp_path / "log.sqlite"
+
+    class Killed(BaseException):
+        pass
+
+    def die(self: SqliteStorage, conn: object) -> None:
+        raise Killed
+
+    with monkeypatch.context() as mp:
+        mp.setattr(SqliteStorage, "_create_schema", die)
+        with pytest.raises(Killed):
+            SqliteStorage(path)
+    assert not path.exists()
+    storage = SqliteStorage(path)
+    assert storage.load().next_id == 1
+    storage.close()
+    again = SqliteStorage(path)
+    assert again.load().next_id == 1
+    again.close()
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("log.sqlite-")) \
+        == ["log.sqlite"]
