@@ -88,6 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     ana.add_argument("results", type=Path)
     cln = sub.add_parser("clean", help="remove Spaces left behind by crashed campaigns")
     cln.add_argument("--results", type=Path, default=Path("results"))
+    cln.add_argument("--backend", choices=("all", "local", "docker"), default="all",
+                     help="which Spaces to remove (docker: every campaign's, running or not)")
     img = sub.add_parser("image", help="build the Docker Space image (as ci/build-images.sh)")
     img_sub = img.add_subparsers(dest="image_command", required=True)
     imb = img_sub.add_parser("build", help="build durable-space (a debootstrap'd base when "
@@ -187,11 +189,14 @@ def _clean(args: argparse.Namespace) -> int:
     from backends.local import LocalSpaces
 
     removed = 0
-    for spaces_dir in sorted(args.results.glob("**/spaces")):
+    for spaces_dir in sorted(args.results.glob("**/spaces")) if args.backend != "docker" else []:
         provider = LocalSpaces(spaces_dir)
         for name in provider.names():
             provider.delete(name)
             removed += 1
+    if args.backend == "local":
+        print(f"clean: removed {removed} Space(s)")
+        return 0
     try:
         from backends.docker import DockerSpaces, DockerUnavailable
     except ImportError:  # no docker SDK here: no docker Spaces either

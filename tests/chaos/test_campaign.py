@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import psutil
 import pytest
 
 from chaos.campaign import CampaignConfig, run_campaign
@@ -93,3 +94,21 @@ def test_same_seeds_same_plans_and_fault_counts(tmp_path: Path) -> None:
         runs.append(({k: summary[k] for k in keys}, plans))
     assert runs[0] == runs[1]
     assert int(runs[0][0]["kills"]) >= 4
+
+
+def test_clean_removes_local_spaces_left_behind(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    from backends.local import LocalSpaces
+
+    spaces = LocalSpaces(tmp_path / "results" / "c" / "runs" / "run-0000" / "spaces")
+    spaces.create("cua-c1")
+    daemon = spaces.get("cua-c1").daemon()
+    assert daemon is not None
+    assert main(["clean", "--results", str(tmp_path / "results"), "--backend", "local"]) == 0
+    assert "removed 1 Space(s)" in capsys.readouterr().out
+    assert not spaces.exists("cua-c1")
+    try:
+        gone = psutil.Process(daemon[0]).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        gone = True
+    assert gone, "the left-behind daemon was killed"
