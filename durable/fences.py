@@ -22,6 +22,7 @@ fence when that matters.
 from __future__ import annotations
 
 import os
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,27 +32,21 @@ from .storage.sqlite import SqliteStorage
 
 __all__ = ["FencedFileSystem", "FileFence", "SqliteFence", "open_fenced_sqlite"]
 
-# ---------------------------------------------------------------- SQLite
+# ---------------------------------------------------------------- the shared part
 
 
-class SqliteFence:
-    """The ``Fence`` of a fenced ``SqliteStorage``: a view; the storage enforces it."""
+class _GuardedFence(ABC):
+    """What both fences share: the epoch, halting, and ``check`` against ``floor()``."""
 
-    def __init__(self, storage: SqliteStorage) -> None:
-        if storage.epoch_guard is None:
-            raise ValueError(
-                f"the SqliteStorage of {storage.path} was opened without an epoch; open it "
-                "with open_fenced_sqlite(path, epoch) to fence it"
-            )
-        self._storage = storage
-        self._guard = storage.epoch_guard
+    _guard: EpochGuard
 
     @property
     def epoch(self) -> int:
         return self._guard.epoch
 
+    @abstractmethod
     def floor(self) -> int:
-        return self._storage.read_floor()
+        """The highest epoch that opened the log, read fresh from where this fence keeps it."""
 
     def check(self) -> None:
         """Raise ``StaleEpochError`` if a newer epoch opened the log or this fence was halted."""
@@ -63,6 +58,25 @@ class SqliteFence:
     @property
     def halted(self) -> bool:
         return self._guard.halted
+
+
+# ---------------------------------------------------------------- SQLite
+
+
+class SqliteFence(_GuardedFence):
+    """The ``Fence`` of a fenced ``SqliteStorage``: a view; the storage enforces it."""
+
+    def __init__(self, storage: SqliteStorage) -> None:
+        if storage.epoch_guard is None:
+            raise ValueError(
+                f"the SqliteStorage of {storage.path} was opened without an epoch; open it "
+                "with open_fenced_sqlite(path, epoch) to fence it"
+            )
+        self._storage = storage
+        self._guard = storage.epoch_guard
+
+    def floor(self) -> int:
+        return self._storage.read_floor()
 
 
 def open_fenced_sqlite(
@@ -79,31 +93,16 @@ def open_fenced_sqlite(
 # ---------------------------------------------------------------- files (best-effort)
 
 
-class FileFence:
+class FileFence(_GuardedFence):
     """The ``Fence`` of a ``FencedFileSystem`` log: the floor is the highest marker file."""
 
     def __init__(self, directory: Path, epoch: int) -> None:
         self.directory = directory
         self._guard = EpochGuard(epoch)
 
-    @property
-    def epoch(self) -> int:
-        return self._guard.epoch
-
     def floor(self) -> int:
         markers = (EPOCH_MARKER.fullmatch(n) for n in os.listdir(self.directory))
         return max((int(m[1]) for m in markers if m), default=0)
-
-    def check(self) -> None:
-        """Raise ``StaleEpochError`` if a newer epoch opened the log or this fence was halted."""
-        self._guard.admit(self.floor())
-
-    def halt(self, reason: str) -> None:
-        self._guard.halt(reason)
-
-    @property
-    def halted(self) -> bool:
-        return self._guard.halted
 
     def mark(self) -> None:
         """Raise the floor to this epoch: create its marker (kept if it exists) durably."""
