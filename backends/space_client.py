@@ -147,6 +147,12 @@ class SpaceClient:
         conn, resp = self._open("POST", protocol.op_path(op), body,
                                 {"Content-Type": "application/json"}, idempotent=idempotent,
                                 timeout=timeout or self.timeout)
+        return json.loads(self._answer(conn, resp, op, epoch))
+
+    def _answer(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse,
+                op: str, epoch: int | None = None) -> bytes:
+        """The body of a 200 answer; closes the connection. A body cut short raises
+        ``SpaceUnavailable``; any other status raises what ``_fail`` maps it to."""
         try:
             data = resp.read()
         except (OSError, http.client.HTTPException) as exc:
@@ -156,20 +162,14 @@ class SpaceClient:
             conn.close()
         if resp.status != 200:
             self._fail(resp.status, data, epoch)
-        return json.loads(data)
+        return data
 
     # ---------------------------------------------------------------- daemon
 
     def health(self) -> dict[str, Any]:
         conn, resp = self._open("GET", protocol.HEALTH_PATH, None, {}, idempotent=True,
                                 timeout=self.timeout)
-        try:
-            data = resp.read()
-        finally:
-            conn.close()
-        if resp.status != 200:
-            self._fail(resp.status, data)
-        return json.loads(data)
+        return json.loads(self._answer(conn, resp, "health"))
 
     def capabilities(self) -> set[str]:
         return set(self._call("capabilities")["capabilities"])
@@ -315,10 +315,5 @@ class SpaceClient:
                 "POST", f"{protocol.op_path(protocol.OP_CHECKPOINT_IMPORT)}?{query}", spool,
                 {"Content-Type": "application/x-tar", "Content-Length": str(length)},
                 idempotent=False, timeout=self.long_timeout)
-            try:
-                data = resp.read()
-            finally:
-                conn.close()
-        if resp.status != 200:
-            self._fail(resp.status, data)
+            data = self._answer(conn, resp, "checkpoint_import")
         return CheckpointInfo.from_json(json.loads(data))
