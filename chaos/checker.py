@@ -49,8 +49,8 @@ class ObservedCall:
 @dataclass
 class Observation:
     calls: list[ObservedCall]
-    #: (path, kind, exec, sha256 or target) of the final workspace
-    workspace: list[tuple[str, str, bool, str]]
+    #: (path, kind, permission bits, sha256 or target) of the final workspace
+    workspace: list[tuple[str, str, int, str]]
     #: file contents of the marker file, for exactly-once counts
     log_txt: str
     #: (tool, marker, call id) of every real run of a host tool

@@ -76,7 +76,7 @@ def observe(run_dir: Path, spaces: Spaces, space_name: str, *, epoch: int,
     try:
         client = spaces.connect(space_name, epoch=epoch)
         scan = client.scan()
-        rows = [(e.path, e.kind, bool(e.exec), (e.sha256 if e.kind == "file" else e.target) or "")
+        rows = [(e.path, e.kind, e.mode, (e.sha256 if e.kind == "file" else e.target) or "")
                 for e in scan.entries if e.kind in ("file", "symlink")]
         if any(r[0] == LOG_FILE for r in rows):
             log_txt = client.read_file(LOG_FILE).decode("utf-8", "replace")

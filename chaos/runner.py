@@ -243,8 +243,8 @@ class Run:
         assert self.spaces is not None
         self.spaces.create(ROOT_SPACE)
         client = self.spaces.connect(ROOT_SPACE, epoch=0)
-        for path, (data, ex) in sorted(self.scenario.initial.files.items()):
-            client.write_file(path, data, mode=0o755 if ex else 0o644)
+        for path, (data, mode) in sorted(self.scenario.initial.files.items()):
+            client.write_file(path, data, mode=mode)
 
     def execute(self) -> dict[str, Any]:
         spec, s = self.spec, self.state

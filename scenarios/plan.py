@@ -30,16 +30,16 @@ BACKGROUND_SECONDS = 120
 
 @dataclass
 class WorkspaceModel:
-    """Files of a workspace: path → (content, exec bit). Directories are implied."""
+    """Files of a workspace: path → (content, permission bits). Directories are implied."""
 
-    files: dict[str, tuple[bytes, bool]] = field(default_factory=dict)
+    files: dict[str, tuple[bytes, int]] = field(default_factory=dict)
 
     def copy(self) -> WorkspaceModel:
         return WorkspaceModel(dict(self.files))
 
     def rows(self) -> list[tuple[str, str, bool, str]]:
-        return [(p, "file", ex, hashlib.sha256(data).hexdigest())
-                for p, (data, ex) in sorted(self.files.items())]
+        return [(p, "file", mode, hashlib.sha256(data).hexdigest())
+                for p, (data, mode) in sorted(self.files.items())]
 
     def hash(self) -> str:
         return workspace_hash(self.rows())
@@ -64,7 +64,8 @@ class Step:
     def apply(self, ws: WorkspaceModel) -> None:
         """This step's effect on ``ws`` (what a committed, non-interrupted call did)."""
         if self.tool == "write":
-            ws.files[self.args["path"]] = (self.args["content"].encode(), False)
+            old_mode = ws.files.get(self.args["path"], (b"", 0o644))[1]
+            ws.files[self.args["path"]] = (self.args["content"].encode(), old_mode)
         elif self.tool == "edit":
             path = self.args["path"]
             text = ws.files[path][0].decode()
@@ -74,11 +75,12 @@ class Step:
                 text = text.replace(e["old_text"], e["new_text"])
             ws.files[path] = (text.encode(), ws.files[path][1])
         elif self.kind in ("append", "long", "background"):
-            old = ws.files.get(LOG_FILE, (b"", False))
+            old = ws.files.get(LOG_FILE, (b"", 0o644))
             ws.files[LOG_FILE] = (old[0] + f"{self.marker}\n".encode(), old[1])
         elif self.kind == "many_files":
             for i in range(1, self.count + 1):
-                ws.files[f"bulk{self.index}/f{i}"] = (f"{self.marker}-{i}\n".encode(), i == 1)
+                ws.files[f"bulk{self.index}/f{i}"] = (f"{self.marker}-{i}\n".encode(),
+                                                      0o755 if i == 1 else 0o644)
 
 
 @dataclass(frozen=True)
@@ -114,10 +116,10 @@ def generate(seed: int, preset: Preset, *, steps: int | None = None) -> Scenario
     rng = random.Random(f"scenario:{preset.name}:{seed}")
     initial = WorkspaceModel()
     slots = {j: "init" for j in range(SLOTS)}
-    initial.files[DOC_FILE] = ("".join(f"slot-{j}: init\n" for j in range(SLOTS)).encode(), False)
-    initial.files["README.md"] = (f"# scenario {seed}\n".encode(), False)
+    initial.files[DOC_FILE] = ("".join(f"slot-{j}: init\n" for j in range(SLOTS)).encode(), 0o644)
+    initial.files["README.md"] = (f"# scenario {seed}\n".encode(), 0o644)
     for i in range(max(0, preset.initial_files - 2)):
-        initial.files[f"src/m{i}.txt"] = (_filler(rng, 200).encode() + b"\n", i == 0)
+        initial.files[f"src/m{i}.txt"] = (_filler(rng, 200).encode() + b"\n", 0o755 if i == 0 else 0o644)
     kinds = [k for k, w in preset.mix.items() for _ in range(w)]
     out: list[Step] = []
     for k in range(steps or preset.steps):

@@ -81,6 +81,8 @@ class ScanEntry:
     size: int = 0
     sha256: str | None = None  # files
     target: str | None = None  # symlinks
+    #: Permission bits (``stat.S_IMODE``) of files and directories; 0 for symlinks.
+    mode: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -139,27 +141,32 @@ def tracked(entry: ScanEntry) -> bool:
     return entry.kind in ("file", "symlink")
 
 
-def workspace_hash(entries: list[ScanEntry] | list[tuple[str, str, bool, str]]) -> str:
-    """sha256 over the sorted (path, kind, exec bit, content sha256 or link target).
+def workspace_hash(entries: list[ScanEntry] | list[tuple[str, str, int, str]]) -> str:
+    """sha256 over the sorted (path, kind, permission bits, content sha256 or link target).
 
-    Accepts scan entries or ready tuples ``(path, kind, exec, digest_or_target)``; directory
-    entries are ignored. This is the one definition used by the Space and by the checker.
+    Accepts scan entries or ready tuples ``(path, kind, mode, digest_or_target)``, ``mode``
+    the file's permission bits (``0o644``; ignored for symlinks, whose mode means nothing);
+    directory entries are ignored. This is the one definition used by the Space, the
+    workspace image and the checker, so "equal" means content, mode and link targets alike.
     """
-    rows: list[tuple[str, str, bool, str]] = []
+    rows: list[tuple[str, str, int, str]] = []
     for e in entries:
         if isinstance(e, ScanEntry):
             if not tracked(e):
                 continue
             ident = e.sha256 if e.kind == "file" else e.target
-            rows.append((e.path, e.kind, bool(e.exec) if e.kind == "file" else False, ident or ""))
+            rows.append((e.path, e.kind, e.mode if e.kind == "file" else 0, ident or ""))
         else:
-            path, kind, ex, ident = e
+            path, kind, mode, ident = e
             if kind not in ("file", "symlink"):
                 continue
-            rows.append((path, kind, bool(ex) if kind == "file" else False, ident))
+            if isinstance(mode, bool):
+                raise TypeError(f"workspace_hash: the mode of {path!r} is a bool; give the "
+                                "permission bits (e.g. 0o644)")
+            rows.append((path, kind, int(mode) if kind == "file" else 0, ident))
     h = hashlib.sha256()
-    for path, kind, ex, ident in sorted(rows):
-        h.update(f"{path}\0{kind}\0{int(ex)}\0{ident}\n".encode("utf-8", "surrogateescape"))
+    for path, kind, mode, ident in sorted(rows):
+        h.update(f"{path}\0{kind}\0{mode:o}\0{ident}\n".encode("utf-8", "surrogateescape"))
     return h.hexdigest()
 
 

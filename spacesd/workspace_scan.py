@@ -1,4 +1,4 @@
-"""The workspace scan: every entry under the root with its kind, exec bit, size and digest.
+"""The workspace scan: every entry under the root with its kind, mode, size and digest.
 
 Speed comes from a stat cache: a file whose (inode, size, mtime_ns, ctime_ns) did not change
 since it was hashed is not read again. One trap (git calls it "racy clean"): file timestamps
@@ -115,7 +115,8 @@ class Scanner:
         sha = self.digest(rel, st, scan_start_ns)
         if sha is None:
             return None
-        entry = ScanEntry(rel, "file", paths.is_exec(st.st_mode), st.st_size, sha256=sha)
+        entry = ScanEntry(rel, "file", paths.is_exec(st.st_mode), st.st_size, sha256=sha,
+                          mode=stat.S_IMODE(st.st_mode))
         cached = self._cache.get(rel)
         if cached is not None and cached.key == _stat_key(st):
             cached.entry = entry
@@ -142,7 +143,7 @@ class Scanner:
                 except FileNotFoundError:
                     continue
             elif kind == "dir":
-                entries.append(ScanEntry(rel, "dir"))
+                entries.append(ScanEntry(rel, "dir", mode=stat.S_IMODE(st.st_mode)))
             else:
                 refused.append(rel)  # fifos, sockets, devices: not workspace content
         self._prune({e.path for e in entries}, exclude or [])

@@ -314,7 +314,7 @@ class DurableSpaces:
         for path, row in sorted(st.image.table.items()):
             if rows.get(path) == row:
                 continue
-            kind, ex, ident = row
+            kind, mode, ident = row
             if path in have and have[path].kind == "dir":
                 st.client.remove(path, recursive=True)
             elif path in have and (have[path].kind == "symlink" or kind == "symlink"):
@@ -323,8 +323,7 @@ class DurableSpaces:
                 st.client.symlink(path, ident)
             else:
                 entry = log.entry(st.image.blobs[ident])
-                st.client.write_file(path, img.blob_from(entry.data, ident),
-                                     mode=0o755 if ex else 0o644)
+                st.client.write_file(path, img.blob_from(entry.data, ident), mode=mode)
 
     def _image_diff(self, st: _Space, scan: ScanResult, call_id: str | None
                     ) -> tuple[img.Diff, dict[str, Any]]:
@@ -333,7 +332,7 @@ class DurableSpaces:
         d = img.diff(st.image, img.tracked_rows(scan))
         blobs: dict[str, bytes] = {}
         for sha in d.new_blobs(st.image):
-            path = next(p for p, (k, _x, ident) in d.set.items() if k == "file" and ident == sha)
+            path = next(p for p, (k, _m, ident) in d.set.items() if k == "file" and ident == sha)
             blobs[sha] = st.client.read_file(path)
         return d, img.payload(d, blobs, call_id=call_id)
 

@@ -1,7 +1,7 @@
 """The workspace image kept in the log (transactional mode).
 
-The image is the workspace as of the last committed call: a path table (path → kind, exec
-bit, content sha256 or link target) and the bytes of each distinct file content. It lives in
+The image is the workspace as of the last committed call: a path table (path → kind,
+permission bits, content sha256 or link target) and the bytes of each distinct file content. It lives in
 the log as hidden system entries, one per change, each holding the paths set and deleted and
 only the blobs the log does not hold yet. Folding a conversation's history (a fork inherits
 its parent's entries up to the fork point, so it inherits the image as of the fork for free)
@@ -24,8 +24,15 @@ from spacesd.protocol import ScanEntry, ScanResult, workspace_hash
 #: Key of the image payload in a hidden system entry.
 IMAGE_KEY = "space_image"
 
-# path -> (kind, exec, sha256 or link target)
-Row = tuple[str, bool, str]
+# path -> (kind, permission bits, sha256 or link target)
+Row = tuple[str, int, str]
+
+
+def _mode(raw: int | bool) -> int:
+    """A row's mode as stored; logs written before modes were kept hold the exec bit."""
+    if isinstance(raw, bool):
+        return 0o755 if raw else 0o644
+    return int(raw)
 
 
 @dataclass
@@ -39,8 +46,8 @@ class Image:
     def fold(self, entry_id: int, payload: dict[str, Any]) -> None:
         for path in payload.get("del", []):
             self.table.pop(path, None)
-        for path, (kind, ex, ident) in payload.get("set", {}).items():
-            self.table[path] = (kind, bool(ex), ident)
+        for path, (kind, mode, ident) in payload.get("set", {}).items():
+            self.table[path] = (kind, _mode(mode) if kind == "file" else 0, ident)
         for sha in payload.get("blobs", {}):
             self.blobs.setdefault(sha, entry_id)
         self.upto = entry_id
@@ -49,13 +56,13 @@ class Image:
         return len(self.table)
 
     def hash(self) -> str:
-        return workspace_hash([(p, k, ex, ident) for p, (k, ex, ident) in self.table.items()])
+        return workspace_hash([(p, k, mode, ident) for p, (k, mode, ident) in self.table.items()])
 
 
 def row_of(entry: ScanEntry) -> Row:
     if entry.kind == "symlink":
-        return ("symlink", False, entry.target or "")
-    return ("file", bool(entry.exec), entry.sha256 or "")
+        return ("symlink", 0, entry.target or "")
+    return ("file", entry.mode, entry.sha256 or "")
 
 
 def tracked_rows(scan: ScanResult) -> dict[str, Row]:
@@ -72,7 +79,7 @@ class Diff:
 
     def new_blobs(self, image: Image) -> list[str]:
         """Content hashes this diff needs that the log does not hold yet."""
-        return sorted({ident for kind, _ex, ident in self.set.values()
+        return sorted({ident for kind, _mode, ident in self.set.values()
                        if kind == "file" and ident not in image.blobs})
 
 

@@ -22,6 +22,12 @@ transaction under the write lock, an older writer cannot land anything after a n
 open returned. The read costs one indexed single-row SELECT inside a transaction that already
 pays an fsync. ``durable.fences.open_fenced_sqlite`` wraps this with a ``Fence`` view.
 
+Epoch history. A fenced writer stamps every entry it commits with its epoch, and each raise
+of the floor is recorded (``fence_raises``: the new epoch and the first entry id it governs),
+in the same transactions. ``epoch_history()`` returns both, so an auditor can prove that no
+entry of an older epoch landed after a newer one took the log over. Logs made before these
+columns existed get them when opened (the old entries carry no epoch).
+
 Foreign files. A ``meta`` table carries a magic marker and the schema version. A file that is
 not SQLite at all, or a SQLite database without that marker, raises ``NotALog`` and is not
 modified: the check reads the header bytes, then the schema through a read-only connection,
@@ -34,7 +40,9 @@ import json
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -54,6 +62,16 @@ from .records import (
 
 T = TypeVar("T")
 
+
+@dataclass(frozen=True)
+class EpochHistory:
+    """Who wrote what, for auditing a fenced log (see the module docstring)."""
+
+    #: (epoch, first entry id it governs, unix ms), one per raise of the floor, by epoch.
+    raises: list[tuple[int, int, int]]
+    #: entry id → the epoch of the writer that committed it (None: unfenced or older log).
+    entry_epochs: dict[int, int | None]
+
 #: Stored in ``meta`` under ``magic``: what makes a SQLite file a durable log.
 MAGIC = "durable-log"
 SCHEMA_VERSION = 1
@@ -69,13 +87,19 @@ _TRANSIENT = {
     sqlite3.SQLITE_NOMEM,
 }
 
+_FENCE_RAISES = (
+    "CREATE TABLE IF NOT EXISTS fence_raises (epoch INTEGER PRIMARY KEY,"
+    " next_id INTEGER NOT NULL, raised_ms INTEGER NOT NULL)"
+)
+
 _SCHEMA = (
     "CREATE TABLE meta (key TEXT PRIMARY KEY, value NOT NULL) WITHOUT ROWID",
     "CREATE TABLE fence (one INTEGER PRIMARY KEY CHECK (one = 1), floor INTEGER NOT NULL)",
     "CREATE TABLE conversations (id INTEGER PRIMARY KEY, agent TEXT NOT NULL,"
     " parent_conversation INTEGER, parent_entry INTEGER, created_ms INTEGER NOT NULL)",
     "CREATE TABLE entries (id INTEGER PRIMARY KEY, conversation INTEGER NOT NULL,"
-    " kind TEXT NOT NULL, data TEXT NOT NULL, created_ms INTEGER NOT NULL)",
+    " kind TEXT NOT NULL, data TEXT NOT NULL, created_ms INTEGER NOT NULL, epoch INTEGER)",
+    _FENCE_RAISES,
     # seq keeps first-insertion order: an upsert updates the row in place, as MemoryStorage does.
     "CREATE TABLE slots (seq INTEGER PRIMARY KEY, conversation INTEGER NOT NULL,"
     " call_id TEXT NOT NULL, assistant_entry INTEGER NOT NULL, name TEXT NOT NULL,"
@@ -215,6 +239,8 @@ class SqliteStorage:
                     "log on a local filesystem that supports shared memory"
                 )
             conn.execute("PRAGMA synchronous=FULL")
+            if not self._has_epoch_history(conn):
+                self._transaction(_WRITE, self._add_epoch_history)
             if self.epoch_guard is not None:
                 self._transaction(_WRITE, self._admit_epoch)
         except sqlite3.Error as exc:
@@ -251,7 +277,8 @@ class SqliteStorage:
                     (c, k),
                 ).fetchone()[0],
             )
-            self._write(conn, batch, rows)
+            self._write(conn, batch, rows,
+                        None if self.epoch_guard is None else self.epoch_guard.epoch)
 
         with self._lock:
             self._transaction(_WRITE, write)
@@ -263,6 +290,18 @@ class SqliteStorage:
                 conn.close()
 
     # ------------------------------------------------------------ fencing
+
+    def epoch_history(self) -> EpochHistory:
+        """Each floor raise (epoch, first entry id it governs, time) and each entry's epoch
+        (None for entries of an unfenced writer or of a log older than these records)."""
+        def read(conn: sqlite3.Connection) -> EpochHistory:
+            raises = [tuple(r) for r in conn.execute(
+                "SELECT epoch, next_id, raised_ms FROM fence_raises ORDER BY epoch")]
+            epochs = dict(conn.execute("SELECT id, epoch FROM entries ORDER BY id").fetchall())
+            return EpochHistory(raises, epochs)  # type: ignore[arg-type]
+
+        with self._lock:
+            return self._transaction(_READ, read)
 
     def read_floor(self) -> int:
         """The fence floor as stored now (0 when no fenced storage ever opened the log)."""
@@ -322,10 +361,26 @@ class SqliteStorage:
         return conn.execute("SELECT floor FROM fence").fetchone()[0]
 
     def _admit_epoch(self, conn: sqlite3.Connection) -> None:
-        """Inside a write transaction: refuse a stale or halted epoch, raise an older floor."""
+        """Inside a write transaction: refuse a stale or halted epoch, raise an older floor
+        (and record the raise with the first entry id the new epoch governs)."""
         assert self.epoch_guard is not None
         if self.epoch_guard.admit(self._floor(conn)):
-            conn.execute("UPDATE fence SET floor = ?", (self.epoch_guard.epoch,))
+            epoch = self.epoch_guard.epoch
+            conn.execute("UPDATE fence SET floor = ?", (epoch,))
+            next_id = conn.execute("SELECT value FROM meta WHERE key = 'next_id'").fetchone()[0]
+            conn.execute("INSERT OR REPLACE INTO fence_raises (epoch, next_id, raised_ms)"
+                         " VALUES (?, ?, ?)", (epoch, next_id, int(time.time() * 1000)))
+
+    @staticmethod
+    def _has_epoch_history(conn: sqlite3.Connection) -> bool:
+        columns = {row[1] for row in conn.execute("PRAGMA table_info(entries)")}
+        return "epoch" in columns
+
+    def _add_epoch_history(self, conn: sqlite3.Connection) -> None:
+        """Bring a log made before epoch history existed up to date (idempotent)."""
+        if not self._has_epoch_history(conn):
+            conn.execute("ALTER TABLE entries ADD COLUMN epoch INTEGER")
+        conn.execute(_FENCE_RAISES)
 
     def _create_file(self) -> None:
         """Make the new log atomically: built in a temporary file beside ``path`` (schema,
@@ -377,7 +432,8 @@ class SqliteStorage:
 
     @staticmethod
     def _write(
-        conn: sqlite3.Connection, batch: Batch, rows: dict[str, list[tuple[Any, ...]]]
+        conn: sqlite3.Connection, batch: Batch, rows: dict[str, list[tuple[Any, ...]]],
+        epoch: int | None,
     ) -> None:
         conn.executemany(
             "INSERT INTO conversations (id, agent, parent_conversation, parent_entry, created_ms)"
@@ -385,8 +441,9 @@ class SqliteStorage:
             rows["conversations"],
         )
         conn.executemany(
-            "INSERT INTO entries (id, conversation, kind, data, created_ms) VALUES (?, ?, ?, ?, ?)",
-            rows["entries"],
+            "INSERT INTO entries (id, conversation, kind, data, created_ms, epoch)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            [(*row, epoch) for row in rows["entries"]],
         )
         conn.executemany(_SLOT_UPSERT, rows["slots"])
         for doc, row in zip(batch.docs, rows["docs"]):

@@ -24,20 +24,23 @@ def test_scan_lists_every_entry(client: SpaceClient, space: LocalSpace) -> None:
     client.write_file("node_modules/x/y.js", b"y")
     (space.work / "bad\nname").write_bytes(b"x")
     (space.work / "bad\\name").write_bytes(b"x")
+    os.chmod(space.work / "empty", 0o750)
     scan = client.scan(exclude=[".git/**", "node_modules"])
     assert scan.entries == [
-        ScanEntry("a", "dir"),
-        ScanEntry("a/b.txt", "file", False, 5, hashlib.sha256(b"hello").hexdigest()),
-        ScanEntry("empty", "dir"),
+        ScanEntry("a", "dir", mode=0o755),
+        ScanEntry("a/b.txt", "file", False, 5, hashlib.sha256(b"hello").hexdigest(),
+                  mode=0o644),
+        ScanEntry("empty", "dir", mode=0o750),
         ScanEntry("link", "symlink", target="a/b.txt"),
-        ScanEntry("run.sh", "file", True, 10, hashlib.sha256(b"#!/bin/sh\n").hexdigest()),
+        ScanEntry("run.sh", "file", True, 10, hashlib.sha256(b"#!/bin/sh\n").hexdigest(),
+                  mode=0o755),
     ]
     assert scan.refused == ["bad\nname", "bad\\name"]
     assert not scan.running and scan.running_keys == []
     assert workspace_hash(scan.entries) == workspace_hash(
-        [("a/b.txt", "file", False, hashlib.sha256(b"hello").hexdigest()),
-         ("link", "symlink", False, "a/b.txt"),
-         ("run.sh", "file", True, hashlib.sha256(b"#!/bin/sh\n").hexdigest())])
+        [("a/b.txt", "file", 0o644, hashlib.sha256(b"hello").hexdigest()),
+         ("link", "symlink", 0, "a/b.txt"),
+         ("run.sh", "file", 0o755, hashlib.sha256(b"#!/bin/sh\n").hexdigest())])
 
 
 def test_scan_sees_every_change(client: SpaceClient, space: LocalSpace) -> None:
@@ -48,6 +51,10 @@ def test_scan_sees_every_change(client: SpaceClient, space: LocalSpace) -> None:
     assert client.scan().entries != first
     os.chmod(space.work / "f", 0o755)
     assert client.scan().entries[0].exec
+    before = workspace_hash(client.scan().entries)
+    os.chmod(space.work / "f", 0o750)  # the exec bit stays; the mode changed
+    assert client.scan().entries[0].mode == 0o750
+    assert workspace_hash(client.scan().entries) != before, "the hash covers every mode bit"
 
 
 @pytest.fixture
