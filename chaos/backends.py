@@ -19,11 +19,13 @@ class BackendUnavailable(RuntimeError):
     says what is missing and how to get it."""
 
 
-def make_spaces(backend: str, run_dir: Path) -> Spaces:
+def make_spaces(backend: str, run_dir: Path, *, failpoints: str | None = None) -> Spaces:
+    """The run's Spaces provider. ``failpoints``: the channel the Spaces' daemons report
+    their failpoints to (local Spaces only; other backends' daemons have none)."""
     if backend == "local":
         from backends.local import LocalSpaces
 
-        return LocalSpaces(run_dir / "spaces")
+        return LocalSpaces(run_dir / "spaces", failpoints=failpoints)
     if backend == "docker":
         try:
             from backends.docker import DockerSpaces, DockerUnavailable

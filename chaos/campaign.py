@@ -16,11 +16,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .backends import make_spaces
-from .faults import FaultPlan, exhaustive_plans
+from .faults import RECOVERY_POINTS, FaultPlan, exhaustive_plans
 from .plots import campaign_plots
 from .records import ResultsDir
 from .runner import Run, RunSpec
-from .summary import summarize, summary_line
+from durable.adapter.decide import reachable_cells
+
+from .summary import cells_hit, summarize, summary_line
 
 MODES = ("transactional", "checkpoint", "auto", "stale", "exhaustive")
 DEFAULT_PRESET = {"auto": "auto", "exhaustive": "small"}
@@ -47,6 +49,10 @@ class CampaignConfig:
     driver: str = "chaos.driver"
     #: Exhaustive only: restrict the plans to these failpoints.
     points: tuple[str, ...] = ()
+    #: Exhaustive only: every kind of recovery fault after every first fault.
+    pairs: bool = False
+    #: Start no more runs once one failed (runs already started still finish).
+    stop_on_failure: bool = False
 
     @property
     def preset_name(self) -> str:
@@ -73,8 +79,9 @@ def failure_line(record: dict[str, Any], results: Path) -> str:
     v = record["verdict"]
     first = v["errors"][0] if v["errors"] else "no detail"
     state = "FAILED" if v["valid"] is False else "UNKNOWN"
+    checks = ",".join(v.get("checks") or []) or "-"
     return (f"{state} run={record['index']} seed={record['seed']} mode={record['campaign_mode']}"
-            f" backend={record['backend']}: {first}\n  reproduce: "
+            f" backend={record['backend']} check={checks}: {first}\n  reproduce: "
             f"{repro_command(results, record['index'])}")
 
 
@@ -114,11 +121,11 @@ def _specs(cfg: CampaignConfig, work: Path) -> tuple[list[RunSpec], int | None]:
     reference = Run(replace(base, plan=FaultPlan(cfg.seed_base, ()), keep=False)).execute()
     counts = {p: n for p, n in reference["points_hit"].items()
               if not cfg.points or p in cfg.points}
-    plans = exhaustive_plans(cfg.seed_base, counts)
+    plans = exhaustive_plans(cfg.seed_base, counts, pairs=cfg.pairs)
     if cfg.runs is not None:
         plans = plans[: cfg.runs]
     specs = [replace(base, index=i + 1, plan=p) for i, p in enumerate(plans)]
-    return specs, sum(counts.get(p, 0) for p in counts if not p.startswith("recovery."))
+    return specs, sum(n for p, n in counts.items() if p not in RECOVERY_POINTS)
 
 
 def run_campaign(cfg: CampaignConfig, out: TextIO = sys.stdout) -> int:
@@ -136,6 +143,8 @@ def run_campaign(cfg: CampaignConfig, out: TextIO = sys.stdout) -> int:
     with ThreadPoolExecutor(max_workers=max(1, cfg.jobs)) as pool:
         futures = [pool.submit(Run(spec).execute) for spec in specs]
         for fut in as_completed(futures):
+            if fut.cancelled():
+                continue
             record = fut.result()
             records.append(record)
             results.append_run(record)
@@ -144,16 +153,25 @@ def run_campaign(cfg: CampaignConfig, out: TextIO = sys.stdout) -> int:
                 line = failure_line(record, results.path)
                 failures.append(line)
                 print(line, file=out, flush=True)
+                if cfg.stop_on_failure:
+                    for other in futures:
+                        other.cancel()
     records.sort(key=lambda r: r["index"])
     covered = None
     if cfg.mode == "exhaustive":
-        fired = {(f["point"], f["occurrence"]) for r in records for f in r["plan"]["faults"]
-                 for lat in r["latencies"] if lat["killed"] and lat["point"] == f["point"]}
-        covered = len({pair for pair in fired if not pair[0].startswith("recovery.")})
+        fired = {(lead["point"], lead["occurrence"]) for r in records
+                 for lead in r["plan"]["faults"][:1] if 0 in r.get("fired", [])}
+        covered = len(fired)
         print(f"exhaustive: {covered} of {reachable} (failpoint, occurrence) pairs covered, "
               f"{len({p for p, _ in fired})} distinct failpoints", file=out)
     summary = summarize(mode=cfg.mode, backend=cfg.backend, seed_base=cfg.seed_base,
-                        records=records, seconds=time.time() - t0, covered=covered)
+                        records=records, seconds=time.time() - t0, covered=covered,
+                        durable_mode=cfg.adapter_mode)
+    missed = sorted(reachable_cells(cfg.adapter_mode) - cells_hit(records))
+    if missed:
+        print(f"cells not reached ({len(missed)}; mode, decision, tool, cause):", file=out)
+        for cell in missed:
+            print(f"  {' '.join(cell)}", file=out)
     results.write_json("summary.json", summary)
     line = summary_line(summary)
     (results.path / "SUMMARY").write_text(line + "\n")

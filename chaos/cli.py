@@ -3,6 +3,7 @@
     chaos run --mode M --backend B --runs N --steps K --seed-base S [--jobs J]
     chaos repro RESULTS --run N          (or: chaos repro --seed S --mode M [--backend B])
     chaos analyze RESULTS
+    chaos ci [--slice NAME ...] [--results DIR] [--stop-on-failure]
     chaos clean [--results DIR]
     chaos image build [--image NAME] [--base IMAGE]
 
@@ -21,13 +22,13 @@ import traceback
 from pathlib import Path
 from typing import NoReturn
 
-from durable.failpoints import POINTS
 from scenarios import PresetError, generate, load
 
 from .backends import BACKENDS, BackendUnavailable
 from .campaign import EXIT, MODES, CampaignConfig, run_campaign
 from .checker import Observation, Valid, check, merge
-from .faults import FaultPlan
+from .ci_subset import BY_NAME, run_slices
+from .faults import ALL_POINTS, FaultPlan
 from .records import ResultsDir
 from .runner import Run, RunSpec
 
@@ -75,6 +76,18 @@ def build_parser() -> argparse.ArgumentParser:
                      help="driver program: a module (run with -m) or a .py file")
     run.add_argument("--points", default="",
                      help="exhaustive only: comma-separated failpoints to cover (default all)")
+    run.add_argument("--pairs", action="store_true",
+                     help="exhaustive only: every kind of recovery fault after every first "
+                     "fault (default: the kinds in turn)")
+    run.add_argument("--stop-on-failure", action="store_true",
+                     help="start no more runs once one failed")
+    ci = sub.add_parser("ci", help="run the fast fixed-seed crash subset that gates CI")
+    ci.add_argument("--slice", action="append", default=[], dest="slices",
+                    help=f"only this slice (repeatable); one of: {', '.join(BY_NAME)}")
+    ci.add_argument("--results", type=Path, default=Path("results") / "ci")
+    ci.add_argument("--jobs", type=int, default=2)
+    ci.add_argument("--stop-on-failure", action="store_true",
+                    help="stop at the first failing run")
     rep = sub.add_parser("repro", help="replay one run's fault plan and print its verdict")
     rep.add_argument("results", type=Path, nargs="?")
     rep.add_argument("--run", type=int)
@@ -118,10 +131,11 @@ def _campaign_config(args: argparse.Namespace) -> CampaignConfig:
                          seed_base=1 if seed is None else seed, jobs=args.jobs,
                          preset=args.preset, durable_mode=args.durable_mode,
                          results_root=args.results, keep=args.keep, driver=args.driver,
-                         points=tuple(p for p in args.points.split(",") if p))
-    unknown = sorted(set(cfg.points) - set(POINTS))
+                         points=tuple(p for p in args.points.split(",") if p),
+                         pairs=args.pairs, stop_on_failure=args.stop_on_failure)
+    unknown = sorted(set(cfg.points) - set(ALL_POINTS))
     if unknown:
-        raise BadArguments(f"unknown failpoint(s) {unknown}; known: {sorted(POINTS)}")
+        raise BadArguments(f"unknown failpoint(s) {unknown}; known: {sorted(ALL_POINTS)}")
     load(cfg.preset_name)  # a bad preset is a bad argument, before anything runs
     return cfg
 
@@ -185,6 +199,16 @@ def _analyze(args: argparse.Namespace) -> int:
     return EXIT[{True: "valid", False: "invalid"}.get(overall, "unknown")]  # type: ignore[arg-type]
 
 
+def _ci(args: argparse.Namespace) -> int:
+    unknown = sorted(set(args.slices) - set(BY_NAME))
+    if unknown:
+        raise BadArguments(f"no CI slice {unknown}; known: {', '.join(BY_NAME)}")
+    if args.jobs < 1:
+        raise BadArguments(f"--jobs must be at least 1, got {args.jobs}")
+    return run_slices(args.slices, results_root=args.results, jobs=args.jobs,
+                      stop_on_failure=args.stop_on_failure)
+
+
 def _clean(args: argparse.Namespace) -> int:
     from backends.local import LocalSpaces
 
@@ -228,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
             return _repro(args)
         if args.command == "analyze":
             return _analyze(args)
+        if args.command == "ci":
+            return _ci(args)
         if args.command == "image":
             return _image(args)
         return _clean(args)

@@ -9,6 +9,7 @@ to stop it at a failpoint) and reads its exit code.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -31,6 +32,9 @@ from .backends import make_spaces
 
 REQUEST_ID = "campaign-input"
 SPACE_PREFIX = "cua"
+#: The failpoint channel for the daemons this driver brings up (a Space it rebuilds), set
+#: by the runner beside the driver's own ``CUA_FAILPOINTS``.
+SPACE_FAILPOINTS_ENV = "CHAOS_SPACE_FAILPOINTS"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -50,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     preset = load(args.preset)
     scenario = generate(args.seed, preset, steps=args.steps)
-    spaces = make_spaces(args.backend, args.run_dir)
+    spaces = make_spaces(args.backend, args.run_dir,
+                         failpoints=os.environ.get(SPACE_FAILPOINTS_ENV) or None)
     store = None if args.no_store else DirectoryCheckpointStore(args.run_dir / "store")
 
     def build(fence: Fence, epoch: int) -> DurableSpaces:

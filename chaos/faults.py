@@ -3,14 +3,22 @@
 A plan is plain data: a list of faults, each with a trigger and an action.
 
 Triggers:
-- ``failpoint``: the ``occurrence``-th time any driver of the run reaches ``point`` (counted
-  across attempts, so a plan can aim at recovery in a later driver);
+- ``failpoint``: the ``occurrence``-th time any process of the run reaches ``point``
+  (counted across attempts, so a plan can aim at recovery in a later driver). Points are
+  the drivers' (``durable.failpoints.POINTS``) and the Space's own, inside spacesd and its
+  command shims (``spacesd.failpoints.POINTS``), so a fault can land inside the daemon's
+  critical sections (between the ledger record and the spawn, while an exit is written,
+  mid-checkpoint, mid-restore, mid-advance);
 - ``time``: ``delay`` seconds after the ``attempt``-th driver was launched, wherever it is.
 
 Actions: ``kill_driver`` (SIGKILL of the driver's process group), ``kill_daemon`` (only the
 Space's daemon; its commands survive), ``restart_space`` (daemon and every process gone,
-disk kept), ``delete_space`` (the Space is lost). A Space fault at a failpoint may also kill
-the driver (``kill_driver=True``) or let it run into the fault itself.
+disk kept), ``delete_space`` (the Space is lost), ``kill_process`` (SIGKILL of the one
+process that reported the failpoint: a command's shim). A Space fault may also kill the
+driver (``kill_driver=True``) or let it run into the fault itself.
+
+Combined faults: a plan's later faults often aim at the recovery of an earlier one (a Space
+fault during the next driver's recovery, or a kill in the middle of a restore).
 
 Drawing is pure: ``random.Random`` seeded from (seed, mode), so a plan is reproduced from
 its seed alone, and ``exhaustive_plans`` enumerates plans without any randomness.
@@ -22,11 +30,19 @@ import random
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from durable.failpoints import POINTS
+from durable.failpoints import POINTS as DRIVER_POINTS
 from scenarios.plan import Scenario
+from spacesd.failpoints import POINTS as SPACE_POINTS
 
-Action = Literal["kill_driver", "kill_daemon", "restart_space", "delete_space"]
+Action = Literal["kill_driver", "kill_daemon", "restart_space", "delete_space", "kill_process"]
 SPACE_ACTIONS: tuple[Action, ...] = ("kill_daemon", "restart_space", "delete_space")
+#: Every failpoint a plan may name: the drivers' and the Space's.
+ALL_POINTS: dict[str, str] = {**DRIVER_POINTS, **SPACE_POINTS}
+#: Points reported by a command's shim (not a daemon, not a driver).
+SHIM_POINTS = ("spacesd.exec.exit_writing",)
+#: Points reached only while an earlier fault is being recovered from.
+RECOVERY_POINTS = ("recovery.begin", "recovery.decided", "recovery.reimage", "recovery.restore",
+                   "spacesd.restore.partial")
 
 
 @dataclass(frozen=True)
@@ -74,60 +90,92 @@ def reachable_points(scenario: Scenario, durable_mode: str) -> dict[str, int]:
     out = {"call.begin": steps, "call.intent": steps, "call.returned": steps,
            "call.result": steps, "space.start_mark": len(space),
            "space.before_spawn": len(bash), "space.running": len(bash),
-           "space.exited": len(bash), "space.file_op": len(files)}
+           "space.exited": len(bash), "space.file_op": len(files),
+           "spacesd.exec.recorded": len(bash), "spacesd.exec.spawned": len(bash),
+           "spacesd.exec.exit_writing": len(bash), "spacesd.advance.persisted": 1}
     if durable_mode != "transactional":
-        for p in ("space.outcome", "checkpoint.before", "checkpoint.after"):
+        for p in ("space.outcome", "checkpoint.before", "checkpoint.during",
+                  "checkpoint.after", "spacesd.checkpoint.objects"):
             out[p] = len(space)
-        out["checkpoint.during"] = len(space)
-    return {p: n for p, n in out.items() if n > 0 and p in POINTS}
+    return {p: n for p, n in out.items() if n > 0 and p in ALL_POINTS}
 
 
-RECOVERY_POINTS = ("recovery.begin", "recovery.decided", "recovery.reimage", "recovery.restore")
+def _action_at(point: str, rng: random.Random, allow_delete: bool) -> Action:
+    """A fault's action, given where it lands: the Space's own points mostly get Space
+    faults (that is what they are for), a shim's point may kill just that shim."""
+    space_point = point.startswith("spacesd.")
+    roll = rng.random()
+    if roll < (0.25 if space_point else 0.62):
+        return "kill_driver"
+    if point in SHIM_POINTS and roll < 0.6:
+        return "kill_process"
+    choices: list[Action] = ["kill_daemon", "restart_space", "restart_space"]
+    if allow_delete:
+        choices.append("delete_space")
+    return rng.choice(choices)
 
 
 def draw_plan(seed: int, scenario: Scenario, durable_mode: str, *,
               allow_delete: bool = True, long_seconds: float = 1.0) -> FaultPlan:
-    """The seeded fault plan of one run: one to three faults, most at failpoints."""
+    """The seeded fault plan of one run: one to five faults, most at failpoints, later ones
+    often aimed at the recovery of earlier ones."""
     rng = random.Random(f"faults:{durable_mode}:{seed}")
     points = reachable_points(scenario, durable_mode)
     names = sorted(points)
     faults: list[Fault] = []
-    for _ in range(rng.choice((1, 1, 2, 2, 3))):
-        roll = rng.random()
-        if roll < 0.70:
-            action: Action = "kill_driver"
-        else:
-            choices = [a for a in SPACE_ACTIONS if allow_delete or a != "delete_space"]
-            action = rng.choice(choices)
-        kill = action == "kill_driver" or rng.random() < 0.5
+    for _ in range(rng.choice((1, 2, 2, 3, 3, 4, 5))):
         trigger = rng.random()
-        if trigger < 0.60:
+        if trigger < 0.55 or not faults and trigger < 0.8:
             point = rng.choice(names)
+            action = _action_at(point, rng, allow_delete)
             faults.append(Fault(action, "failpoint", point, rng.randint(1, points[point]),
-                                kill_driver=kill))
-        elif trigger < 0.75 and faults:
-            # a crash during the recovery of an earlier one
-            faults.append(Fault(action, "failpoint", rng.choice(RECOVERY_POINTS), 1,
-                                kill_driver=kill))
+                                kill_driver=action == "kill_driver" or rng.random() < 0.5))
+        elif trigger < 0.8:
+            # combined: a fault during the recovery of an earlier one
+            point = rng.choice(RECOVERY_POINTS)
+            action = _action_at(point, rng, allow_delete)
+            faults.append(Fault(action, "failpoint", point, rng.randint(1, 2),
+                                kill_driver=action == "kill_driver" or rng.random() < 0.5))
         else:
+            action = rng.choice(("kill_driver", "kill_driver", *SPACE_ACTIONS))
+            if action == "delete_space" and not allow_delete:
+                action = "restart_space"
             budget = max(1.0, len(scenario.steps) * 0.15 + long_seconds)
             faults.append(Fault(action, "time", attempt=rng.randint(1, 2),
-                                delay=round(rng.uniform(0.05, budget), 3), kill_driver=kill))
+                                delay=round(rng.uniform(0.05, budget), 3),
+                                kill_driver=action == "kill_driver" or rng.random() < 0.5))
     backoff = rng.choice((0.0, 0.0, 0.05))
     return FaultPlan(seed, tuple(faults), backoff, max_attempts=len(faults) + 4)
 
 
-def exhaustive_plans(seed: int, counts: dict[str, int], *, recovery: bool = True
+#: What follows the first kill of an exhaustive plan: one kind of fault during the next
+#: driver's recovery, taken in turn (``pairs=True`` takes every one for every point).
+FOLLOW_UPS: tuple[Fault, ...] = (
+    Fault("kill_driver", "failpoint", "recovery.decided", 1),
+    Fault("restart_space", "failpoint", "recovery.begin", 1, kill_driver=False),
+    Fault("kill_daemon", "failpoint", "recovery.decided", 1, kill_driver=False),
+    Fault("delete_space", "failpoint", "recovery.begin", 1, kill_driver=True),
+    Fault("kill_daemon", "failpoint", "spacesd.restore.partial", 1, kill_driver=False),
+)
+
+
+def exhaustive_plans(seed: int, counts: dict[str, int], *, pairs: bool = False
                      ) -> list[FaultPlan]:
-    """One plan per (point, occurrence) measured in a fault-free run: kill exactly there.
-    With ``recovery``, each plan also kills the next driver at its first recovery point."""
+    """One plan per (point, occurrence) measured in a fault-free run: a fault exactly there
+    (a kill of the driver at its points; at the Space's points a kill of the daemon, or of
+    the shim at a shim's point), followed by a fault during the next driver's recovery
+    (``FOLLOW_UPS`` in turn, or with ``pairs`` one plan per follow-up)."""
     plans: list[FaultPlan] = []
+    turn = 0
     for point in sorted(counts):
-        if point.startswith("recovery."):
+        if point in RECOVERY_POINTS:
             continue
+        first: Action = ("kill_process" if point in SHIM_POINTS else
+                         "kill_daemon" if point.startswith("spacesd.") else "kill_driver")
         for occ in range(1, counts[point] + 1):
-            faults = [Fault("kill_driver", "failpoint", point, occ)]
-            if recovery:
-                faults.append(Fault("kill_driver", "failpoint", "recovery.decided", 1))
-            plans.append(FaultPlan(seed, tuple(faults), 0.0, max_attempts=len(faults) + 3))
+            lead = Fault(first, "failpoint", point, occ, kill_driver=first == "kill_driver")
+            follow = FOLLOW_UPS if pairs else (FOLLOW_UPS[turn % len(FOLLOW_UPS)],)
+            turn += 1
+            for f in follow:
+                plans.append(FaultPlan(seed, (lead, f), 0.0, max_attempts=5))
     return plans

@@ -6,6 +6,7 @@ reports only ever see the ``Observation`` and the history built here.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +18,18 @@ from durable.log import ROOT_CONVERSATION, Log
 from durable.spaces import Spaces
 from durable.storage.sqlite import SqliteStorage
 from scenarios.host_tools import read_effects
-from scenarios.plan import LOG_FILE
+from scenarios.steps import LOG_FILE
+from spacesd.audit import read_state
 
 from .checker import Observation, ObservedCall
 
 
-def read_log(path: Path) -> Log:
-    return Log.open(SqliteStorage(path))
+def _shown(content: str, limit: int = 2000) -> str:
+    """``content`` cut for people: its head and its tail when it is long."""
+    if len(content) <= limit:
+        return content
+    half = limit // 2
+    return f"{content[:half]}\n[... {len(content) - limit} characters ...]\n{content[-half:]}"
 
 
 def calls_of(log: Log, conversation: int = ROOT_CONVERSATION) -> list[ObservedCall]:
@@ -43,8 +49,10 @@ def calls_of(log: Log, conversation: int = ROOT_CONVERSATION) -> list[ObservedCa
                 step=meta.get("step", -1), attempt=meta.get("attempt", 1), call_id=call["id"],
                 tool=call["name"], args=call["args"], invoked_ms=e.created_ms, result=status,
                 result_entry=r.id if r else None,
-                content=r.data.get("content", "")[:2000] if r else "",
-                completed_ms=r.created_ms if r else None))
+                content=_shown(r.data.get("content", "")) if r else "",
+                completed_ms=r.created_ms if r else None,
+                content_sha256=hashlib.sha256(r.data.get("content", "").encode()).hexdigest()
+                if r else ""))
     return out
 
 
@@ -54,13 +62,26 @@ def recovery_events(log: Log, conversation: int = ROOT_CONVERSATION) -> list[dic
             if e.kind == "system" and RECOVERY_KEY in e.data]
 
 
+def save_ledger(spaces: Spaces, space_name: str, dest: Path, why: str) -> dict[str, Any]:
+    """The exec ledger and fence records of a Space as they are now (``why``: what the
+    runner is about to do to it, or ``final``), saved under ``dest`` for the record."""
+    spaces.save_state(space_name, dest)  # type: ignore[attr-defined]
+    return {"why": why, "audit": read_state(str(dest)).to_json()}
+
+
 def observe(run_dir: Path, spaces: Spaces, space_name: str, *, epoch: int,
-            final_exit: int | None, final_done: bool) -> tuple[Observation, list[dict[str, Any]]]:
-    """The run's observation and its recovery events."""
-    log = read_log(run_dir / "state" / "log.sqlite")
+            final_exit: int | None, final_done: bool, ledgers: list[dict[str, Any]],
+            stale_error: str | None = None) -> tuple[Observation, list[dict[str, Any]]]:
+    """The run's observation and its recovery events. ``ledgers``: those the runner saved
+    from earlier generations of the Space; the current one's is added here."""
+    storage = SqliteStorage(run_dir / "state" / "log.sqlite")
+    history = storage.epoch_history()
+    log = Log.open(storage)
     try:
         calls = calls_of(log)
         events = recovery_events(log)
+        inputs = [(e.id, e.data.get("request_id")) for e in log.entries(ROOT_CONVERSATION)
+                  if e.kind == "input"]
         space = log.read_doc(ROOT_CONVERSATION, SPACE_DOC).value
         image_doc = log.read_doc(ROOT_CONVERSATION, IMAGE_DOC).value
         image = Image()
@@ -71,7 +92,7 @@ def observe(run_dir: Path, spaces: Spaces, space_name: str, *, epoch: int,
                        and ev["mode"] == "checkpoint"), None)
     finally:
         log.close()
-    rows: list[tuple[str, str, bool, str]] = []
+    rows: list[tuple[str, str, int, str]] = []
     log_txt = ""
     try:
         client = spaces.connect(space_name, epoch=epoch)
@@ -82,11 +103,20 @@ def observe(run_dir: Path, spaces: Spaces, space_name: str, *, epoch: int,
             log_txt = client.read_file(LOG_FILE).decode("utf-8", "replace")
     except SpaceError:
         rows = []  # the Space is gone: the hash comparison reports it
+    all_ledgers = list(ledgers)
+    try:
+        all_ledgers.append(save_ledger(spaces, space_name, run_dir / "ledgers" / "final",
+                                       "final"))
+    except SpaceError:
+        pass  # gone: the earlier generations' ledgers are all there is
     obs = Observation(
         calls=calls, workspace=rows, log_txt=log_txt,
         effects=read_effects(run_dir / "effects"), final_exit=final_exit,
         final_outcome_done=final_done, end_mode=space["mode"],
         image_hash=image.hash() if space["mode"] == "transactional" else None,
         image_stale=image_doc["stale"],
-        mode_switch_entry=switch)
+        mode_switch_entry=switch, events=events, inputs=inputs,
+        epoch_raises=[tuple(r) for r in history.raises],  # type: ignore[misc]
+        entry_epochs=sorted(history.entry_epochs.items()), ledgers=all_ledgers,
+        stale_error=stale_error)
     return obs, events

@@ -5,6 +5,8 @@ they reach, then wait for an answer. For each report the ``on_hit`` handler deci
 ``"continue"`` and the driver goes on; return ``"killed"`` after SIGKILLing the driver (the
 handler owns the kill, since only it knows the process group) and the connection is simply
 closed. The handler may also injure the Space before answering (kill its daemon, restart it).
+A handler that raises is recorded in ``errors`` (never swallowed): the fault it was deciding
+may not have happened, so the run cannot be called valid.
 
 Hits are counted per rendezvous, across every process that connects, so a fault plan can say
 "the 3rd time any driver of this run reaches ``space.running``" and mean it across crashes.
@@ -41,6 +43,8 @@ class Rendezvous:
         self.path = path
         self.on_hit = on_hit
         self.hits: list[Hit] = []
+        #: Errors raised by ``on_hit``: the fault it was deciding may not have happened.
+        self.errors: list[str] = []
         self._counts: dict[str, int] = {}
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
@@ -119,7 +123,14 @@ class Rendezvous:
                     self._counts[raw["point"]] = n
                     hit = Hit(raw["point"], n, int(raw["pid"]), raw.get("info", {}), time.time())
                     self.hits.append(hit)
-                if self.on_hit(hit) == "killed":
+                try:
+                    action = self.on_hit(hit)
+                except Exception as exc:  # never silent: the runner reads self.errors
+                    with self._lock:
+                        self.errors.append(f"the fault handler failed at {hit.point}#"
+                                           f"{hit.occurrence}: {type(exc).__name__}: {exc}")
+                    return
+                if action == "killed":
                     return
                 conn.sendall(b"ok\n")
         except (OSError, ValueError):

@@ -36,10 +36,10 @@ from scenarios.plan import Scenario
 
 from .backends import make_spaces
 from .checker import Verdict, check
-from .driver import SPACE_PREFIX
+from .driver import SPACE_FAILPOINTS_ENV, SPACE_PREFIX
 from .faults import Fault, FaultPlan, draw_plan, reachable_points
-from .observe import observe
-from .processes import OwnedProcess, python_argv
+from .observe import observe, save_ledger
+from .processes import OwnedProcess, alive, kill_pid, python_argv
 from .rendezvous import Action, Hit, Rendezvous
 
 DRIVER_TIMEOUT_S = 180.0
@@ -71,19 +71,33 @@ class RunState:
     and the fault timers (all under ``lock``)."""
 
     t0: float
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    lock: threading.RLock = field(default_factory=threading.RLock)
     history: list[dict[str, Any]] = field(default_factory=list)
     fired: set[int] = field(default_factory=set)
     counts: dict[str, int] = field(default_factory=lambda: {
-        "kills": 0, "daemon_kills": 0, "space_restarts": 0, "lost_spaces": 0, "fenced": 0,
-        "timeouts": 0, "attempts": 0})
+        "kills": 0, "daemon_kills": 0, "space_restarts": 0, "lost_spaces": 0,
+        "process_kills": 0, "fenced": 0, "timeouts": 0, "attempts": 0})
+    #: What went wrong in the nemesis itself (a handler or timer that raised): the run is
+    #: then ``unknown``, since a planned fault may not have happened.
+    errors: list[str] = field(default_factory=list)
     latencies: list[dict[str, Any]] = field(default_factory=list)
     driver: OwnedProcess | None = None
     hold: threading.Event | None = None
 
     def op(self, process: str, type_: str, f: str, value: Any = None) -> None:
-        self.history.append({"process": process, "type": type_, "f": f, "value": value,
-                             "time": round(time.time() - self.t0, 4)})
+        with self.lock:
+            self.history.append({"process": process, "type": type_, "f": f, "value": value,
+                                 "time": round(time.time() - self.t0, 4)})
+
+    def count(self, key: str) -> None:
+        with self.lock:
+            self.counts[key] += 1
+
+    def fault_error(self, what: str, exc: BaseException) -> None:
+        text = f"{what}: {type(exc).__name__}: {exc}"
+        with self.lock:
+            self.errors.append(text)
+        self.op("nemesis", "fail", "error", text)
 
 
 class Run:
@@ -103,65 +117,92 @@ class Run:
         self._fired_at_launch = 0
         self._release = threading.Event()
         self._armed = threading.Event()
+        #: The ledgers of the Space's generations the nemesis destroyed (see G2).
+        self.ledgers: list[dict[str, Any]] = []
 
     # ------------------------------------------------------------------ faults
 
-    def _space_fault(self, fault: Fault) -> None:
+    def _space_fault(self, fault: Fault, hit: Hit | None) -> None:
         assert self.spaces is not None
         s = self.state
         try:
             if fault.action == "kill_daemon":
                 self.spaces.kill_daemon(ROOT_SPACE)
-                s.counts["daemon_kills"] += 1
+                s.count("daemon_kills")
             elif fault.action == "restart_space":
                 self.spaces.restart(ROOT_SPACE)
-                s.counts["space_restarts"] += 1
+                s.count("space_restarts")
             elif fault.action == "delete_space":
+                # The Space's ledger dies with it; the never-twice check needs it.
+                with s.lock:
+                    dest = self.dir / "ledgers" / f"gen-{len(self.ledgers):02d}"
+                ledger = save_ledger(self.spaces, ROOT_SPACE, dest, "deleted")
+                with s.lock:
+                    self.ledgers.append(ledger)
                 self.spaces.delete(ROOT_SPACE)
-                s.counts["lost_spaces"] += 1
+                s.count("lost_spaces")
+            elif fault.action == "kill_process":
+                if hit is None:
+                    raise ValueError(f"{fault.describe()}: kill_process needs a failpoint "
+                                     "trigger (it kills the process that reported it)")
+                kill_pid(hit.pid)
+                s.count("process_kills")
         except SpaceError as exc:  # e.g. the Space is already gone
-            s.op("nemesis", "fail", fault.action, str(exc))
+            s.op("nemesis", "fail", fault.action, f"skipped: {exc}")
             return
         s.op("nemesis", "info", fault.action, fault.describe())
 
-    def _fire(self, index: int, fault: Fault, driver: OwnedProcess | None) -> bool:
-        """Fire ``fault`` once; returns True when it killed ``driver``.
+    def _fire(self, index: int, fault: Fault, hit: Hit | None) -> bool:
+        """Fire ``fault`` once; returns True when it killed the driver.
 
-        Space faults need the seeded Space adopted first (``ARMING_POINTS``): before
-        that its initial files exist nowhere else, so losing them would be a fault of the
-        test, not of the system. A timed one waits for that; one at a failpoint reached
-        earlier (the adoption's own checkpoint) leaves the Space alone, deterministically."""
+        A Space fault acts outside the run's lock: bringing a daemon back waits for it, and
+        the new daemon's (or the driver's) failpoints must be answered meanwhile.
+
+        A deletion needs the seeded Space adopted first (``ARMING_POINTS``): before that its
+        initial files exist nowhere else, so losing them would be a fault of the test, not
+        of the system. A timed one waits for that; one at a failpoint reached earlier (the
+        adoption's own checkpoint) leaves the Space alone, deterministically."""
         s = self.state
-        space_fault = fault.action != "kill_driver"
-        if space_fault and fault.trigger == "time":
+        if fault.action == "delete_space" and fault.trigger == "time":
             self._armed.wait(DRIVER_TIMEOUT_S)
         with s.lock:
             if index in s.fired:
                 return False
             s.fired.add(index)
-            if space_fault and self._armed.is_set():
-                self._space_fault(fault)
-            elif space_fault:
-                s.op("nemesis", "fail", fault.action, "skipped: the Space is not adopted yet")
-            killed = False
-            if fault.kill_driver and driver is not None and driver.poll() is None:
-                driver.kill_group()
-                s.counts["kills"] += 1
-                s.op("nemesis", "info", "kill_driver", fault.describe())
-                killed = True
+            driver = s.driver
+        if fault.action == "delete_space" and not self._armed.is_set():
+            s.op("nemesis", "fail", fault.action, f"skipped {fault.describe()}: the seeded "
+                 "Space is not adopted yet")
+        elif fault.action != "kill_driver":
+            self._space_fault(fault, hit)
+        killed = False
+        if fault.kill_driver and driver is not None and driver.poll() is None:
+            driver.kill_group()
+            s.count("kills")
+            s.op("nemesis", "info", "kill_driver", fault.describe())
+            killed = True
+        with s.lock:
             s.latencies.append({"action": fault.action, "trigger": fault.trigger,
                                 "point": fault.point, "t_fault": time.time() - s.t0,
                                 "t_next_step": None, "t_done": None, "killed": killed})
-            return killed
+        return killed
+
+    def _fire_timed(self, index: int, fault: Fault) -> None:
+        """A timer's fault: an error here is the run's, never lost with the timer thread."""
+        try:
+            self._fire(index, fault, None)
+        except Exception as exc:
+            self.state.fault_error(f"the nemesis failed to fire {fault.describe()}", exc)
 
     def _on_hit(self, hit: Hit) -> Action:
         s = self.state
         if hit.point.startswith(ARMING_POINTS):
             self._armed.set()
-        driver = s.driver
+        from_driver = hit.info.get("process") is None
         with s.lock:
+            driver = s.driver
             for lat in s.latencies:
-                if lat["t_next_step"] is None and lat["killed"]:
+                if from_driver and lat["t_next_step"] is None and lat["killed"]:
                     lat["t_next_step"] = hit.t - s.t0
         if s.hold is not None and self._hold_point(hit):
             hold, s.hold = s.hold, None
@@ -169,6 +210,7 @@ class Run:
             hold.set()  # tell the runner: the older driver is parked here
             self._release.wait(DRIVER_TIMEOUT_S)
             return "continue"
+        reporter_gone = False
         for i, fault in enumerate(self.plan.faults):
             due = (fault.trigger == "failpoint" and fault.point == hit.point
                    and fault.occurrence == hit.occurrence)
@@ -177,9 +219,12 @@ class Run:
             # gives the same fault counts however fast the machine is.
             due = due or (hit.point == "session.end" and fault.trigger == "time"
                           and fault.attempt == self._attempt)
-            if due and i not in s.fired and self._fire(i, fault, driver):
-                return "killed"
-        return "continue"
+            if due and i not in s.fired:  # every fault due here fires, in plan order
+                killed_driver = self._fire(i, fault, hit)
+                reporter_gone = reporter_gone or (
+                    killed_driver if from_driver and driver is not None
+                    and hit.pid == driver.pid else not alive(hit.pid))
+        return "killed" if reporter_gone else "continue"
 
     # ------------------------------------------------------------------ drivers
 
@@ -201,8 +246,10 @@ class Run:
                "CUA_SESSION_HEARTBEAT_SECS": "0.5",
                "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         env.pop("CUA_FAILPOINTS", None)
+        env.pop(SPACE_FAILPOINTS_ENV, None)
         if failpoints:
-            env["CUA_FAILPOINTS"] = failpoints
+            # the driver's own points, and those of the daemons it brings up
+            env["CUA_FAILPOINTS"] = env[SPACE_FAILPOINTS_ENV] = failpoints
         out = open(self.dir / f"driver-{attempt:02d}-e{self.epoch}.log", "wb")
         try:
             proc = OwnedProcess(self._driver_argv(), env=env, stdout=out,
@@ -231,7 +278,7 @@ class Run:
         timers = []
         for i, fault in enumerate(self.plan.faults):
             if fault.trigger == "time" and fault.attempt == attempt:
-                t = threading.Timer(fault.delay or 0.0, self._fire, (i, fault, proc))
+                t = threading.Timer(fault.delay or 0.0, self._fire_timed, (i, fault))
                 t.daemon = True
                 t.start()
                 timers.append(t)
@@ -245,6 +292,8 @@ class Run:
         client = self.spaces.connect(ROOT_SPACE, epoch=0)
         for path, (data, mode) in sorted(self.scenario.initial.files.items()):
             client.write_file(path, data, mode=mode)
+        for path, target in sorted(self.scenario.initial.links.items()):
+            client.symlink(path, target)
 
     def execute(self) -> dict[str, Any]:
         spec, s = self.spec, self.state
@@ -259,14 +308,18 @@ class Run:
         events: list[dict[str, Any]] = []
         hits: dict[str, int] = {}
         try:
-            self.spaces = make_spaces(spec.backend, self.dir)
-            self._seed_workspace()
             with Rendezvous(os.path.join(sock_dir, "fp.sock"), self._on_hit) as rv:
+                # The Space's daemons report their failpoints to the same rendezvous.
+                self.spaces = make_spaces(spec.backend, self.dir, failpoints=rv.address)
+                self._seed_workspace()
                 if spec.campaign_mode == "stale":
                     final_exit = self._race(rv)
                 else:
                     final_exit = self._attempts(rv)
                 hits = rv.counts()
+                for error in rv.errors:
+                    s.fault_error("the rendezvous", RuntimeError(error))
+            self._account_faults(hits)
             # A clean driver finishes the session unless the last driver finished it with
             # no fault fired since it started (a fault during its last steps, a Space lost
             # after its final check, need one; for a finished session the re-drive must
@@ -278,10 +331,13 @@ class Run:
             for lat in s.latencies:
                 lat["t_done"] = t_done
             obs, events = observe(self.dir, self.spaces, ROOT_SPACE, epoch=self.epoch,
-                                  final_exit=final_exit, final_done=final_exit == 0)
+                                  final_exit=final_exit, final_done=final_exit == 0,
+                                  ledgers=self.ledgers, stale_error=self._stale_error)
             verdict = check(self.scenario, obs, campaign_mode=spec.campaign_mode)
-            if spec.campaign_mode == "stale" and self._stale_error:
-                verdict = Verdict(False, [self._stale_error, *verdict.errors])
+            if s.errors:  # a planned fault may not have happened: nothing is proven
+                verdict = Verdict(False if verdict.valid is False else "unknown",
+                                  [f"nemesis: {e}" for e in s.errors] + verdict.errors,
+                                  ["nemesis", *verdict.checks])
             obs_json = obs.to_json()
             for c in obs.calls:
                 s.history.append({"process": "agent", "type": "invoke", "f": c.tool,
@@ -313,12 +369,36 @@ class Run:
             "steps": len(self.scenario.steps), "plan": self.plan.to_json(),
             "history": s.history, "recoveries": events, "counts": s.counts,
             "latencies": s.latencies, "points_hit": hits, "final_exit": final_exit,
+            #: Indexes of the plan's faults that fired (the others were skipped: history).
+            "fired": sorted(s.fired),
             "verdict": verdict.to_json(), "observation": obs_json,
             "seconds": round(time.time() - s.t0, 3),
             #: Unix time of the run's start: history times are seconds after it.
             "started_at": s.t0,
             "run_dir": str(self.dir) if (verdict.valid is not True or spec.keep) else None,
         }
+
+    def _account_faults(self, hits: dict[str, int]) -> None:
+        """Every planned fault ends as fired, or skipped with its reason in the history; one
+        that was due and did not fire is the nemesis's error (the run becomes unknown)."""
+        s = self.state
+        for i, fault in enumerate(self.plan.faults):
+            if i in s.fired:
+                continue
+            if fault.trigger == "time":
+                why = (f"attempt {fault.attempt} ended before its delay"
+                       if fault.attempt is not None and fault.attempt <= self._attempt
+                       else f"attempt {fault.attempt} was never launched")
+                s.op("nemesis", "info", "skipped", f"{fault.describe()}: {why}")
+                continue
+            assert fault.point is not None and fault.occurrence is not None
+            reached = hits.get(fault.point, 0)
+            if reached >= fault.occurrence:
+                s.fault_error(f"{fault.describe()} was due ({fault.point} reached {reached} "
+                              "times)", RuntimeError("it never fired"))
+            else:
+                s.op("nemesis", "info", "skipped",
+                     f"{fault.describe()}: {fault.point} was reached {reached} time(s)")
 
     def _attempts(self, rv: Rendezvous) -> int | None:
         code: int | None = None

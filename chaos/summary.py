@@ -1,7 +1,10 @@
 """The SUMMARY line: one line per campaign, ``key=value`` pairs, machine-parsable.
 
 Counts that do not apply are 0, never omitted, so every SUMMARY line has the same keys in
-the same order and a CI gate can parse any of them. Recovery counts come from the recovery
+the same order and a CI gate can parse any of them. ``cells=K/N``: of the N cells of the
+adapter's recovery table (mode x decision x tool kind x cause,
+``durable.adapter.decide.reachable_cells``) a campaign in this mode can reach, K were
+exercised by some run. Recovery counts come from the recovery
 events the adapter committed to each run's log; ``interrupted`` counts calls whose committed
 result is interrupted (host never-tools included).
 """
@@ -10,14 +13,22 @@ from __future__ import annotations
 
 from typing import Any
 
+from durable.adapter.decide import Cell, cell_of, reachable_cells
+
 from .checker import merge
 
 FAULT_KEYS = ("kills", "daemon_kills", "space_restarts", "lost_spaces", "fenced", "timeouts")
 RECOVERY_KINDS = ("adopted", "reattached", "replayed", "ran", "restored", "reverted", "reimaged")
 
 
+def cells_hit(records: list[dict[str, Any]]) -> set[Cell]:
+    """The recovery-table cells the runs' recovery events exercised."""
+    return {c for r in records for e in r["recoveries"] if (c := cell_of(e)) is not None}
+
+
 def summarize(*, mode: str, backend: str, seed_base: int, records: list[dict[str, Any]],
-              seconds: float, covered: int | None = None) -> dict[str, Any]:
+              seconds: float, covered: int | None = None,
+              durable_mode: str | None = None) -> dict[str, Any]:
     valid = [r["verdict"]["valid"] for r in records]
     out: dict[str, Any] = {
         "mode": mode, "backend": backend, "seed_base": seed_base, "runs": len(records),
@@ -32,6 +43,9 @@ def summarize(*, mode: str, backend: str, seed_base: int, records: list[dict[str
                              for c in r["observation"]["calls"] if c["result"] == "info")
     out["mode_switches"] = sum(1 for r in records for e in r["recoveries"] if e["kind"] == "mode")
     out["covered"] = covered or 0
+    out["process_kills"] = sum(r["counts"].get("process_kills", 0) for r in records)
+    reachable = reachable_cells(durable_mode or mode)
+    out["cells"] = f"{len(cells_hit(records) & reachable)}/{len(reachable)}"
     out["seconds"] = round(seconds, 1)
     out["verdict"] = {True: "valid", False: "invalid", "unknown": "unknown"}[merge(valid)]
     return out

@@ -1,8 +1,8 @@
-"""Named failpoints: where the crash campaign may stop a process, from outside.
+"""Named failpoints of the driver: where the crash campaign may stop it, from outside.
 
-Off (the default) a failpoint is one global lookup and a return. On, the environment
-variable ``CUA_FAILPOINTS`` names a control channel (``unix:/path/to/socket`` or
-``tcp:127.0.0.1:PORT``); each time the process reaches a point it sends one JSON line
+Off (the default) a failpoint is one global lookup, an attribute read and a return. On, the
+environment variable ``CUA_FAILPOINTS`` names a control channel (``unix:/path/to/socket``
+or ``tcp:127.0.0.1:PORT``); each time the process reaches a point it sends one JSON line
 ``{"point", "n", "pid", "info"}`` (``n`` counts hits of that point in this process, from 1)
 and blocks until the runner answers a line. The runner answers ``ok`` to go on, or simply
 SIGKILLs the process while it waits, so the crash happens exactly at that point.
@@ -10,19 +10,18 @@ SIGKILLs the process while it waits, so the crash happens exactly at that point.
 If the channel breaks (the runner went away), failpoints turn themselves off and the
 process goes on: a failpoint never changes what the program does, only when it may die.
 
-The point names are listed in ``POINTS`` so the campaign can plan over all of them and
+The client of the channel is ``spacesd.failpoints.Channel``, the one the daemon inside a
+Space reports through as well (its points are ``spacesd.failpoints.POINTS``). The driver's
+point names are listed here in ``POINTS`` so the campaign can plan over all of them and
 check it covered each one.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import socket
-import threading
 from typing import Any
 
-ENV_VAR = "CUA_FAILPOINTS"
+from spacesd.failpoints import ENV_VAR, Channel
 
 #: Every named point, by the part of the system that reaches it.
 POINTS: dict[str, str] = {
@@ -50,55 +49,14 @@ POINTS: dict[str, str] = {
     "session.end": "the session finished; the driver is about to exit 0",
 }
 
-_lock = threading.Lock()
-_channel: socket.socket | None = None
-_reader: Any = None
-_counts: dict[str, int] = {}
-_enabled = bool(os.environ.get(ENV_VAR))
-
-
-def _connect(address: str) -> socket.socket:
-    if address.startswith("unix:"):
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.connect(address[5:])
-        return s
-    if address.startswith("tcp:"):
-        host, _, port = address[4:].rpartition(":")
-        return socket.create_connection((host, int(port)))
-    raise ValueError(
-        f"{ENV_VAR}={address!r} is not a channel; use unix:/path or tcp:127.0.0.1:PORT"
-    )
+_channel = Channel(os.environ.get(ENV_VAR), POINTS, registry="durable.failpoints.POINTS")
 
 
 def failpoint(point: str, **info: Any) -> None:
     """Report ``point`` to the runner and wait for its answer (when enabled)."""
-    if not _enabled:
-        return
-    _hit(point, info)
-
-
-def _hit(point: str, info: dict[str, Any]) -> None:
-    global _channel, _reader, _enabled
-    if point not in POINTS:
-        raise ValueError(f"unknown failpoint {point!r}; add it to durable.failpoints.POINTS")
-    with _lock:
-        try:
-            if _channel is None:
-                _channel = _connect(os.environ[ENV_VAR])
-                _reader = _channel.makefile("r", encoding="utf-8")
-            n = _counts.get(point, 0) + 1
-            _counts[point] = n
-            msg = {"point": point, "n": n, "pid": os.getpid(), "info": info}
-            _channel.sendall((json.dumps(msg) + "\n").encode())
-            answer = _reader.readline()
-            if not answer:
-                raise ConnectionError("runner closed the failpoint channel")
-        except OSError:
-            _enabled = False
-            if _channel is not None:
-                _channel.close()
-                _channel = None
+    if _channel.enabled:
+        _channel.report(point, info)
 
 
 def enabled() -> bool:
-    return _enabled
+    return _channel.enabled

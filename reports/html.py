@@ -115,6 +115,7 @@ def failures_section(campaigns: Sequence[Campaign]) -> str:
         errors = r["verdict"]["errors"] or ["no detail"]
         rows.append([_e(c.path.name), _e(r["index"]), _e(r["seed"]), _e(r["campaign_mode"]),
                      _e(r["backend"]), _verdict_cell(_verdict(r)),
+                     _e(", ".join(r["verdict"].get("checks") or []) or "-"),
                      _e(errors[0].splitlines()[0][:160]),
                      f'<code class="repro">{_e(c.repro(r))}</code>'])
         classes.append(_verdict(r))
@@ -122,8 +123,9 @@ def failures_section(campaigns: Sequence[Campaign]) -> str:
                        f"error</summary><pre>{_e(chr(10).join(errors))}</pre></details>")
     return (f"<h2 id='failures'>Failing runs ({len(failing)})</h2>"
             "<p>Each reproduces exactly with its command (same seed, same fault plan).</p>"
-            + _table(["results", "run", "seed", "mode", "backend", "verdict", "first error",
-                      "reproduce"], rows, text_cols=(0, 6, 7), row_classes=classes)
+            + _table(["results", "run", "seed", "mode", "backend", "verdict", "checks",
+                      "first error", "reproduce"], rows, text_cols=(0, 7, 8),
+                     row_classes=classes)
             + "".join(details))
 
 

@@ -2,9 +2,10 @@
 
 A ``Scenario`` is everything a run needs to know about its agent: the initial workspace, the
 steps (each a tool call whose effect carries the unique marker ``step-<k>``), and, for every
-step, its effect on a workspace model. The checker replays those effects over the calls the
-log committed to get the state the workspace must be in; the scripted model plays the same
-steps through the harness. Both come from the seed alone, so a run can be regenerated
+step, its effect on a workspace model and the result it returns (``steps.py``). The checker
+replays those effects over the calls the log committed to get the state the workspace must
+be in and the result each call must have returned; the scripted model plays the same steps
+through the harness. Both come from the seed alone, so a run can be regenerated
 exactly from its seed (``chaos repro``).
 
 Generation is pure: one ``random.Random`` seeded from (seed, preset name), nothing else.
@@ -12,75 +13,27 @@ Generation is pure: one ``random.Random`` seeded from (seed, preset name), nothi
 
 from __future__ import annotations
 
-import hashlib
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from durable.models import PlannedCall, ScriptedModel
-from spacesd.protocol import workspace_hash
 
 from .preset import Preset
+from .steps import (
+    BACKGROUND_SECONDS,
+    CHMOD_MODES,
+    DOC_FILE,
+    LINK_SLOTS,
+    LOG_FILE,
+    README,
+    WRITE_SLOTS,
+    Step,
+    write_path,
+)
+from .workspace_model import WorkspaceModel
 
-DOC_FILE = "doc.txt"
-LOG_FILE = "log.txt"
 SLOTS = 5
-BACKGROUND_SECONDS = 120
-
-
-@dataclass
-class WorkspaceModel:
-    """Files of a workspace: path → (content, permission bits). Directories are implied."""
-
-    files: dict[str, tuple[bytes, int]] = field(default_factory=dict)
-
-    def copy(self) -> WorkspaceModel:
-        return WorkspaceModel(dict(self.files))
-
-    def rows(self) -> list[tuple[str, str, bool, str]]:
-        return [(p, "file", mode, hashlib.sha256(data).hexdigest())
-                for p, (data, mode) in sorted(self.files.items())]
-
-    def hash(self) -> str:
-        return workspace_hash(self.rows())
-
-
-@dataclass(frozen=True)
-class Step:
-    index: int
-    kind: str
-    tool: str
-    args: dict[str, Any]
-    #: For many_files steps: how many files the command creates.
-    count: int = 0
-
-    @property
-    def marker(self) -> str:
-        return f"step-{self.index}"
-
-    def touches_workspace(self) -> bool:
-        return self.tool in ("write", "edit", "bash")
-
-    def apply(self, ws: WorkspaceModel) -> None:
-        """This step's effect on ``ws`` (what a committed, non-interrupted call did)."""
-        if self.tool == "write":
-            old_mode = ws.files.get(self.args["path"], (b"", 0o644))[1]
-            ws.files[self.args["path"]] = (self.args["content"].encode(), old_mode)
-        elif self.tool == "edit":
-            path = self.args["path"]
-            text = ws.files[path][0].decode()
-            for e in self.args["edits"]:
-                if text.count(e["old_text"]) != 1:
-                    raise ValueError(f"{self.marker}: edit text not found once in the model")
-                text = text.replace(e["old_text"], e["new_text"])
-            ws.files[path] = (text.encode(), ws.files[path][1])
-        elif self.kind in ("append", "long", "background"):
-            old = ws.files.get(LOG_FILE, (b"", 0o644))
-            ws.files[LOG_FILE] = (old[0] + f"{self.marker}\n".encode(), old[1])
-        elif self.kind == "many_files":
-            for i in range(1, self.count + 1):
-                ws.files[f"bulk{self.index}/f{i}"] = (f"{self.marker}-{i}\n".encode(),
-                                                      0o755 if i == 1 else 0o644)
 
 
 @dataclass(frozen=True)
@@ -111,47 +64,107 @@ def _filler(rng: random.Random, size: int) -> str:
     return " ".join(out)[:size]
 
 
+def initial_workspace(seed: int, preset: Preset, rng: random.Random) -> WorkspaceModel:
+    """The workspace a run starts from: text files, an executable, a private file and a
+    symlink, so that adopting it (the first image or checkpoint) must keep modes and links."""
+    ws = WorkspaceModel()
+    ws.files[DOC_FILE] = ("".join(f"slot-{j}: init\n" for j in range(SLOTS)).encode(), 0o644)
+    ws.files[README] = (f"# scenario {seed}\n".encode(), 0o644)
+    for i in range(max(0, preset.initial_files - 2)):
+        ws.files[f"src/m{i}.txt"] = (_filler(rng, 200).encode() + b"\n",
+                                     0o755 if i == 0 else 0o600 if i == 1 else 0o644)
+    ws.links["links/readme"] = f"../{README}"
+    return ws
+
+
+def _step(k: int, kind: str, rng: random.Random, preset: Preset,
+          slots: dict[int, str]) -> Step:
+    """Step ``k`` of ``kind``: its tool call and the parameters of its effect."""
+    m = f"step-{k}"
+    if kind == "write":
+        size = rng.randint(*preset.file_size)
+        return Step(k, kind, "write", {"path": write_path(rng.randrange(WRITE_SLOTS)),
+                                       "content": f"{m}\n{_filler(rng, size)}\n"})
+    if kind == "edit":
+        j = rng.randrange(SLOTS)
+        edit = {"old_text": f"slot-{j}: {slots[j]}\n", "new_text": f"slot-{j}: {m}\n"}
+        slots[j] = m
+        return Step(k, kind, "edit", {"path": DOC_FILE, "edits": [edit]})
+    if kind in ("never_tool", "safe_tool"):
+        return Step(k, kind, "record_never" if kind == "never_tool" else "record_safe",
+                    {"marker": m})
+    command, params = _command(k, kind, rng, preset)
+    return Step(k, kind, "bash", {"command": command}, params)
+
+
+def _command(k: int, kind: str, rng: random.Random, preset: Preset
+             ) -> tuple[str, dict[str, Any]]:
+    m = f"step-{k}"
+    append = f"printf '{m}\\n' >> {LOG_FILE}"
+    if kind == "append":
+        return append, {}
+    if kind == "long":
+        return f"sleep {preset.long_seconds}; {append}", {}
+    if kind == "background":
+        return f"(sleep {BACKGROUND_SECONDS} >/dev/null 2>&1 &); {append}", {}
+    if kind == "many_files":
+        n = preset.many_files
+        return (f"mkdir -p bulk{k} && for i in $(seq 1 {n}); do printf '{m}-%d\\n' $i > "
+                f"bulk{k}/f$i; done && chmod +x bulk{k}/f1"), {"count": n}
+    if kind == "fail":
+        code = rng.randint(2, 125)
+        return f"printf '{m}: out\\n'; printf '{m}: err\\n' >&2; exit {code}", {"code": code}
+    if kind == "write_fail":
+        code = rng.randint(2, 125)
+        return (f"{append}; printf '{m}: failing after the write\\n' >&2; exit {code}",
+                {"code": code})
+    if kind == "big_output":
+        lines = preset.big_output_lines
+        return f"seq -f '{m} line %06g' 1 {lines}; {append}", {"lines": lines}
+    if kind == "rm":
+        path = write_path(rng.randrange(WRITE_SLOTS))
+        return f"rm -f {path}", {"path": path}
+    if kind == "mv":
+        a, b = rng.sample(range(WRITE_SLOTS), 2)
+        src, dst = write_path(a), write_path(b)
+        return (f"if [ -e {src} ]; then mv -f {src} {dst} && echo moved; "
+                f"else echo 'nothing to move'; fi"), {"src": src, "dst": dst}
+    if kind == "mkdir":
+        path = f"tree/s{k}/a/b/f.txt"
+        return f"mkdir -p tree/s{k}/a/b && printf '{m}\\n' > {path}", {"path": path}
+    if kind == "symlink":
+        link = f"links/l{rng.randrange(LINK_SLOTS)}"
+        target = rng.choice((f"../{README}", f"../{DOC_FILE}",
+                             f"../{write_path(rng.randrange(WRITE_SLOTS))}", f"../gone-{m}"))
+        return f"mkdir -p links && ln -sfn {target} {link}", {"link": link, "target": target}
+    if kind == "chmod":
+        path, mode = write_path(rng.randrange(WRITE_SLOTS)), rng.choice(CHMOD_MODES)
+        return (f"if [ -f {path} ]; then chmod {mode:o} {path} && echo changed; "
+                f"else echo 'no file'; fi"), {"path": path, "mode": mode}
+    if kind == "binary":
+        data = rng.randbytes(rng.randint(64, 512))
+        path = f"bin/b{k}.dat"
+        escapes = "".join(f"\\{b:03o}" for b in data)
+        return f"mkdir -p bin && printf '{escapes}' > {path}", {"path": path, "hex": data.hex()}
+    if kind == "large":
+        path, size = f"big/b{k}.bin", preset.large_bytes
+        return (f"mkdir -p big && yes '{m} payload' | head -c {size} > {path}",
+                {"path": path, "size": size})
+    if kind == "sums":
+        path = write_path(rng.randrange(WRITE_SLOTS))
+        return (f"{{ sha256sum {DOC_FILE} {README}; cat {path} 2>/dev/null | sha256sum; }} "
+                f"| tee sums.txt"), {"path": path}
+    raise ValueError(f"unknown step kind {kind!r}")
+
+
 def generate(seed: int, preset: Preset, *, steps: int | None = None) -> Scenario:
     """The scenario of ``seed`` under ``preset`` (``steps`` overrides the preset's count)."""
     rng = random.Random(f"scenario:{preset.name}:{seed}")
-    initial = WorkspaceModel()
+    initial = initial_workspace(seed, preset, rng)
     slots = {j: "init" for j in range(SLOTS)}
-    initial.files[DOC_FILE] = ("".join(f"slot-{j}: init\n" for j in range(SLOTS)).encode(), 0o644)
-    initial.files["README.md"] = (f"# scenario {seed}\n".encode(), 0o644)
-    for i in range(max(0, preset.initial_files - 2)):
-        initial.files[f"src/m{i}.txt"] = (_filler(rng, 200).encode() + b"\n", 0o755 if i == 0 else 0o644)
     kinds = [k for k, w in preset.mix.items() for _ in range(w)]
     out: list[Step] = []
     for k in range(steps or preset.steps):
         kind = preset.sequence[k % len(preset.sequence)] if preset.sequence else rng.choice(kinds)
-        marker = f"step-{k}"
-        if kind == "write":
-            size = rng.randint(*preset.file_size)
-            path = f"files/w{rng.randrange(4)}.txt"
-            out.append(Step(k, kind, "write",
-                            {"path": path, "content": f"{marker}\n{_filler(rng, size)}\n"}))
-        elif kind == "edit":
-            j = rng.randrange(SLOTS)
-            edit = {"old_text": f"slot-{j}: {slots[j]}\n", "new_text": f"slot-{j}: {marker}\n"}
-            slots[j] = marker
-            out.append(Step(k, kind, "edit", {"path": DOC_FILE, "edits": [edit]}))
-        elif kind == "append":
-            out.append(Step(k, kind, "bash", {"command": f"printf '{marker}\\n' >> {LOG_FILE}"}))
-        elif kind == "long":
-            out.append(Step(k, kind, "bash", {
-                "command": f"sleep {preset.long_seconds}; printf '{marker}\\n' >> {LOG_FILE}"}))
-        elif kind == "background":
-            out.append(Step(k, kind, "bash", {
-                "command": f"(sleep {BACKGROUND_SECONDS} >/dev/null 2>&1 &); "
-                           f"printf '{marker}\\n' >> {LOG_FILE}"}))
-        elif kind == "many_files":
-            n = preset.many_files
-            out.append(Step(k, kind, "bash", {
-                "command": f"mkdir -p bulk{k} && for i in $(seq 1 {n}); do "
-                           f"printf '{marker}-%d\\n' $i > bulk{k}/f$i; done && "
-                           f"chmod +x bulk{k}/f1"}, count=n))
-        elif kind == "never_tool":
-            out.append(Step(k, kind, "record_never", {"marker": marker}))
-        else:
-            out.append(Step(k, kind, "record_safe", {"marker": marker}))
+        out.append(_step(k, kind, rng, preset, slots))
     return Scenario(seed, preset, initial, out)

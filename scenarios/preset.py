@@ -14,7 +14,8 @@ from typing import Any
 import yaml
 
 STEP_KINDS = ("write", "edit", "append", "long", "background", "many_files", "never_tool",
-              "safe_tool")
+              "safe_tool", "fail", "write_fail", "big_output", "rm", "mv", "mkdir", "symlink",
+              "chmod", "binary", "large", "sums")
 PRESET_DIR = Path(__file__).parent
 
 
@@ -33,6 +34,10 @@ class Preset:
     file_size: tuple[int, int] = (64, 2048)
     long_seconds: float = 1.5
     many_files: int = 40
+    #: Lines a ``big_output`` command prints (about 20 bytes each: beyond the 64 KiB tail).
+    big_output_lines: int = 4000
+    #: Size of the file a ``large`` command writes, bytes.
+    large_bytes: int = 1_200_000
     initial_files: int = 3
     max_files: int = 1000
     max_bytes: int = 16 * 1024 * 1024
@@ -44,7 +49,8 @@ class Preset:
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "steps": self.steps, "mix": dict(self.mix),
                 "file_size": list(self.file_size), "long_seconds": self.long_seconds,
-                "many_files": self.many_files, "initial_files": self.initial_files,
+                "many_files": self.many_files, "big_output_lines": self.big_output_lines,
+                "large_bytes": self.large_bytes, "initial_files": self.initial_files,
                 "max_files": self.max_files, "max_bytes": self.max_bytes,
                 "reissue": self.reissue, "sequence": list(self.sequence)}
 
@@ -66,11 +72,15 @@ def parse(raw: Any, where: str) -> Preset:
     if unknown:
         raise PresetError(f"{where}: unknown field(s) {unknown}; known: {sorted(known)}")
     kw: dict[str, Any] = {"name": str(raw.get("name", Path(where).stem))}
-    for key in ("steps", "many_files", "initial_files", "max_files", "max_bytes"):
+    for key in ("steps", "many_files", "big_output_lines", "large_bytes", "initial_files",
+                "max_files", "max_bytes"):
         if key in raw:
             kw[key] = _expect(raw, key, int, where)
             if kw[key] < 0 or (key == "steps" and kw[key] < 1):
                 raise PresetError(f"{where}: {key} must be positive, got {kw[key]}")
+    if kw.get("big_output_lines", 0) > 99_999:
+        raise PresetError(f"{where}: big_output_lines is at most 99999 (the lines are numbered "
+                          f"with six digits), got {kw['big_output_lines']}")
     for key in ("long_seconds", "reissue"):
         if key in raw:
             kw[key] = float(_expect(raw, key, (int, float), where))

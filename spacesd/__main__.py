@@ -10,7 +10,11 @@ process that reuses its pid. ``--daemonize`` forks into a new session first: the
 process returns once the daemon listens (exit 0) or failed to start (exit 1), and the
 daemon outlives it and is not killed with its group.
 The token given by ``--token-env`` is removed from the environment, so the commands the
-daemon runs never see it.
+daemon runs never see it. So is ``CUA_FAILPOINTS``: when set, the daemon reports its
+failpoints (``spacesd.failpoints.POINTS``) over that channel, and its commands never see it.
+
+The umask is set to 022 at start-up, whoever started the daemon: the files and directories
+commands create are 0644 and 0755 (unless they ask otherwise), the same in every Space.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import sys
 
 from . import procfs
 from .daemon import Daemon
+from .failpoints import ENV_VAR as FAILPOINTS_ENV
 from .server import SpacesServer
 
 
@@ -68,13 +73,16 @@ def _daemonize() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
+    os.umask(0o022)
     token = _token(args)
+    failpoints = os.environ.pop(FAILPOINTS_ENV, None)
     ready = _daemonize() if args.daemonize else None
     # Commands are reaped by their shims, and shims need no reaping by us: the exit status
     # travels through files. Ignoring SIGCHLD makes the kernel reap our children (and any
     # orphans when we run as PID 1 in a container), so no zombie ever lingers.
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
-    daemon = Daemon(os.path.abspath(args.root), os.path.abspath(args.state))
+    daemon = Daemon(os.path.abspath(args.root), os.path.abspath(args.state),
+                    failpoints=failpoints)
     kwargs = {"max_body": args.max_body} if args.max_body else {}
     server = SpacesServer((args.host, args.port), daemon, token, verbose=args.verbose, **kwargs)
     port = server.server_address[1]

@@ -36,6 +36,7 @@ from typing import IO, Any, Protocol, cast
 
 from . import paths
 from .errors import BadRequest, NotFound
+from .failpoints import Channel
 from .file_ops import Workspace
 from .fsio import fsync_dir
 from .protocol import CheckpointInfo
@@ -116,7 +117,8 @@ def check_id(checkpoint_id: str) -> str:
 
 
 class Checkpoints:
-    def __init__(self, state_dir: str, workspace: Workspace, scanner: Scanner) -> None:
+    def __init__(self, state_dir: str, workspace: Workspace, scanner: Scanner, *,
+                 failpoints: Channel) -> None:
         base = os.path.join(state_dir, "checkpoints")
         self._objects = os.path.join(base, "objects")
         self._manifests = os.path.join(base, "manifests")
@@ -124,6 +126,7 @@ class Checkpoints:
         os.makedirs(self._manifests, exist_ok=True)
         self._ws = workspace
         self._scanner = scanner
+        self._failpoints = failpoints
         self._lock = threading.Lock()  # one checkpoint operation at a time (and the GC)
         self._prefixes: set[str] = set()  # object directories known to exist
 
@@ -201,6 +204,7 @@ class Checkpoints:
                             continue  # removed meanwhile
                     if sha is not None:
                         m.files.append(FileRec(rel, sha, size, stat.S_IMODE(st.st_mode)))
+            self._failpoints.report("spacesd.checkpoint.objects", {"id": checkpoint_id})
             self._save(m)
             return m.info()
 
@@ -225,6 +229,7 @@ class Checkpoints:
                 else:
                     _unlink(full)
                 touched.add(os.path.dirname(full))
+        self._failpoints.report("spacesd.restore.partial", {"id": m.id})
         # 2. Directories, writable while files go in; their modes are set last.
         for rel in sorted(m.dirs):
             full = self._ws.resolve(rel, follow=False)

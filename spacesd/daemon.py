@@ -6,6 +6,10 @@ the handler under the fence. Operations with effects run inside ``fence.admit`` 
 epoch is refused and no advance can slip between the check and the effect); read-only ones
 only check the epoch; ``advance_epoch`` holds the fence exclusively. The HTTP layer
 (``server``) knows nothing of the ops beyond this table.
+
+Every fence the daemon raises or relies on is written to the fence journal
+(``fence_journal``): the start-up sweep, each ``advance_epoch`` and each
+``checkpoint_restore``, with what was alive of an older epoch.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from .checkpoints import Checkpoints, Manifest, Readable, check_id
 from .epoch_fence import EpochFence
 from .errors import BadRequest, Conflict, NotFound
 from .exec_ledger import ExecLedger
+from .failpoints import ENV_VAR, POINTS, SHIM_ENV_VAR, Channel
+from .fence_journal import Advance, FenceJournal, Restore, Sweep
 from .file_ops import Workspace
 from .fsio import AtomicWriter
 from .params import BOOL, INT, NUM, STR, STR_LIST, STR_MAP, Field, check
@@ -33,6 +39,9 @@ CAPABILITIES = (protocol.CAP_EXEC_LEDGER, protocol.CAP_EPOCH, protocol.CAP_FS,
                 protocol.CAP_SCAN, protocol.CAP_CHECKPOINT)
 _MAX_KEY = 1024
 _MAX_WAIT = 30.0
+#: Variables the daemon sets or keeps for itself: never taken from a request, never given
+#: to a command as they are (``SPACESD_STATE`` is set to the state directory).
+_RESERVED_ENV = frozenset({protocol.ENV_SPACE_STATE, ENV_VAR, SHIM_ENV_VAR})
 
 FenceUse = Literal["admit", "check", "advance"]
 
@@ -53,23 +62,34 @@ class Op:
 
 
 class Daemon:
+    """``base_env``: the environment of the commands (default: this process's), without
+    the reserved variables. ``failpoints``: the failpoint channel, or None (off)."""
+
     def __init__(self, root: str, state_dir: str, *, python: str = sys.executable,
-                 base_env: dict[str, str] | None = None) -> None:
+                 base_env: dict[str, str] | None = None, failpoints: str | None = None) -> None:
         if not os.path.isdir(root):
             raise SystemExit(f"spacesd: workspace root {root!r} is not a directory")
         os.makedirs(state_dir, exist_ok=True)
         self.state_dir = os.path.realpath(state_dir)
+        self.failpoints = Channel(failpoints, POINTS, registry="spacesd.failpoints.POINTS",
+                                  context={"process": "spacesd", "space_state": self.state_dir})
         self.writer = AtomicWriter(os.path.join(self.state_dir, "tmp"))
-        self.fence = EpochFence(os.path.join(self.state_dir, "epoch"))
-        env = dict(os.environ if base_env is None else base_env)
+        self.fence = EpochFence(os.path.join(self.state_dir, protocol.STATE_EPOCH))
+        self.fences = FenceJournal(os.path.join(self.state_dir, protocol.STATE_FENCES))
+        env = {k: v for k, v in (os.environ if base_env is None else base_env).items()
+               if k not in _RESERVED_ENV}
         env[protocol.ENV_SPACE_STATE] = self.state_dir
-        self.ledger = ExecLedger(self.state_dir, python=python, base_env=env)
+        self.ledger = ExecLedger(self.state_dir, python=python, base_env=env,
+                                 failpoints=self.failpoints)
         self.workspace = Workspace(root, self.writer)
         self.scanner = Scanner(root)
-        self.checkpoints = Checkpoints(self.state_dir, self.workspace, self.scanner)
+        self.checkpoints = Checkpoints(self.state_dir, self.workspace, self.scanner,
+                                       failpoints=self.failpoints)
         # A daemon that crashed inside advance_epoch persisted the floor but may not have
         # killed every older process: finish that before serving anyone.
-        self.ledger.fence(self.fence.floor)
+        floor = self.fence.floor
+        killed = self.ledger.fence(floor)
+        self.fences.append(Sweep(floor, killed, self.ledger.alive_below(floor)))
         path, opt_int = STR.with_default(""), INT.optional()
         cid = {"id": STR}
         self.ops: dict[str, Op] = {
@@ -96,13 +116,14 @@ class Daemon:
             "symlink": Op(self._symlink, {"path": STR, "target": STR}, "admit"),
             "scan": Op(self._scan, {"exclude": STR_LIST.optional()}, "check"),
             "checkpoint_create": Op(self._checkpoint_create, cid, "admit"),
-            "checkpoint_restore": Op(self._checkpoint_restore, cid, "admit"),
+            "checkpoint_restore": Op(self._checkpoint_restore, cid, "admit", with_epoch=True),
             "checkpoint_list": Op(self._checkpoint_list, {}, "check"),
             "checkpoint_delete": Op(self._checkpoint_delete, cid, "admit"),
         }
 
     def close(self) -> None:
         self.ledger.close()
+        self.fences.close()
 
     # ---------------------------------------------------------------- dispatch
 
@@ -159,8 +180,13 @@ class Daemon:
         return {"capabilities": list(CAPABILITIES), "protocol": protocol.PROTOCOL_VERSION}
 
     def _advance_epoch(self, epoch: int) -> dict[str, Any]:
-        with self.fence.advancing(epoch):
+        with self.fence.advancing(epoch) as floor_before:
+            if epoch > floor_before:
+                self.failpoints.report("spacesd.advance.persisted",
+                                       {"epoch": epoch, "floor_before": floor_before})
             killed = self.ledger.fence(epoch)
+            self.fences.append(Advance(epoch, floor_before, epoch > floor_before, killed,
+                                       self.ledger.alive_below(epoch)))
         return {"floor": self.fence.floor, "killed": killed}
 
     @staticmethod
@@ -180,7 +206,7 @@ class Daemon:
         real_cwd = self.workspace.resolve(cwd or "", follow=True)
         if not os.path.isdir(real_cwd):
             raise Conflict(f"exec_start: cwd {cwd!r} is not a directory of the workspace")
-        env = {k: v for k, v in (env or {}).items() if k != protocol.ENV_SPACE_STATE}
+        env = {k: v for k, v in (env or {}).items() if k not in _RESERVED_ENV}
         return self.ledger.start(key, command, real_cwd, env, epoch).to_json()
 
     def _exec_status(self, key: str) -> dict[str, Any]:
@@ -238,7 +264,9 @@ class Daemon:
     def _checkpoint_create(self, id: str) -> dict[str, Any]:  # noqa: A002 - protocol name
         return self.checkpoints.create(id).to_json()
 
-    def _checkpoint_restore(self, id: str) -> dict[str, Any]:  # noqa: A002
+    def _checkpoint_restore(self, id: str, epoch: int) -> dict[str, Any]:  # noqa: A002
+        floor = self.fence.floor
+        self.fences.append(Restore(id, epoch, floor, self.ledger.alive_below(floor)))
         return self.checkpoints.restore(id).to_json()
 
     def _checkpoint_list(self) -> dict[str, Any]:

@@ -23,6 +23,15 @@ from .errors import StaleEpoch
 from .fsio import fsync_dir
 
 
+def read_floor(path: str) -> int:
+    """The floor persisted at ``path`` (0 when there is none yet)."""
+    try:
+        with open(path) as f:
+            return int(f.read().strip() or 0)
+    except FileNotFoundError:
+        return 0
+
+
 class EpochFence:
     def __init__(self, path: str) -> None:
         self._path = path
@@ -30,11 +39,7 @@ class EpochFence:
         self._admitted = 0
         self._advancing = False
         self._waiting_advances = 0
-        try:
-            with open(path) as f:
-                self._floor = int(f.read().strip() or 0)
-        except FileNotFoundError:
-            self._floor = 0
+        self._floor = read_floor(path)
 
     @property
     def floor(self) -> int:
@@ -61,10 +66,11 @@ class EpochFence:
                 self._cond.notify_all()
 
     @contextmanager
-    def advancing(self, epoch: int) -> Iterator[bool]:
+    def advancing(self, epoch: int) -> Iterator[int]:
         """Exclusively, with no admitted request in flight: refuse a stale ``epoch``, raise
-        and persist the floor to it, and yield whether it was raised. The caller kills the
-        older processes inside (a crash in between is healed by the sweep at start-up)."""
+        and persist the floor to it, and yield the floor it had before (raised if below
+        ``epoch``). The caller kills the older processes inside (a crash in between is
+        healed by the sweep at start-up)."""
         with self._cond:
             self._waiting_advances += 1
             try:
@@ -75,10 +81,10 @@ class EpochFence:
             self._advancing = True
         try:
             self.check(epoch)
-            raised = epoch > self._floor
-            if raised:
+            before = self._floor
+            if epoch > before:
                 self._persist(epoch)
-            yield raised
+            yield before
         finally:
             with self._cond:
                 self._advancing = False

@@ -10,7 +10,8 @@ shim cannot write anything.
 A key's state is derived, never cached, in this order: an exit file → ``exited``; an ``end``
 record → ``exited`` (by that signal, maybe ``fenced_by``); the claimed process alive (same
 pid and start time) → ``running``; otherwise ``lost``. That is what makes a restart of the
-daemon harmless: the new daemon reads the same files and gets the same answers.
+daemon harmless: the new daemon reads the same files and gets the same answers (and so
+does ``audit``, which reads them with no daemon, through ``replay`` and ``recorded_end``).
 
 Output: the command's stdout and stderr append to ``exec/<id>.out``. Readers get bytes from
 an offset; once a key has ended, only its last ``OUTPUT_TAIL_BYTES`` are replayed.
@@ -23,11 +24,14 @@ import hashlib
 import os
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from . import exec_files, procfs
+from .failpoints import Channel
 from .journal import Journal
-from .protocol import OUTPUT_TAIL_BYTES, ExecInfo
+from .protocol import OUTPUT_TAIL_BYTES, STATE_EXEC_DIR, STATE_LEDGER, ExecInfo
 
 #: The most output one read returns (a client that fell far behind reads in several steps).
 MAX_READ = 1024 * 1024
@@ -63,6 +67,38 @@ class ExecRecord:
     #: Set once the process group was seen empty; it never comes back (in memory only).
     group_gone: bool = False
 
+    def file(self, exec_dir: str, suffix: str) -> str:
+        """The path of this key's ``.claim``, ``.exit`` or ``.out`` file in ``exec_dir``."""
+        return os.path.join(exec_dir, self.id + suffix)
+
+
+def replay(records: Iterable[dict[str, Any]]) -> dict[str, ExecRecord]:
+    """The ledger's keys from its journal records (``start``, then any ``end``)."""
+    recs: dict[str, ExecRecord] = {}
+    for raw in records:
+        if raw.get("t") == "start":
+            recs[raw["key"]] = ExecRecord(
+                raw["key"], raw["id"], raw["command"], raw["cwd"], raw["epoch"], raw["ms"]
+            )
+        elif raw.get("t") == "end" and raw.get("key") in recs:
+            recs[raw["key"]].ended = Ended(
+                raw.get("exit_code"), raw["signal"], raw["ms"], raw["fenced_by"]
+            )
+    return recs
+
+
+def recorded_end(rec: ExecRecord,
+                 exec_dir: str) -> tuple[exec_files.ExitStatus, int | None] | None:
+    """How ``rec`` ended, if that is recorded, with the epoch that fenced it: its shim's
+    exit file first, else an ``end`` record of the daemon's; None if neither exists."""
+    status = exec_files.read_exit(rec.file(exec_dir, ".exit"))
+    if status is not None:
+        return status, None
+    if rec.ended is not None:
+        e = rec.ended
+        return exec_files.ExitStatus(e.exit_code, e.signal, e.ended_ms), e.fenced_by
+    return None
+
 
 @dataclass(frozen=True)
 class _State:
@@ -73,45 +109,30 @@ class _State:
 
 
 class ExecLedger:
-    def __init__(self, state_dir: str, *, python: str, base_env: dict[str, str]) -> None:
-        self._dir = os.path.join(state_dir, "exec")
+    def __init__(self, state_dir: str, *, python: str, base_env: dict[str, str],
+                 failpoints: Channel) -> None:
+        self._dir = os.path.join(state_dir, STATE_EXEC_DIR)
         os.makedirs(self._dir, exist_ok=True)
         self._python = python
         self._base_env = base_env
         self._bash = exec_files.find_bash(base_env)
+        self._failpoints = failpoints
         self._lock = threading.Lock()
-        self._journal = Journal(os.path.join(state_dir, "ledger.jsonl"))
-        self._records: dict[str, ExecRecord] = {}
-        for raw in self._journal.records:
-            self._replay(raw)
+        self._journal = Journal(os.path.join(state_dir, STATE_LEDGER))
+        self._records = replay(self._journal.records)
 
     def close(self) -> None:
         self._journal.close()
 
-    def _replay(self, raw: dict) -> None:
-        if raw.get("t") == "start":
-            self._records[raw["key"]] = ExecRecord(
-                raw["key"], raw["id"], raw["command"], raw["cwd"], raw["epoch"], raw["ms"]
-            )
-        elif raw.get("t") == "end" and raw.get("key") in self._records:
-            self._records[raw["key"]].ended = Ended(
-                raw.get("exit_code"), raw["signal"], raw["ms"], raw["fenced_by"]
-            )
-
     def _path(self, rec: ExecRecord, suffix: str) -> str:
-        return os.path.join(self._dir, rec.id + suffix)
+        return rec.file(self._dir, suffix)
 
     # ---------------------------------------------------------------- state
 
     def _state(self, rec: ExecRecord) -> _State:
-        exit_path = self._path(rec, ".exit")
-        status = exec_files.read_exit(exit_path)
-        if status is not None:
-            return _State("exited", self._pgid(rec), status)
-        if rec.ended is not None:
-            e = rec.ended
-            return _State("exited", self._pgid(rec),
-                          exec_files.ExitStatus(e.exit_code, e.signal, e.ended_ms), e.fenced_by)
+        end = recorded_end(rec, self._dir)
+        if end is not None:
+            return _State("exited", self._pgid(rec), *end)
         claim = exec_files.read_claim(self._path(rec, ".claim"))
         if claim is None and rec.spawned is not None and procfs.is_alive(*rec.spawned):
             return _State("running", rec.spawned[0])  # the shim is still starting up
@@ -120,9 +141,9 @@ class ExecLedger:
         if isinstance(claim, exec_files.Claim) and procfs.is_alive(claim.pid, claim.started):
             return _State("running", claim.pid)
         # Gone without a status, unless it wrote one just after the first look.
-        status = exec_files.read_exit(exit_path)
-        if status is not None:
-            return _State("exited", self._pgid(rec), status)
+        end = recorded_end(rec, self._dir)
+        if end is not None:
+            return _State("exited", self._pgid(rec), *end)
         return _State("lost", self._pgid(rec))
 
     def _pgid(self, rec: ExecRecord) -> int | None:
@@ -190,6 +211,7 @@ class ExecLedger:
                              epoch, _now_ms())
             self._journal.append({"t": "start", "key": key, "id": rec.id, "command": command,
                                   "cwd": cwd, "epoch": epoch, "ms": rec.started_ms})
+            self._failpoints.report("spacesd.exec.recorded", {"key": key, "epoch": epoch})
             # Published in _records only once spawned: a status() racing this start must not
             # find it unclaimed and declare it lost before its shim could claim it.
             for suffix in (".claim", ".exit", ".out"):  # leftovers of a torn, dropped start
@@ -198,7 +220,8 @@ class ExecLedger:
             try:
                 pid = exec_files.spawn(self._python, self._bash, self._path(rec, ".claim"),
                                        self._path(rec, ".exit"), self._path(rec, ".out"),
-                                       cwd, command, {**self._base_env, **env})
+                                       cwd, command, {**self._base_env, **env,
+                                                      **self._failpoints.shim_env(key=key)})
             except OSError as exc:
                 with open(self._path(rec, ".out"), "ab") as f:
                     f.write(f"spacesd: cannot start the command: {exc}\n".encode())
@@ -209,6 +232,8 @@ class ExecLedger:
             if started is not None:
                 rec.spawned = (pid, started)
             self._records[key] = rec
+            self._failpoints.report("spacesd.exec.spawned",
+                                    {"key": key, "epoch": epoch, "shim_pid": pid})
             return ExecInfo(key=key, state="started", epoch=epoch, pid=pid,
                             started_ms=rec.started_ms)
 
@@ -260,12 +285,17 @@ class ExecLedger:
         if not groups:
             return []
         running = [rec for rec in groups.values() if self._state(rec).state == "running"]
-        procfs.kill_groups(groups)
+        # A group still alive after the kill (a process stuck in the kernel) has not
+        # ended: no end record, and it stays a live group, so the fence journal and the
+        # next fence see it.
+        survivors = procfs.kill_groups(groups)
+        dead = {pgid: rec for pgid, rec in groups.items() if pgid not in survivors}
         for rec in running:
-            self._record_end(rec, signal=9, fenced_by=fenced_by)
-        for rec in groups.values():
+            if rec in dead.values():
+                self._record_end(rec, signal=9, fenced_by=fenced_by)
+        for rec in dead.values():
             rec.group_gone = True
-        return sorted(rec.key for rec in groups.values())
+        return sorted(rec.key for rec in dead.values())
 
     def _record_end(self, rec: ExecRecord, *, signal: int | None, fenced_by: int | None,
                     exit_code: int | None = None) -> None:
@@ -295,6 +325,15 @@ class ExecLedger:
             if pgid not in live:
                 rec.group_gone = True
         return {pgid: rec for pgid, rec in by_pgid.items() if pgid in live}
+
+    def alive_below(self, epoch: int) -> list[str]:
+        """Keys started under an epoch below ``epoch`` whose process group has a live member,
+        looked up afresh in /proc (not from what this daemon remembers of the group):
+        what a fence audit records."""
+        by_pgid = {pgid: rec for rec in list(self._records.values())
+                   if rec.epoch < epoch and (pgid := self._pgid(rec)) is not None}
+        live = procfs.group_members(by_pgid)
+        return sorted(rec.key for pgid, rec in by_pgid.items() if pgid in live)
 
     def running_keys(self) -> list[str]:
         """Keys whose process group still has a live member: a command that left

@@ -4,7 +4,8 @@ After a crash the last line may be torn (a partial write that never got its newl
 garbage where the disk did not finish). Opening drops it, truncating the file to the last
 complete line, so the next append starts on a clean line. Only the tail can be torn: a bad
 line in the middle means the file was edited or the disk is failing; it is skipped with a
-warning on stderr rather than making the whole Space unusable.
+warning on stderr rather than making the whole Space unusable. ``load`` reads a journal
+without changing it (an audit of a copy, or of a live daemon's state).
 """
 
 from __future__ import annotations
@@ -13,47 +14,65 @@ import json
 import os
 import sys
 import threading
+from dataclasses import dataclass
 from typing import Any
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What a journal file holds: its readable records, and where its whole lines end (a
+    torn tail starts at ``end`` when ``end < size``)."""
+
+    records: list[dict[str, Any]]
+    end: int
+    size: int
+
+
+def load(path: str) -> Loaded:
+    """Read the journal at ``path`` without changing it (a missing file holds nothing).
+
+    A torn last record is left out, and a bad record in the middle skipped, each with a
+    warning on stderr. Readers of a live journal (an audit) may see a torn tail too: an
+    append in progress.
+    """
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return Loaded([], 0, 0)
+    end = raw.rfind(b"\n") + 1
+    lines = raw[:end].split(b"\n")[:-1]
+    if end < len(raw):
+        print(f"spacesd: ignoring a torn last record of {path} ({len(raw) - end} bytes)",
+              file=sys.stderr)
+    records = []
+    for n, line in enumerate(lines, 1):
+        try:
+            rec = json.loads(line)
+            if not isinstance(rec, dict):
+                raise ValueError("not an object")
+        except ValueError as exc:
+            if n == len(lines) and end == len(raw):
+                # A torn last record that happens to end in a newline byte.
+                end -= len(line) + 1
+                print(f"spacesd: ignoring a torn last record of {path}", file=sys.stderr)
+            else:
+                print(f"spacesd: skipping unreadable record {n} of {path}: {exc}",
+                      file=sys.stderr)
+            continue
+        records.append(rec)
+    return Loaded(records, end, len(raw))
 
 
 class Journal:
     def __init__(self, path: str) -> None:
         self.path = path
         self._lock = threading.Lock()
-        self.records = self._load()
+        loaded = load(path)
+        if loaded.end < loaded.size:
+            os.truncate(path, loaded.end)  # the next append starts on a clean line
+        self.records = loaded.records
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-
-    def _load(self) -> list[dict[str, Any]]:
-        try:
-            with open(self.path, "rb") as f:
-                raw = f.read()
-        except FileNotFoundError:
-            return []
-        end = raw.rfind(b"\n") + 1
-        lines = raw[:end].split(b"\n")[:-1]
-        if end < len(raw):
-            print(f"spacesd: dropping a torn last record of {self.path} "
-                  f"({len(raw) - end} bytes)", file=sys.stderr)
-        records = []
-        for n, line in enumerate(lines, 1):
-            try:
-                rec = json.loads(line)
-                if not isinstance(rec, dict):
-                    raise ValueError("not an object")
-            except ValueError as exc:
-                if n == len(lines) and end == len(raw):
-                    # A torn last record that happens to end in a newline byte.
-                    end -= len(line) + 1
-                    print(f"spacesd: dropping a torn last record of {self.path}",
-                          file=sys.stderr)
-                else:
-                    print(f"spacesd: skipping unreadable record {n} of {self.path}: {exc}",
-                          file=sys.stderr)
-                continue
-            records.append(rec)
-        if end < len(raw):
-            os.truncate(self.path, end)
-        return records
 
     def append(self, record: dict[str, Any]) -> None:
         """Write one record and fsync it: when this returns, the record survives a crash."""

@@ -212,3 +212,32 @@ ENV_SPACE_STATE = "SPACESD_STATE"
 def op_path(op: str) -> str:
     """The URL path of operation ``op``."""
     return API_PREFIX + op
+
+
+# ---------------------------------------------------------------- the daemon's state files
+#
+# What the daemon records of its commands and fences, under its state directory. Providers
+# copy these files out of a Space (``save_state``) and ``spacesd.audit.read_state`` reads
+# the copy, so the names are part of the contract between the daemon and the host side.
+
+#: The exec ledger: fsynced JSON lines ``start`` and ``end`` (``spacesd.exec_ledger``).
+STATE_LEDGER = "ledger.jsonl"
+#: The fence audit journal: what each advance, restore and start-up sweep found alive.
+STATE_FENCES = "fences.jsonl"
+#: The epoch floor, one integer.
+STATE_EPOCH = "epoch"
+#: The per-command files: ``<id>.claim`` (the shim's pid or ``lost``), ``<id>.exit`` (the
+#: exit status), ``<id>.out`` (the output, not needed by an audit).
+STATE_EXEC_DIR = "exec"
+_AUDIT_EXEC_SUFFIXES = (".claim", ".exit")
+
+
+def is_audit_file(rel: str) -> bool:
+    """Whether ``rel``, a path relative to a state directory, is one an audit reads:
+    the ledger, the fence journal, the epoch, and the claim and exit file of each command
+    (not their output, not checkpoints, not temp files)."""
+    if rel in (STATE_LEDGER, STATE_FENCES, STATE_EPOCH):
+        return True
+    parent, _, name = rel.partition("/")
+    return (parent == STATE_EXEC_DIR and "/" not in name and not name.startswith(".")
+            and name.endswith(_AUDIT_EXEC_SUFFIXES))

@@ -18,6 +18,11 @@ Run as ``python3 -I -S shim.py BASH CLAIM EXIT CWD COMMAND``: by path, without t
 module, importing only built-in modules, because its start-up is on the path of every
 command. Hence ``_signal`` (the C module under ``signal``, without the enum wrapping that
 costs ~10 ms to import) and an absolute ``BASH`` (``os.execvp`` would import ``warnings``).
+
+Failpoints: when the daemon reports failpoints it sets ``SPACESD_SHIM_FAILPOINTS`` for the
+shim, which removes it before the command starts (commands never see it); once the command
+exited it imports ``spacesd.failpoints`` (with socket and json) to report
+``spacesd.exec.exit_writing``. Without that variable the shim imports nothing more.
 """
 
 import _signal
@@ -27,6 +32,8 @@ import time
 
 SHIM_PATH = os.path.abspath(__file__)
 LOST = "lost\n"
+#: The variable through which the daemon gives a shim its failpoint channel (only when on).
+SHIM_ENV_VAR = "SPACESD_SHIM_FAILPOINTS"
 
 #: Signals whose disposition must not leak from Python (which ignores SIGPIPE and SIGXFSZ)
 #: or from whoever started the daemon into the user's command.
@@ -61,10 +68,21 @@ def _start_time() -> str:
         return f.read().rsplit(b")", 1)[1].split()[19].decode()
 
 
-def _write_exit(path: str, status: int) -> None:
+def _failpoint(channel: str, point: str) -> None:
+    """Report ``point`` through ``channel``, the value of ``SHIM_ENV_VAR``. The import
+    happens here, once the command has exited (the shim runs isolated: the package is found
+    from this file's path)."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(SHIM_PATH)))
+    from spacesd.failpoints import Channel
+
+    Channel.for_shim(channel).report(point, {})
+
+
+def _write_exit(path: str, status: int, failpoints: str | None) -> None:
     """The exit record, atomically. fsynced, but its directory is not: after a power loss
     a missing exit file reads as ``lost`` (outcome unknown), which is safe, and the
-    command's own writes were not synced either."""
+    command's own writes were not synced either. ``failpoints``: the shim's channel, if
+    any."""
     code = os.waitstatus_to_exitcode(status)
     exit_code, sig = (code, "null") if code >= 0 else ("null", -code)
     record = (f'{{"exit_code": {exit_code}, "signal": {sig}, '
@@ -76,11 +94,14 @@ def _write_exit(path: str, status: int) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+    if failpoints:
+        _failpoint(failpoints, "spacesd.exec.exit_writing")
     os.replace(tmp, path)
 
 
 def _main(argv: list) -> None:
     bash, claim, exit_path, cwd, command = argv
+    failpoints = os.environ.pop(SHIM_ENV_VAR, None)  # before the command inherits it
     if not publish(claim, f"{os.getpid()} {_start_time()}\n"):
         return  # a restarted daemon declared this key lost: it must never run
     child = os.fork()
@@ -99,7 +120,7 @@ def _main(argv: list) -> None:
     for sig in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP, _signal.SIGQUIT):
         _signal.signal(sig, _signal.SIG_IGN)
     _, status = os.waitpid(child, 0)
-    _write_exit(exit_path, status)
+    _write_exit(exit_path, status, failpoints)
 
 
 if __name__ == "__main__":

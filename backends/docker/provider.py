@@ -25,6 +25,10 @@ The faults are what they say:
   their resolver, which reads the container's port mapping on every reconnect.
 - ``delete``: ``docker rm -fv``, the container and any volume it has.
 
+``save_state`` copies the daemon's audit files out with the engine's archive API (``docker
+cp``), which needs no process in the container: it works with the daemon down, and with the
+container stopped.
+
 Connection semantics differ with the engine's userland proxy: with it (the default), a
 connection to the published port is accepted by ``docker-proxy`` even while the daemon is
 down and then reset, which the client sees as a connection broken after sending (retried
@@ -36,12 +40,16 @@ second turns fewer daemon restarts into driver crashes.
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import secrets
 import socket
+import tarfile
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
@@ -55,7 +63,8 @@ from backends.docker.errors import DockerUnavailable
 from backends.local.provider import _NAME  # one rule for Space names on every backend
 from backends.space_client import Endpoint, SpaceClient
 from durable.errors import SpaceError, SpaceNotFound, SpaceUnavailable
-from spacesd.protocol import ERR_BAD_REQUEST
+from spacesd.protocol import (ERR_BAD_REQUEST, STATE_EPOCH, STATE_EXEC_DIR, STATE_FENCES,
+                              STATE_LEDGER, is_audit_file)
 
 IMAGE = "durable-space"
 LABEL = "durable.space"
@@ -63,7 +72,9 @@ LABEL_SCOPE = "durable.space.scope"
 LABEL_NAME = "durable.space.name"
 PORT = "7777/tcp"
 TOKEN_ENV = "SPACESD_TOKEN"
-PID_FILE = "/var/lib/spacesd/daemon.pid"
+#: The daemon's state directory in the image (``--state`` of the Dockerfile's CMD).
+STATE_DIR = "/var/lib/spacesd"
+PID_FILE = f"{STATE_DIR}/daemon.pid"
 WORKSPACE = "/home/cua/work"
 _SCOPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,62}")  # no '.': it separates scope and name
 #: Errors of the engine's API and of the HTTP connection to it.
@@ -83,6 +94,28 @@ class Limits:
             raise ValueError(f"Expected cpus > 0 but got cpus={self.cpus!r}")
         if not (isinstance(self.pids, int) and self.pids > 0):
             raise ValueError(f"Expected an int pids > 0 but got pids={self.pids!r}")
+
+
+class _ChunkReader(io.RawIOBase):
+    """The chunks of an engine's stream as a readable file (for ``tarfile``)."""
+
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self._chunks = iter(chunks)
+        self._left = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf: Any) -> int:
+        while not self._left:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                return 0
+            self._left = chunk
+        n = min(len(buf), len(self._left))
+        buf[:n] = self._left[:n]
+        self._left = self._left[n:]
+        return n
 
 
 @dataclass(frozen=True)
@@ -352,6 +385,32 @@ class DockerSpaces:
             raise SpaceUnavailable(f"Space {name!r}: docker exec {argv[0]} failed "
                                    f"({exc})") from exc
         return code, out
+
+    def save_state(self, name: str, dest: Path) -> None:
+        """Copy what an audit reads of the daemon's state (ledger, fence journal, epoch,
+        claim and exit files: ``spacesd.protocol.is_audit_file``) into ``dest`` (created),
+        for ``spacesd.audit.read_state(dest)``. Works whether the daemon is up or not;
+        raises ``SpaceNotFound``. The ledger is copied first (see ``LocalSpaces``)."""
+        cname = self.container_name(name)
+        self._inspect(name)
+        dest = Path(dest)
+        (dest / STATE_EXEC_DIR).mkdir(parents=True, exist_ok=True)
+        for rel in (STATE_LEDGER, STATE_FENCES, STATE_EPOCH, STATE_EXEC_DIR):
+            try:
+                chunks, _ = self._api.get_archive(cname, f"{STATE_DIR}/{rel}")
+                # A file's archive holds it by its name, a directory's its files under the
+                # directory's name: member names are paths relative to the state directory.
+                with tarfile.open(fileobj=io.BufferedReader(_ChunkReader(chunks)),
+                                  mode="r|") as tar:
+                    for member in tar:
+                        src = tar.extractfile(member) if is_audit_file(member.name) else None
+                        if src is not None:
+                            (dest / member.name).write_bytes(src.read())
+            except docker.errors.NotFound:
+                self._inspect(name)  # SpaceNotFound if the container went; else no such file
+            except (*_ENGINE_ERRORS, tarfile.TarError) as exc:
+                raise SpaceUnavailable(f"Space {name!r}: copying {STATE_DIR}/{rel} out of the "
+                                       f"container failed ({exc}); try again") from exc
 
     def connect(self, name: str, *, epoch: int) -> SpaceClient:
         self._inspect(name)

@@ -6,6 +6,11 @@ memory: any process can find a Space by name, and Spaces outlive the process tha
 them (the daemon runs in a session of its own, so it is not killed with its creator's
 process group). Operations that start or kill a daemon take a per-name lock file under
 ``<base_dir>/.locks`` (never deleted), so parallel processes cannot start two daemons.
+
+``failpoints`` (a channel, as in ``CUA_FAILPOINTS``) is given to every daemon the provider
+starts, so a test or a campaign can stop a daemon or a shim at the daemon's failpoints
+(``spacesd.failpoints.POINTS``); the daemon keeps it from its commands. ``save_state``
+copies what an audit reads (``spacesd.audit.read_state``) out of a Space.
 """
 
 from __future__ import annotations
@@ -26,15 +31,25 @@ import spacesd.protocol
 from backends.local import procs
 from backends.space_client import Endpoint, SpaceClient
 from durable.errors import SpaceError, SpaceNotFound, SpaceUnavailable
-from spacesd.protocol import ERR_BAD_REQUEST
+from spacesd.failpoints import ENV_VAR as FAILPOINTS_ENV
+from spacesd.protocol import ERR_BAD_REQUEST, STATE_EXEC_DIR, STATE_LEDGER, is_audit_file
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 #: Where ``python -m spacesd`` is importable from (the parent of the spacesd package).
 _SPACESD_PATH = str(Path(spacesd.protocol.__file__).resolve().parent.parent)
 #: The variables of the creator's environment that a Space's daemon (and so its commands)
-#: gets; everything else stays out.
+#: gets; everything else stays out (a driver's own failpoint channel among them).
 _KEPT_ENV = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LC_ALL",
                        "LC_CTYPE", "TZ", "TMPDIR", "TERM"})
+
+
+def _copy_present(src: Path, dest: Path) -> None:
+    """Copy ``src`` to ``dest`` unless it does not exist (a torn start's leftover files are
+    removed by the daemon, and a Space whose daemon never started has no ledger)."""
+    try:
+        shutil.copyfile(src, dest)
+    except FileNotFoundError:
+        pass
 
 
 @dataclass(frozen=True)
@@ -93,9 +108,11 @@ class LocalSpaces:
 
     kind = "local"
 
-    def __init__(self, base_dir: str | os.PathLike[str], *, start_timeout: float = 30.0) -> None:
+    def __init__(self, base_dir: str | os.PathLike[str], *, failpoints: str | None = None,
+                 start_timeout: float = 30.0) -> None:
         self.base_dir = Path(base_dir).resolve()
         self.base_dir.mkdir(parents=True, exist_ok=True)
+        self.failpoints = failpoints
         self.start_timeout = start_timeout
 
     def get(self, name: str) -> LocalSpace:
@@ -169,6 +186,25 @@ class LocalSpaces:
         space = self.get(name)
         return SpaceClient(name, epoch, space.endpoint)
 
+    def save_state(self, name: str, dest: Path) -> None:
+        """Copy what an audit reads of the daemon's state (ledger, fence journal, epoch,
+        claim and exit files: ``spacesd.protocol.is_audit_file``) into ``dest`` (created),
+        for ``spacesd.audit.read_state(dest)``. Works with the daemon up or down; raises
+        ``SpaceNotFound``."""
+        state = self.get(name).state
+        dest = Path(dest)
+        (dest / STATE_EXEC_DIR).mkdir(parents=True, exist_ok=True)
+        # The ledger first: every key in the copy had its start record written before the
+        # claim and exit files were listed, so the copied ones are at least as recent.
+        _copy_present(state / STATE_LEDGER, dest / STATE_LEDGER)
+        exec_dir = state / STATE_EXEC_DIR
+        listed = [p.name for p in state.iterdir()]
+        if exec_dir.is_dir():
+            listed += [f"{STATE_EXEC_DIR}/{n}" for n in os.listdir(exec_dir)]
+        for rel in listed:
+            if rel != STATE_LEDGER and is_audit_file(rel):
+                _copy_present(state / rel, dest / rel)
+
     def names(self) -> list[str]:
         return sorted(p.name for p in self.base_dir.iterdir()
                       if _NAME.fullmatch(p.name) and (p / "state" / "token").exists())
@@ -193,6 +229,8 @@ class LocalSpaces:
         # login, not the creator's (a driver's failpoint channel must not leak into them).
         env = {k: v for k, v in os.environ.items() if k in _KEPT_ENV}
         env["PYTHONPATH"] = _SPACESD_PATH
+        if self.failpoints:
+            env[FAILPOINTS_ENV] = self.failpoints
         argv = [sys.executable, "-m", "spacesd", "--root", str(space.work),
                 "--state", str(space.state), "--token-file", str(space.token_file),
                 "--port-file", str(space.port_file), "--pid-file", str(space.pid_file),

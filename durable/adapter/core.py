@@ -24,7 +24,10 @@ Recovery of an interrupted call (its intent committed, no result), in order:
 5. anything else is unknown (lost with the daemon or the Space, cut off by a newer epoch,
    a file tool cut off mid-write): revert (transactional) or restore (checkpoint) as above.
 
-Every decision is a ``RecoveryEvent``, committed to the log with the call's result.
+The rules are a pure table in ``decide.py`` (``decide`` for an interrupted call,
+``decide_rebuild`` for a Space that is not ready); ``_recover`` and ``_rebuild`` gather its
+facts and carry the decision out. Every decision is recorded as ``RecoveryEvent``s with its
+cause and this driver's epoch, committed to the log with the call's result.
 
 Space generations: before the adapter creates a conversation's Space it commits a new
 generation to ``cua.space``; every start mark carries the generation it ran in. A command
@@ -38,7 +41,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from spacesd.protocol import CAP_EPOCH, CAP_EXEC_LEDGER, CAP_SCAN, ExecInfo, ScanResult
@@ -59,6 +62,18 @@ from ..log import Log, Transaction
 from ..spaces import SpaceClient, Spaces
 from ..tools import CallContext, Tool, ToolResult, interrupted_result
 from . import image as img
+from .decide import (
+    Action,
+    Cause,
+    Decision,
+    Facts,
+    ModeCause,
+    RebuildFacts,
+    decide,
+    decide_rebuild,
+    ledger_state,
+    needs_ledger,
+)
 from .snapshots import CheckpointRef, SnapshotProvider
 from .space_env import SpaceEnv, tool_error
 from .state import (
@@ -210,7 +225,7 @@ class DurableSpaces:
                 st = _Space(name, self._connect(name))
                 self._fold(log, conversation, st)
                 try:
-                    _mode, baseline = self._prepare(log, conversation, st, None)
+                    _mode, baseline = self._prepare(log, conversation, st, None, "space")
                 except ToolError:  # over the limits: the first call reports it
                     baseline = None
                 self._commit_space(log, conversation, lambda d: {**d, "space": name,
@@ -243,9 +258,18 @@ class DurableSpaces:
 
     def _rebuild(self, log: Log, conversation: int, name: str, doc: dict[str, Any],
                  exists: bool) -> _Space:
-        """Create (or finish creating) the Space and bring it to the log's state."""
-        lost = doc["space"] == name and not exists
-        if doc["space"] != name or lost:
+        """Create (or finish creating) the Space and bring it to the log's state, as
+        ``decide_rebuild`` says."""
+        checkpoint = doc["checkpoint"]
+        decision = decide_rebuild(RebuildFacts(
+            mode=doc["mode"],
+            recorded=("this" if doc["space"] == name else
+                      "none" if doc["space"] is None else "other"),
+            exists=exists,
+            checkpoint=checkpoint is not None,
+            checkpoint_inside=(checkpoint is not None and not self.snapshots.durable
+                               and CheckpointRef.from_json(checkpoint).space == name)))
+        if decision.new_generation:
             # A new generation is committed before the Space is created (see module doc).
             self._commit_space(log, conversation, lambda d: {
                 **d, "space": name, "generation": d["generation"] + 1, "ready": False})
@@ -253,30 +277,35 @@ class DurableSpaces:
         st = _Space(name, self._connect(name))
         self._fold(log, conversation, st)
         doc = log.read_doc(conversation, SPACE_DOC).value
-        if doc["mode"] == "checkpoint" and doc["checkpoint"] is not None:
+        if decision.action == "fail":
+            raise PermanentFailure(
+                f"the Space {name} of conversation {conversation} was lost in checkpoint "
+                "mode and its checkpoints were inside it. Keep copies outside the Space "
+                "with WorkspaceSnapshots(store=DirectoryCheckpointStore(path)), or use "
+                "transactional mode, whose image is in the log")
+        if decision.action == "restore":
             ref = CheckpointRef.from_json(doc["checkpoint"])
-            if ref.space == name and not self.snapshots.durable and lost:
-                raise PermanentFailure(
-                    f"the Space {name} of conversation {conversation} was lost in checkpoint "
-                    "mode and its checkpoints were inside it. Keep copies outside the Space "
-                    "with WorkspaceSnapshots(store=DirectoryCheckpointStore(path)), or use "
-                    "transactional mode, whose image is in the log")
             failpoint("recovery.restore", space=name, checkpoint=ref.id)
             self.snapshots.restore(st.client, ref)
-            kind: EventKind = "restored"
         else:
             self._reimage(log, conversation, st)
-            kind = "reimaged"
-        event = RecoveryEvent(kind, doc["mode"], None,
-                              f"Space {name} rebuilt (generation {doc['generation']})",
-                              conversation)
+        (kind,) = decision.events
+        event = self._event(kind, doc["mode"], conversation, None, "space", decision.cause,
+                            f"Space {name} rebuilt (generation {doc['generation']})")
         self._commit_space(log, conversation, lambda d: {**d, "ready": True},
                            extra=lambda tx: self._record_event(tx, conversation, event))
         return st
 
-    def _note(self, ctx: CallContext, kind: EventKind, detail: str, mode: str | None) -> None:
+    def _event(self, kind: EventKind, mode: str | None, conversation: int,
+               call_id: str | None, tool: str, cause: Cause | ModeCause,
+               detail: str) -> RecoveryEvent:
+        """A recovery event decided by this driver (it carries its epoch)."""
+        return RecoveryEvent(kind, mode, call_id, detail, conversation, tool, cause, self.epoch)
+
+    def _note(self, ctx: CallContext, tool: str, kind: EventKind, cause: Cause,
+              detail: str, mode: str | None) -> None:
         """Record a recovery event of this call with its result."""
-        event = RecoveryEvent(kind, mode, ctx.call_id, detail, ctx.conversation)
+        event = self._event(kind, mode, ctx.conversation, ctx.call_id, tool, cause, detail)
         ctx.on_result(lambda tx, _entry: self._record_event(tx, ctx.conversation, event))
 
     def _record_event(self, tx: Transaction, conversation: int, event: RecoveryEvent) -> None:
@@ -363,13 +392,16 @@ class DurableSpaces:
             return "checkpoint", "the Space cannot scan its workspace"
         return "transactional", "auto: a new conversation starts transactional"
 
-    def _set_mode(self, tx: Transaction, conversation: int, mode: Mode, reason: str,
-                  call_id: str | None, *, event: bool) -> None:
+    def _set_mode(self, tx: Transaction, conversation: int, mode: Mode, reason: str) -> None:
         doc = tx.read_doc(conversation, SPACE_DOC)
         tx.write_doc(conversation, SPACE_DOC, {**doc, "mode": mode, "mode_reason": reason})
-        if event:
-            self._record_event(tx, conversation,
-                               RecoveryEvent("mode", mode, call_id, reason, conversation))
+
+    def _switch(self, tx: Transaction, conversation: int, call_id: str | None,
+                tool: str, cause: ModeCause, reason: str) -> None:
+        """auto: switch to checkpoint mode, for good, and record why."""
+        self._set_mode(tx, conversation, "checkpoint", reason)
+        self._record_event(tx, conversation, self._event(
+            "mode", "checkpoint", conversation, call_id, tool, cause, reason))
 
     def _checkpoint(self, ctx: CallContext, st: _Space, mode: Mode) -> None:
         """Checkpoint the Space and record it with the call's result."""
@@ -427,23 +459,26 @@ class DurableSpaces:
             self._stale(exc)
             raise
 
-    def _prepare(self, log: Log, conv: int, st: _Space, call_id: str | None
-                 ) -> tuple[Mode, Callable[[Transaction], None]]:
-        """Decide the mode before a call (or at adoption) and what must be committed first:
-        the mode and its reason, a baseline checkpoint, changes made outside the calls."""
+    def _prepare(self, log: Log, conv: int, st: _Space, call_id: str | None,
+                 tool: str) -> tuple[Mode, Callable[[Transaction], None]]:
+        """Decide the mode before a call (or at adoption: ``tool="space"``) and what must be
+        committed first: the mode and its reason, a baseline checkpoint, changes made
+        outside the calls."""
         mode, reason = self._mode(log, conv, st)
-        switch: str | None = None
+        switch: tuple[ModeCause, str] | None = None
         scan: ScanResult | None = None
         if mode == "transactional":
             scan = self._scan(st)
             stale = log.read_doc(conv, IMAGE_DOC).value["stale"]
-            problem = img.over_limits(scan, self.limits) or stale
+            over = img.over_limits(scan, self.limits)
+            problem = over or stale
             if problem and self.mode == "transactional":
                 raise ToolError(
                     f"the workspace cannot be kept transactionally: {problem}. Use "
                     "mode='checkpoint' (or 'auto') for this workspace")
             if problem:
-                switch, mode, scan = problem, "checkpoint", None
+                switch = ("over_limits" if over else "image_stale", problem)
+                mode, scan = "checkpoint", None
         ref: CheckpointRef | None = None
         if mode == "checkpoint" and log.read_doc(conv, SPACE_DOC).value["checkpoint"] is None:
             # The state before this call must be restorable: checkpoint it first.
@@ -451,9 +486,10 @@ class DurableSpaces:
                                                  f".e{self.epoch}")
 
         def stage(tx: Transaction) -> None:
-            if reason is not None or switch is not None:
-                self._set_mode(tx, conv, mode, switch or reason or "", call_id,
-                               event=switch is not None)
+            if switch is not None:
+                self._switch(tx, conv, call_id, tool, *switch)
+            elif reason is not None:
+                self._set_mode(tx, conv, mode, reason)
             if ref is not None:
                 tx.write_doc(conv, SPACE_DOC, {**tx.read_doc(conv, SPACE_DOC), "checkpoint": {
                     **ref.to_json(), "call_id": None, "entry": None}})
@@ -465,7 +501,7 @@ class DurableSpaces:
                   n: int = 1) -> ToolResult:
         log, conv = ctx.log, ctx.conversation
         st = self.ensure(log, conv)
-        mode, prepare = self._prepare(log, conv, st, ctx.call_id)
+        mode, prepare = self._prepare(log, conv, st, ctx.call_id, tool)
         gen = log.read_doc(conv, SPACE_DOC).value["generation"]
         record = call_record(ctx.call_id, tool, gen)
         key = f"{conv}:{ctx.call_id}:{n}@{self.epoch}"
@@ -513,7 +549,11 @@ class DurableSpaces:
             info = st.client.exec_wait(key, offset=0, on_output=on_output, timeout=timeout)
             if (boot is not None and info.state == "exited"
                     and st.client.health().get("started_ms") != boot):
-                self._note(ctx, "reattached", f"command {key} outlived a daemon restart",
+                # In-process: the client retried through the restart and the ledger
+                # answered for the command, which kept running (the cell of a recovery
+                # that found it running).
+                self._note(ctx, "bash", "reattached", "running",
+                           f"command {key} outlived a daemon restart",
                            ctx.log.read_doc(ctx.conversation, SPACE_DOC).value["mode"])
             if info.state == "running":  # the tool's own timeout: kill it and say so
                 info = st.client.exec_kill(key)
@@ -548,9 +588,11 @@ class DurableSpaces:
         if mode == "transactional":
             scan = self._scan(st)
             problem = img.over_limits(scan, self.limits)
+            cause: ModeCause = "over_limits"
             if problem is None and self.mode == "auto" and scan.running:
-                problem = (f"a command left a process running in the Space "
-                           f"({', '.join(scan.running_keys) or 'unknown key'})")
+                cause, problem = "process_running", (
+                    f"a command left a process running in the Space "
+                    f"({', '.join(scan.running_keys) or 'unknown key'})")
             if problem is None:
                 def stage(tx: Transaction, _entry: int) -> None:
                     self._stage_image(tx, conv, st, scan, ctx.call_id)
@@ -567,7 +609,7 @@ class DurableSpaces:
 
             def switch(tx: Transaction) -> None:
                 tx.write_doc(conv, CALL_DOC, record)
-                self._set_mode(tx, conv, "checkpoint", problem, ctx.call_id, event=True)
+                self._switch(tx, conv, ctx.call_id, tool, cause, problem)
             ctx.commit_now(switch)
         else:
             record = {**log.read_doc(conv, CALL_DOC).value, "outcome": result.to_json()}
@@ -580,76 +622,170 @@ class DurableSpaces:
 
     def _recover(self, tool: str, args: dict[str, Any], ctx: CallContext,
                  replay: str) -> ToolResult:
-        log, conv = ctx.log, ctx.conversation
+        """Recover an interrupted call: gather its facts, ``decide``, carry the decision out."""
         failpoint("recovery.begin", call=ctx.call_id, tool=tool)
+        call = self._interrupted(tool, args, ctx, replay)
+        decision = decide(call.facts)
+        return self._EXECUTORS[decision.action](self, call, decision)
+
+    def _interrupted(self, tool: str, args: dict[str, Any], ctx: CallContext,
+                     replay: str) -> _Interrupted:
+        """What the log, and the ledger when ``decide`` needs it, say about the call."""
+        log, conv = ctx.log, ctx.conversation
         st = self.ensure(log, conv)
         space = log.read_doc(conv, SPACE_DOC).value
         mode: Mode = space["mode"] or self._mode(log, conv, st)[0]
         rec = log.read_doc(conv, CALL_DOC).value
         mine = rec if rec is not None and rec["call_id"] == ctx.call_id else None
-        same_space = mine is not None and mine["generation"] == space["generation"]
-
-        def event(kind: EventKind, detail: str) -> None:
-            self._note(ctx, kind, detail, mode)
-
-        if mine is not None and mine["outcome"] is not None and same_space:
-            result = ToolResult(**mine["outcome"])
-            event("adopted", "the outcome was recorded before the crash")
-            failpoint("recovery.decided", call=ctx.call_id, decision="adopted")
-            checkpoint = space["checkpoint"]
-            if mode == "checkpoint" and (checkpoint is None or checkpoint["call_id"] != ctx.call_id):
-                self._checkpoint(ctx, st, mode)
-            return result
-        if mine is None or (tool == "bash" and not mine["commands"]):
-            event("ran", f"the {tool} call never reached the Space")
-            failpoint("recovery.decided", call=ctx.call_id, decision="ran")
-            return self._run_call(tool, args, ctx)
-        if tool == "bash" and same_space:
-            last = mine["commands"][-1]  # type: ignore[index]
-            info = st.client.exec_status(last["key"])
-            if info.state == "running":
-                event("reattached", f"command {last['key']} is still running")
-                failpoint("recovery.decided", call=ctx.call_id, decision="reattached")
-                result = self._await(ctx, st, last["key"], info, args.get("timeout"))
-                return self._finish(ctx, st, mode, tool, result)
-            if info.state == "exited" and info.fenced_by is None:
-                event("replayed", f"command {last['key']} exited with {info.exit_code}")
-                failpoint("recovery.decided", call=ctx.call_id, decision="replayed")
-                result = self._await(ctx, st, last["key"], info, None)
-                return self._finish(ctx, st, mode, tool, result)
-            if info.state == "unknown":
-                event("ran", f"command {last['key']} never reached the Space")
-                failpoint("recovery.decided", call=ctx.call_id, decision="ran")
-                return self._run_call(tool, args, ctx, n=last["n"] + 1)
-            why = (f"command {last['key']} was cut off by epoch {info.fenced_by}"
-                   if info.state == "exited" else f"command {last['key']} was lost")
-        elif tool == "bash":
-            why = "the Space that ran the command was lost"
-        else:
-            why = f"the {tool} call was cut off; it may have partly changed the workspace"
-        n = (mine["commands"][-1]["n"] + 1) if mine and mine["commands"] else 1
-        # Unknown outcome.
-        if mode == "transactional":
-            self._reimage(log, conv, st)
-            event("reverted", f"{why}; the workspace was reverted to the image")
-            failpoint("recovery.decided", call=ctx.call_id, decision="reverted")
-            return self._run_call(tool, args, ctx, n=n)
         checkpoint = space["checkpoint"]
-        if checkpoint is not None:
-            ref = CheckpointRef.from_json(checkpoint)
-            failpoint("recovery.restore", call=ctx.call_id, checkpoint=ref.id)
-            self.snapshots.restore(st.client, ref)
+        facts = Facts(
+            mode=mode, tool="bash" if tool == "bash" else "file",
+            replay="safe" if replay == "safe" else "never",
+            start_mark=mine is not None,
+            outcome=mine is not None and mine["outcome"] is not None,
+            same_generation=mine is not None and mine["generation"] == space["generation"],
+            key=mine is not None and bool(mine["commands"]),
+            ledger=None,
+            checkpoint=("none" if checkpoint is None else
+                        "this_call" if checkpoint["call_id"] == ctx.call_id else "earlier"))
+        call = _Interrupted(tool, args, ctx, st, facts, mine, checkpoint)
+        if not needs_ledger(facts):
+            return call
+        info = st.client.exec_status(call.last["key"])
+        return replace(call, facts=replace(facts, ledger=ledger_state(info)), info=info)
+
+    def _decided(self, call: _Interrupted, decision: Decision) -> None:
+        """Record the decision's events and reach ``recovery.decided``.
+
+        A decision that runs the call again after a revert or a restore is committed at
+        once, before the rerun: a command may then start a second time, and that must only
+        ever follow a durable record of why (a rerun cut short by another crash would
+        otherwise leave a second start with no revert in the log). Other decisions are
+        recorded with the call's result."""
+        rerun = decision.action in ("revert", "restore_rerun")
+        for kind in decision.events:
+            detail = call.found(decision.cause) + _DONE.get(kind, "")
+            if rerun:
+                conv = call.ctx.conversation
+                event = self._event(kind, call.facts.mode, conv, call.ctx.call_id, call.tool,
+                                    decision.cause, detail)
+                call.ctx.commit_now(lambda tx, e=event: self._record_event(tx, conv, e))
+            else:
+                self._note(call.ctx, call.tool, kind, decision.cause, detail,
+                           call.facts.mode)
+        failpoint("recovery.decided", call=call.ctx.call_id, decision=decision.events[-1])
+
+    # One executor per action: its effects, in order.
+
+    def _adopt(self, call: _Interrupted, decision: Decision) -> ToolResult:
+        assert call.record is not None
+        result = ToolResult(**call.record["outcome"])
+        self._decided(call, decision)
+        if decision.take_checkpoint:
+            self._checkpoint(call.ctx, call.st, call.facts.mode)
+        return result
+
+    def _reattach(self, call: _Interrupted, decision: Decision) -> ToolResult:
+        assert call.info is not None
+        self._decided(call, decision)
+        result = self._await(call.ctx, call.st, call.last["key"], call.info,
+                             call.args.get("timeout"))
+        return self._finish(call.ctx, call.st, call.facts.mode, call.tool, result)
+
+    def _replay(self, call: _Interrupted, decision: Decision) -> ToolResult:
+        assert call.info is not None
+        self._decided(call, decision)
+        result = self._await(call.ctx, call.st, call.last["key"], call.info, None)
+        return self._finish(call.ctx, call.st, call.facts.mode, call.tool, result)
+
+    def _run(self, call: _Interrupted, decision: Decision) -> ToolResult:
+        self._decided(call, decision)
+        return self._run_call(call.tool, call.args, call.ctx, n=call.next_n)
+
+    def _revert(self, call: _Interrupted, decision: Decision) -> ToolResult:
+        self._reimage(call.ctx.log, call.ctx.conversation, call.st)
+        return self._run(call, decision)
+
+    def _restore(self, call: _Interrupted, decision: Decision) -> ToolResult:
+        if decision.restore_from == "checkpoint":
+            assert call.checkpoint is not None
+            ref = CheckpointRef.from_json(call.checkpoint)
+            failpoint("recovery.restore", call=call.ctx.call_id, checkpoint=ref.id)
+            self.snapshots.restore(call.st.client, ref)
         else:
-            self._reimage(log, conv, st)
-        event("restored", f"{why}; the Space was restored to the state before the call")
-        if tool in ("write", "edit") or replay == "safe":
-            failpoint("recovery.decided", call=ctx.call_id, decision="restored")
-            return self._run_call(tool, args, ctx, n=n)
-        event("interrupted", why)
-        failpoint("recovery.decided", call=ctx.call_id, decision="interrupted")
+            self._reimage(call.ctx.log, call.ctx.conversation, call.st)
+        if decision.action == "restore_rerun":
+            return self._run(call, decision)
+        self._decided(call, decision)
         return interrupted_result(
-            tool, ctx.slot.progress,
+            call.tool, call.ctx.slot.progress,
             "The sandbox was restored to its state before this call; run it again if needed.")
+
+    _EXECUTORS: dict[Action, Callable[[DurableSpaces, _Interrupted, Decision], ToolResult]] = {
+        "adopt": _adopt, "reattach": _reattach, "replay": _replay, "run": _run,
+        "revert": _revert, "restore_rerun": _restore, "restore_interrupt": _restore,
+    }
+
+
+#: What an unknown outcome's event adds to what recovery found.
+_DONE: dict[EventKind, str] = {
+    "reverted": "; the workspace was reverted to the image",
+    "restored": "; the Space was restored to the state before the call",
+}
+
+
+@dataclass(frozen=True)
+class _Interrupted:
+    """An interrupted call as recovery found it: its facts, and what acting on them needs."""
+
+    tool: str
+    args: dict[str, Any]
+    ctx: CallContext
+    st: _Space
+    facts: Facts
+    #: This call's ``cua.call`` record (None without its start mark).
+    record: dict[str, Any] | None
+    #: The checkpoint ``cua.space`` records.
+    checkpoint: dict[str, Any] | None
+    #: The ledger's answer for the last command key, when ``needs_ledger``.
+    info: ExecInfo | None = None
+
+    @property
+    def last(self) -> dict[str, Any]:
+        """The last command started (key, epoch, n); only for a start mark with a key."""
+        assert self.record is not None and self.record["commands"]
+        return self.record["commands"][-1]
+
+    @property
+    def next_n(self) -> int:
+        """The number of the next command key: after the last one, else the first."""
+        return self.last["n"] + 1 if self.facts.key else 1
+
+    def found(self, cause: Cause) -> str:
+        """What recovery found, for people."""
+        match cause:
+            case "outcome_recorded":
+                return "the outcome was recorded before the crash"
+            case "no_start_mark" | "no_key":
+                return f"the {self.tool} call never reached the Space"
+            case "key_unknown":
+                return f"command {self.last['key']} never reached the Space"
+            case "running":
+                return f"command {self.last['key']} is still running"
+            case "exited":
+                assert self.info is not None
+                return f"command {self.last['key']} exited with {self.info.exit_code}"
+            case "fenced":
+                assert self.info is not None
+                return f"command {self.last['key']} was cut off by epoch {self.info.fenced_by}"
+            case "daemon_lost":
+                return f"command {self.last['key']} was lost"
+            case "space_lost":
+                return f"the Space that ran the {self.tool} call was lost"
+            case "file_cut":
+                return f"the {self.tool} call was cut off; it may have partly changed the workspace"
+        raise ValueError(f"no recovery of a call is caused by {cause!r}: it is a rebuilt "
+                         "Space's cause; see decide.decide_rebuild")
 
 
 class _Extension:

@@ -11,8 +11,10 @@ recorded checkpoint.
 mode, its outcome once recorded. Calls run one at a time per Space, so one record suffices;
 recovery reads it to learn how far the interrupted call got.
 
-Recovery events are hidden system entries (``{"hidden": true, "recovery": {...}}``), so they
-are in the log beside the calls they concern and the campaign can count them.
+Recovery events are hidden system entries (``{"hidden": true, "recovery": {...}}``, the
+``RecoveryEvent`` as JSON), so they are in the log beside the calls they concern and the
+campaign can count them (``decide.cell_of``). ``tool``, ``cause`` and ``epoch`` came later:
+entries written before them read with None.
 """
 
 from __future__ import annotations
@@ -51,9 +53,22 @@ class RecoveryEvent:
     call_id: str | None = None
     detail: str = ""
     conversation: int | None = None
+    #: The wrapped tool (bash, write, edit), or ``space`` for a rebuilt Space (and for a mode
+    #: switched when the Space was adopted, outside any call).
+    tool: str | None = None
+    #: ``decide.Cause`` (``decide.ModeCause`` for a mode switch).
+    cause: str | None = None
+    #: The epoch of the driver that decided.
+    epoch: int | None = None
 
     def to_entry(self) -> dict[str, Any]:
         return {"hidden": True, RECOVERY_KEY: asdict(self)}
+
+    @classmethod
+    def from_entry(cls, data: dict[str, Any]) -> RecoveryEvent:
+        """The event a recovery entry holds (one written before ``tool``, ``cause`` and
+        ``epoch`` existed reads with None there)."""
+        return cls(**data[RECOVERY_KEY])
 
 
 def call_record(call_id: str, tool: str, generation: int) -> dict[str, Any]:

@@ -3,7 +3,7 @@ auto's switch to checkpoint mode, forks, and fencing of an older epoch."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 import os
 import signal
 from pathlib import Path
@@ -19,9 +19,10 @@ from durable.adapter import (
     WorkspaceSnapshots,
     durable_spaces,
 )
+from durable.adapter.decide import cell_of, reachable_cells
 from durable.adapter.image import IMAGE_KEY, Image
 from durable.coding_tools import coding_tools
-from durable.errors import PermanentFailure, StaleEpochError
+from durable.errors import DurableError, PermanentFailure, StaleEpochError
 from durable.fences import open_fenced_sqlite
 from durable.harness import Harness
 from durable.models import PlannedCall, ScriptedModel
@@ -89,6 +90,9 @@ def test_lost_space_is_rebuilt(tmp_path: Path, spaces: LocalSpaces, mode: str) -
     run(s, "r2")  # the next call finds the Space gone and rebuilds it first
     kinds = [e.kind for e in s.adapter.events]
     assert kinds[0] == ("reimaged" if mode == "transactional" else "restored"), kinds
+    rebuilt = s.adapter.events[0]
+    assert (rebuilt.tool, rebuilt.cause, rebuilt.epoch) == ("space", "space_lost", 2)
+    assert cell_of(asdict(rebuilt)) in reachable_cells(mode)
     client = s.adapter.ensure_space(s.harness, 1)
     assert client.read_file("a.txt") == b"beta\n"
     assert client.read_file("log.txt") == b"step\nstep\n"
@@ -121,13 +125,14 @@ def test_image_in_the_log_equals_the_workspace(tmp_path: Path, spaces: LocalSpac
     s.harness.close()
 
 
-@pytest.mark.parametrize(("call", "reason"), [
-    (("bash", {"command": "(sleep 60 >/dev/null 2>&1 &); echo started"}), "process running"),
+@pytest.mark.parametrize(("call", "reason", "cause"), [
+    (("bash", {"command": "(sleep 60 >/dev/null 2>&1 &); echo started"}), "process running",
+     "process_running"),
     (("bash", {"command": "mkdir -p many && for i in $(seq 1 12); do echo $i > many/f$i; done"}),
-     "exceed max_files=10"),
+     "exceed max_files=10", "over_limits"),
 ])
 def test_auto_switches_to_checkpoint(tmp_path: Path, spaces: LocalSpaces, call: tuple,
-                                     reason: str) -> None:
+                                     reason: str, cause: str) -> None:
     s = open_session(tmp_path, spaces, steps(WRITE, call, APPEND), epoch=1, mode="auto",
                      max_files=10)
     run(s)
@@ -136,6 +141,7 @@ def test_auto_switches_to_checkpoint(tmp_path: Path, spaces: LocalSpaces, call: 
     assert reason in doc["mode_reason"]
     modes = [e for e in s.adapter.events if e.kind == "mode"]
     assert len(modes) == 1 and modes[0].mode == "checkpoint"
+    assert (modes[0].tool, modes[0].cause, modes[0].epoch) == ("bash", cause, 1)
     assert doc["checkpoint"] is not None, "the switch is followed by a checkpoint"
     assert all(not r["is_error"] for r in results(s)), results(s)
     s.harness.close()
@@ -205,4 +211,86 @@ def test_a_space_half_made_by_a_crash_is_finished(tmp_path: Path, spaces: LocalS
     client = s.adapter.ensure_space(s.harness, 1)
     assert client.read_file("a.txt") == b"beta\n"
     assert client.read_file("log.txt") == b"step\n"
+    s.harness.close()
+
+
+class Crash(DurableError):
+    """Stands for a SIGKILL: propagates out of the harness and leaves the call running."""
+
+
+LONG = ("bash", {"command": "sleep 5; printf 'long\\n' >> log.txt"})
+
+
+@pytest.mark.parametrize(("mode", "call", "point", "events"), [
+    ("checkpoint", WRITE, "call.intent", [("ran", "no_start_mark")]),
+    ("transactional", APPEND, "space.before_spawn", [("ran", "key_unknown")]),
+    ("checkpoint", APPEND, "space.exited", [("replayed", "exited")]),
+    ("transactional", LONG, "space.running", [("reverted", "fenced")]),
+    ("checkpoint", LONG, "space.running", [("restored", "fenced"), ("interrupted", "fenced")]),
+    ("transactional", WRITE, "space.file_op", [("reverted", "file_cut")]),
+    ("checkpoint", EDIT, "space.file_op", [("restored", "file_cut")]),
+    ("checkpoint", APPEND, "space.outcome", [("adopted", "outcome_recorded")]),
+])
+def test_recovery_events_carry_tool_cause_and_epoch(
+        tmp_path: Path, spaces: LocalSpaces, monkeypatch: pytest.MonkeyPatch, mode: str,
+        call: tuple, point: str, events: list[tuple[str, str]]) -> None:
+    """A driver crashes at ``point`` in the last call; the next one (epoch 2) recovers it
+    through the executor and records the decision's events, one cell each."""
+    plan = steps(WRITE, call)
+    s = open_session(tmp_path, spaces, plan, epoch=1, mode=mode)
+    # The first call (a write) reaches every point but the shell command's own.
+    hits = {"n": 0, "crash": 1 if point in ("space.before_spawn", "space.running",
+                                            "space.exited") else 2}
+
+    def crash_at(name: str, **_info: object) -> None:
+        if name == point:
+            hits["n"] += 1
+            if hits["n"] == hits["crash"]:
+                raise Crash(f"crashed at {point}")
+
+    monkeypatch.setattr("durable.adapter.core.failpoint", crash_at)
+    monkeypatch.setattr("durable.harness.failpoint", crash_at)
+    with pytest.raises(Crash):
+        run(s)
+    s.harness.close()
+    monkeypatch.undo()
+    s = open_session(tmp_path, spaces, plan, epoch=2, mode=mode)
+    run(s)
+    got = [e for e in s.adapter.events if e.kind != "mode"]
+    assert [(e.kind, e.cause) for e in got] == events
+    tool = call[0]
+    assert all((e.tool, e.epoch, e.call_id) == (tool, 2, got[0].call_id) for e in got)
+    assert all(cell_of(asdict(e)) in reachable_cells(mode) for e in got)
+    assert not any(r["is_error"] and not r.get("interrupted") for r in results(s)), results(s)
+    s.harness.close()
+
+
+@pytest.mark.parametrize(("mode", "events"), [
+    ("transactional", [("reimaged", "space"), ("reverted", "bash")]),
+    ("checkpoint", [("restored", "space"), ("restored", "bash"), ("interrupted", "bash")]),
+])
+def test_a_call_whose_space_was_lost(tmp_path: Path, spaces: LocalSpaces,
+                                     monkeypatch: pytest.MonkeyPatch, mode: str,
+                                     events: list[tuple[str, str]]) -> None:
+    """The Space is lost while a command runs and the driver crashes: the next one rebuilds
+    the Space, then recovers the call; every event says the Space was lost."""
+    plan = steps(WRITE, LONG)
+    s = open_session(tmp_path, spaces, plan, epoch=1, mode=mode)
+
+    def crash_at(name: str, **_info: object) -> None:
+        if name == "space.running":
+            raise Crash("crashed at space.running")
+
+    monkeypatch.setattr("durable.adapter.core.failpoint", crash_at)
+    with pytest.raises(Crash):
+        run(s)
+    s.harness.close()
+    monkeypatch.undo()
+    spaces.delete("cua-c1")
+    s = open_session(tmp_path, spaces, plan, epoch=2, mode=mode)
+    run(s)
+    got = [e for e in s.adapter.events if e.kind != "mode"]
+    assert [(e.kind, e.tool) for e in got] == events
+    assert {(e.cause, e.epoch) for e in got} == {("space_lost", 2)}
+    assert all(cell_of(asdict(e)) in reachable_cells(mode) for e in got)
     s.harness.close()

@@ -193,6 +193,29 @@ def test_delete_removes_the_container(spaces) -> None:
     spaces.delete("s")  # again: no error
 
 
+def test_save_state_copies_the_audit_files_with_the_daemon_up_or_down(spaces,
+                                                                       tmp_path: Path) -> None:
+    from spacesd import audit
+
+    with pytest.raises(SpaceNotFound):
+        spaces.save_state("missing", tmp_path / "none")
+    spaces.create("s")
+    client = spaces.connect("s", epoch=1)
+    client.exec_wait(client.exec_start("ok", "echo hi").key, timeout=60)
+    client.with_epoch(2).checkpoint_create("cp")
+    client.with_epoch(2).advance_epoch(2)
+    spaces.save_state("s", tmp_path / "up")
+    saved = audit.read_state(str(tmp_path / "up"))
+    assert [(k.key, k.spawned, k.exit_code) for k in saved.keys] == [("ok", True, 0)]
+    assert [f["t"] for f in saved.fences] == ["sweep", "advance"] and saved.floor == 2
+    copied = {str(p.relative_to(tmp_path / "up")) for p in (tmp_path / "up").rglob("*")
+              if p.is_file()}
+    assert {os.path.splitext(f)[1] for f in copied} == {".jsonl", "", ".claim", ".exit"}
+    spaces._api.stop(spaces.get("s").id, timeout=0)  # no daemon, no process at all
+    spaces.save_state("s", tmp_path / "down")
+    assert audit.read_state(str(tmp_path / "down")) == saved
+
+
 # ---------------------------------------------------------------- spacesd in a container
 
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import pytest
 
 from backends.local import LocalSpaces
 from backends.local.procs import kill_process
+from chaos.rendezvous import Action, Hit, Rendezvous
 from durable.errors import SpaceError, SpaceNotFound, SpaceUnavailable
 from durable.spaces import Spaces
 
@@ -155,3 +158,39 @@ def test_commands_do_not_inherit_the_creators_environment(spaces: LocalSpaces,
     client.exec_start("k", 'echo "[$CREATOR_SECRET]"; command -v bash')
     out = client.exec_wait("k", timeout=60).output.splitlines()
     assert out[0] == "[]" and out[1].endswith("/bash")
+
+
+def test_every_daemon_it_starts_reports_to_its_failpoint_channel(tmp_path: Path) -> None:
+    hits: list[Hit] = []
+
+    def answer(hit: Hit) -> Action:
+        hits.append(hit)
+        return "continue"
+
+    with tempfile.TemporaryDirectory(prefix="fp-") as short, \
+            Rendezvous(os.path.join(short, "fp.sock"), answer) as rv:
+        spaces = LocalSpaces(tmp_path / "spaces", failpoints=rv.address)
+        try:
+            for n, start in enumerate((spaces.create, spaces.restart, spaces.kill_daemon)):
+                start("s")
+                spaces.connect("s", epoch=1).checkpoint_create(f"cp{n}")
+                assert (hits[-1].point, hits[-1].info["id"]) == ("spacesd.checkpoint.objects",
+                                                                 f"cp{n}")
+                assert hits[-1].pid == spaces.get("s").daemon()[0]
+        finally:
+            spaces.delete_all()
+
+
+def test_files_commands_create_have_the_daemons_umask_not_the_creators(
+        spaces: LocalSpaces) -> None:
+    creators = os.umask(0o077)
+    try:
+        spaces.create("s")
+    finally:
+        os.umask(creators)
+    client = spaces.connect("s", epoch=1)
+    client.exec_start("k", "touch f; mkdir d")
+    client.exec_wait("k", timeout=60)
+    work = spaces.get("s").work
+    assert (stat.S_IMODE(os.stat(work / "f").st_mode),
+            stat.S_IMODE(os.stat(work / "d").st_mode)) == (0o644, 0o755)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+
 from chaos.checker import Observation, ObservedCall, check, merge
-from chaos.faults import FaultPlan, draw_plan, exhaustive_plans
+from chaos.faults import FOLLOW_UPS, RECOVERY_POINTS, FaultPlan, draw_plan, exhaustive_plans
 from chaos.summary import parse_summary, summarize, summary_line
 from scenarios import generate, load
 from scenarios.plan import Scenario
@@ -22,68 +24,171 @@ def test_plans_are_seeded() -> None:
 
 
 def test_exhaustive_enumerates_every_pair() -> None:
-    plans = exhaustive_plans(1, {"call.begin": 3, "space.running": 2, "recovery.begin": 4})
-    pairs = [(p.faults[0].point, p.faults[0].occurrence) for p in plans]
-    assert pairs == [("call.begin", 1), ("call.begin", 2), ("call.begin", 3),
-                     ("space.running", 1), ("space.running", 2)]
+    counts = {"call.begin": 3, "space.running": 2, "recovery.begin": 4,
+              "spacesd.exec.exit_writing": 1, "spacesd.exec.recorded": 1}
+    plans = exhaustive_plans(1, counts)
+    leads = [(p.faults[0].action, p.faults[0].point, p.faults[0].occurrence) for p in plans]
+    assert leads == [("kill_driver", "call.begin", 1), ("kill_driver", "call.begin", 2),
+                     ("kill_driver", "call.begin", 3), ("kill_driver", "space.running", 1),
+                     ("kill_driver", "space.running", 2),
+                     ("kill_process", "spacesd.exec.exit_writing", 1),
+                     ("kill_daemon", "spacesd.exec.recorded", 1)]
+    follow = [p.faults[1] for p in plans]
+    assert set(follow) == set(FOLLOW_UPS), "every kind of recovery fault is taken in turn"
+    assert len(exhaustive_plans(1, counts, pairs=True)) == len(plans) * len(FOLLOW_UPS)
+
+
+def test_plans_reach_inside_the_daemon_and_combine_faults() -> None:
+    scenario = generate(1, load("default"))
+    plans = [draw_plan(s, scenario, "checkpoint") for s in range(1, 200)]
+    faults = [f for p in plans for f in p.faults]
+    assert any(f.point and f.point.startswith("spacesd.") for f in faults)
+    assert any(f.action == "kill_process" for f in faults)
+    combined = [p for p in plans if any(f.point in RECOVERY_POINTS for f in p.faults[1:])]
+    assert len(combined) > 20, "later faults aim at the recovery of earlier ones"
+    assert sum(len(p.faults) for p in plans) / len(plans) > 2.5
 
 
 def _clean_run(scenario: Scenario) -> Observation:
-    """The observation of a perfect run: every step once, workspace as implied."""
+    """The observation of a perfect run: every step once, with the result it gives, the
+    workspace as implied, one driver of epoch 1 and its ledger."""
     ws = scenario.initial.copy()
     calls = []
+    keys = []
     for i, step in enumerate(scenario.steps):
-        step.apply(ws)
-        calls.append(ObservedCall(step.index, 1, f"c{i}", step.tool, step.args, i, "ok",
-                                  result_entry=10 + i))
-    log = ws.files.get("log.txt", (b"", False))[0].decode()
+        exp = step.apply(ws)
+        call = ObservedCall(step.index, 1, f"{10 + i}.0", step.tool, step.args, i,
+                            "fail" if exp.is_error else "ok", result_entry=100 + i,
+                            content=exp.content,
+                            content_sha256=hashlib.sha256(exp.content.encode()).hexdigest())
+        calls.append(call)
+        if step.tool == "bash":
+            keys.append({"key": f"1:{call.call_id}:1@1", "command": step.args["command"],
+                         "cwd": "/w", "epoch": 1, "started_ms": i, "spawned": True,
+                         "exit_code": exp.exit_code, "signal": None, "ended_ms": i,
+                         "fenced_by": None})
+    log = (ws.content("log.txt") or b"").decode()
     effects = [(c.tool, scenario.steps[c.step].marker, c.call_id) for c in calls
                if c.tool.startswith("record_")]
-    return Observation(calls, ws.rows(), log, effects, 0, True, "transactional", ws.hash(), None)
+    fences = [{"t": "advance", "epoch": 1, "floor_before": 0, "raised": True, "killed": [],
+               "alive_after": [], "ms": 0}]
+    return Observation(
+        calls, ws.rows(), log, effects, 0, True, "transactional", ws.hash(), None,
+        inputs=[(1, "campaign-input")], epoch_raises=[(1, 1, 0)],
+        entry_epochs=[(i, 1) for i in range(1, 100 + len(calls))],
+        ledgers=[{"why": "final", "audit": {"floor": 1, "keys": keys, "fences": fences}}])
 
 
 def _scenario() -> Scenario:
     return generate(11, load("default"), steps=12)
 
 
+def _verdict(obs: Observation, s: Scenario, mode: str = "transactional") -> tuple[list[str], str]:
+    v = check(s, obs, campaign_mode=mode)
+    assert v.to_json()["check"] == (v.checks[0] if v.checks else None)
+    return v.checks, "\n".join(v.errors)
+
+
 def test_a_clean_run_is_valid() -> None:
     s = _scenario()
-    assert check(s, _clean_run(s), campaign_mode="transactional").valid is True
+    v = check(s, _clean_run(s), campaign_mode="transactional")
+    assert v.valid is True, v.errors
 
 
-def test_checker_catches_a_wrong_workspace() -> None:
+def test_g1_catches_a_wrong_mode_a_wrong_link_and_a_missing_file() -> None:
+    s = _scenario()
+    for change in ("mode", "link", "missing"):
+        obs = _clean_run(s)
+        rows = [list(r) for r in obs.workspace]
+        if change == "mode":
+            row = next(r for r in rows if r[1] == "file")
+            row[2] = 0o600 if row[2] != 0o600 else 0o644
+        elif change == "link":
+            row = next(r for r in rows if r[1] == "symlink")
+            row[3] = "../elsewhere"
+        else:
+            rows = rows[1:]
+        obs.workspace = [tuple(r) for r in rows]  # type: ignore[misc]
+        checks, text = _verdict(obs, s)
+        assert checks[0] == "G1" and "path(s) differ" in text, (change, text)
+
+
+def test_g2_catches_a_command_started_twice_and_a_reused_key() -> None:
     s = _scenario()
     obs = _clean_run(s)
-    obs.workspace = obs.workspace[1:]
-    v = check(s, obs, campaign_mode="transactional")
-    assert v.valid is False and "paths that differ" in v.errors[0]
+    assert obs.ledgers is not None
+    keys = obs.ledgers[0]["audit"]["keys"]
+    assert len(keys) >= 2
+    again = {**keys[0], "key": keys[0]["key"].replace(":1@1", ":2@1")}
+    obs.ledgers.append({"why": "final", "audit": {"floor": 1, "keys": [again], "fences": []}})
+    checks, text = _verdict(obs, s, "checkpoint")
+    assert checks == ["G2"] and "started its command 2 times" in text, text
+    obs.events.append({"kind": "reverted", "call_id": keys[0]["key"].split(":")[1],
+                       "entry": 50, "time_ms": 10, "epoch": 1})
+    assert _verdict(obs, s)[0] == [], "a rerun after a recorded revert is allowed"
+    obs = _clean_run(s)
+    assert obs.ledgers is not None
+    obs.ledgers[0]["audit"]["keys"][1]["command"] = keys[0]["command"]
+    checks, text = _verdict(obs, s)
+    assert "G2" in checks and "a key was reused" in text
 
 
-def test_checker_catches_a_duplicate_effect() -> None:
+def test_g3_catches_an_older_process_alive_and_an_unfenced_restore() -> None:
     s = _scenario()
     obs = _clean_run(s)
-    appends = [st for st in s.steps if st.kind == "append"]
-    assert appends
+    assert obs.ledgers is not None
+    fences = obs.ledgers[0]["audit"]["fences"]
+    fences.append({"t": "advance", "epoch": 2, "floor_before": 1, "raised": True,
+                   "killed": [], "alive_after": ["1:10.0:1@1"], "ms": 5})
+    fences.append({"t": "restore", "id": "c1", "epoch": 3, "floor": 2, "alive_older": [],
+                   "ms": 6})
+    obs.events.append({"kind": "restored", "call_id": "10.0", "entry": 60, "time_ms": 7,
+                       "epoch": 4})
+    checks, text = _verdict(obs, s, "checkpoint")
+    assert checks == ["G3"], text
+    assert "older epoch alive" in text and "restored by epoch 3 while the Space's floor " \
+        "was 2" in text and "not preceded by advance_epoch(4)" in text
+
+
+def test_g4_catches_a_stale_entry_and_a_refusal_as_a_result() -> None:
+    s = _scenario()
+    obs = _clean_run(s)
+    obs.epoch_raises.append((2, 105, 0))
+    obs.calls[0].content = "Error: epoch 1 is below this Space's floor 2: a newer owner"
+    checks, text = _verdict(obs, s)
+    assert "G4" in checks
+    assert "entry 105 was committed by epoch 1 after epoch 2 took the log over" in text
+    assert "recorded a fence refusal as its result" in text
+
+
+def test_g5_catches_a_wrong_exit_status_a_second_input_and_a_duplicate() -> None:
+    s = generate(4, load("default"), steps=30)
+    obs = _clean_run(s)
+    failing = next(c for c in obs.calls if c.result == "fail" and c.tool == "bash")
+    failing.content_sha256 = hashlib.sha256(b"Command exited with code 0").hexdigest()
+    obs.inputs.append((7, "campaign-input"))
+    appends = [st for st in s.steps if st.appends]
     obs.log_txt += f"{appends[0].marker}\n"
-    v = check(s, obs, campaign_mode="checkpoint")
-    assert v.valid is False
-    assert any(f"{appends[0].marker} appears 2 times" in e for e in v.errors)
+    checks, text = _verdict(obs, s)
+    assert "G5" in checks
+    assert f"step {failing.step} ({s.steps[failing.step].kind}) returned" in text
+    assert "admitted 2 times" in text
+    assert f"{appends[0].marker} appears 2 times" in text
 
 
-def test_checker_catches_never_tool_twice_and_errors_and_interrupts() -> None:
+def test_g5_catches_never_tool_twice_and_errors_and_interrupts() -> None:
     s = generate(2, load("default"), steps=30)
     obs = _clean_run(s)
     never = next(c for c in obs.calls if c.tool == "record_never")
     obs.effects.append(("record_never", s.steps[never.step].marker, never.call_id))
     bash = next(c for c in obs.calls if c.tool == "bash")
-    bash.result = "info"
+    bash.result, bash.content = "info", "The bash tool was interrupted and may have partially run"
     write = next(c for c in obs.calls if c.tool == "write")
     write.result, write.content = "fail", "Error: disk full"
-    v = check(s, obs, campaign_mode="transactional")
-    text = "\n".join(v.errors)
-    assert v.valid is False
+    checks, text = _verdict(obs, s)
+    assert "G5" in checks
     assert f"never-tool call {never.call_id} (step {never.step}) ran 2 times" in text
-    assert "ended in an error: Error: disk full" in text
+    assert "ended in an error: 'Error: disk full'" in text
     assert "ended interrupted in transactional mode" in text
 
 
@@ -92,17 +197,26 @@ def test_checker_requires_progress_and_a_finished_session() -> None:
     obs = _clean_run(s)
     obs.calls = []
     obs.final_exit = 1
+    checks, text = _verdict(obs, s, "checkpoint")
+    assert checks[0] == "run"
+    assert "no step was committed" in text and "did not finish" in text
+
+
+def test_missing_audits_make_the_run_unknown_not_valid() -> None:
+    s = _scenario()
+    obs = Observation.from_json({k: v for k, v in _clean_run(s).to_json().items()
+                                 if k not in ("ledgers", "epoch_raises")})
     v = check(s, obs, campaign_mode="checkpoint")
-    assert any("no step was committed" in e for e in v.errors)
-    assert any("did not finish" in e for e in v.errors)
+    assert v.valid == "unknown" and {"G2", "G4"} <= set(v.checks), v.errors
 
 
 def test_checker_crash_is_unknown() -> None:
     s = _scenario()
     obs = _clean_run(s)
-    obs.calls[0].step = None  # type: ignore[assignment]
     obs.workspace = None  # type: ignore[assignment]
-    assert check(s, obs, campaign_mode="checkpoint").valid == "unknown"
+    v = check(s, obs, campaign_mode="checkpoint")
+    assert v.valid == "unknown" and v.checks == ["G1"]
+    assert "check crashed: TypeError" in v.errors[0]
 
 
 def test_merge_and_summary_line() -> None:
@@ -110,7 +224,8 @@ def test_merge_and_summary_line() -> None:
     assert merge([True, False, "unknown"]) is False
     assert merge([True]) is True
     record = {"verdict": {"valid": True}, "counts": {"kills": 2, "lost_spaces": 1},
-              "recoveries": [{"kind": "restored"}, {"kind": "mode"}],
+              "recoveries": [{"kind": "restored", "mode": "checkpoint", "tool": "bash",
+                              "cause": "daemon_lost"}, {"kind": "mode"}],
               "observation": {"calls": [{"result": "info"}]}}
     line = summary_line(summarize(mode="checkpoint", backend="local", seed_base=1,
                                   records=[record], seconds=1.234))

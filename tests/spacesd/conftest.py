@@ -1,16 +1,23 @@
 """Fixtures for the daemon's tests: real spacesd processes, through the local backend.
 
 Every Space a test creates is deleted in the finalizer, which kills its daemon and its
-commands by pid (never by name)."""
+commands by pid (never by name). ``failpoints`` is a rendezvous that answers the daemon's
+failpoints and SIGKILLs, by pid, the process (daemon or shim) that reaches the point it is
+told to kill at; ``fp_spaces`` starts every daemon with that channel."""
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 import pytest
 
 from backends.local import LocalSpace, LocalSpaces
+from backends.local.procs import kill_process, start_time
 from backends.space_client import SpaceClient
+from chaos.rendezvous import Action, Hit, Rendezvous
 
 
 @pytest.fixture
@@ -29,3 +36,54 @@ def space(spaces: LocalSpaces) -> LocalSpace:
 @pytest.fixture
 def client(spaces: LocalSpaces, space: LocalSpace) -> SpaceClient:
     return spaces.connect(space.name, epoch=1)
+
+
+@dataclass
+class FailpointKiller:
+    """Answers every failpoint; the first process to reach ``kill_at`` is SIGKILLed there
+    (by pid and start time, and waited for) instead. One kill per test, then it answers."""
+
+    kill_at: str | None = None
+    killed: list[Hit] = field(default_factory=list)
+    rendezvous: Rendezvous | None = None
+    #: What went wrong in ``on_hit`` (the fixture fails the test with it).
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def address(self) -> str:
+        assert self.rendezvous is not None
+        return self.rendezvous.address
+
+    def hits(self, point: str) -> list[Hit]:
+        """The reports of ``point`` so far."""
+        assert self.rendezvous is not None
+        return [h for h in self.rendezvous.hits if h.point == point]
+
+    def on_hit(self, hit: Hit) -> Action:
+        if hit.point != self.kill_at or self.killed:
+            return "continue"
+        started = start_time(hit.pid)
+        if started is None:
+            self.errors.append(f"{hit} came from a process that is gone: nothing killed")
+            return "continue"
+        self.killed.append(hit)  # first: whoever waits on the victim sees it at once
+        kill_process(hit.pid, started)
+        return "killed"
+
+
+@pytest.fixture
+def failpoints() -> Iterator[FailpointKiller]:
+    killer = FailpointKiller()
+    # A short directory: a unix socket's path is limited to 107 bytes.
+    with tempfile.TemporaryDirectory(prefix="fp-") as short:
+        with Rendezvous(os.path.join(short, "fp.sock"), killer.on_hit) as rv:
+            killer.rendezvous = rv
+            yield killer
+    assert not killer.errors, killer.errors
+
+
+@pytest.fixture
+def fp_spaces(tmp_path, failpoints: FailpointKiller) -> Iterator[LocalSpaces]:
+    provider = LocalSpaces(tmp_path / "spaces", failpoints=failpoints.address)
+    yield provider
+    provider.delete_all()

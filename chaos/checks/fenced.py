@@ -1,0 +1,51 @@
+"""G3 fenced before restore: before a restore or revert changes any file, no process started
+under an older epoch is alive.
+
+spacesd records, at each ``advance_epoch`` (and its start-up sweep), what it killed and what
+of an older epoch it still found alive afterwards, and at each checkpoint restore the
+request's epoch, the floor, and what of an older epoch was alive (``fences.jsonl``). Checked:
+nothing older alive after any advance, sweep or restore; every restore comes from the owner
+of the floor (a restore by a higher epoch did not advance first); and every restore or
+revert the adapter recorded at epoch ``e`` follows an ``advance_epoch(e)`` of the Space."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from . import Undecided
+
+if TYPE_CHECKING:
+    from . import CheckInput
+
+
+def check(inp: CheckInput) -> list[str]:
+    obs = inp.obs
+    recoveries = [e for e in obs.events if e.get("kind") in ("restored", "reverted")]
+    if obs.ledgers is None:
+        if recoveries:
+            raise Undecided("the run recorded no fence records of its Space")
+        return []
+    errors: list[str] = []
+    advances: dict[int, int] = {}  # epoch -> earliest advance time
+    for ledger in obs.ledgers:
+        for r in ledger["audit"]["fences"]:
+            alive = r.get("alive_after", r.get("alive_older", []))
+            if alive:
+                errors.append(f"{r['t']} at epoch {r.get('epoch', r.get('floor'))} left "
+                              f"{len(alive)} process(es) of an older epoch alive: {alive[:3]}")
+            if r["t"] == "advance":
+                advances[r["epoch"]] = min(advances.get(r["epoch"], r["ms"]), r["ms"])
+            if r["t"] == "restore" and r["epoch"] != r["floor"]:
+                errors.append(f"checkpoint {r['id']} was restored by epoch {r['epoch']} while "
+                              f"the Space's floor was {r['floor']}: the Space was not fenced "
+                              "at that epoch first")
+    for e in recoveries:
+        epoch = e.get("epoch")
+        if epoch is None:
+            continue  # an event of an older adapter: nothing to match
+        at = advances.get(epoch)
+        if at is None or at > e["time_ms"]:
+            errors.append(f"{e['kind']} of {e.get('call_id') or 'the Space'} at epoch {epoch} "
+                          f"(entry {e['entry']}) was not preceded by advance_epoch({epoch}) "
+                          "in the Space")
+    return errors

@@ -1,0 +1,108 @@
+"""G5 once and faithful: every call with a result took effect exactly once, in order, and
+returned what its step gives.
+
+- each step has at most one committed, non-interrupted result (a reissued step is a new
+  call; its earlier interrupted call took no effect);
+- each appending step's marker is in ``log.txt`` once if its call took effect, else never,
+  and the markers are in log order;
+- every result equals the one its step gives on the workspace it ran on: a command's real
+  exit status and output (also when replayed from the ledger's tail or adopted from a
+  recorded outcome), a file tool's text; so no unplanned error either;
+- the input was admitted once per request id;
+- a never-tool ran at most once (exactly once when it reports success), a safe one at least
+  once when it reports success, and an interrupted call says it may have partly run;
+- in transactional mode no workspace call ends interrupted: an unknown call is reverted
+  and runs again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from scenarios.steps import APPENDING
+
+if TYPE_CHECKING:
+    from . import CheckInput
+
+MARKER = re.compile(r"^step-\d+$")
+WRAPPED = ("bash", "write", "edit")
+
+
+def check(inp: CheckInput) -> list[str]:
+    obs, imp = inp.obs, inp.implied
+    errors: list[str] = []
+    steps = {s.index: s for s in inp.scenario.steps}
+
+    took_effect = Counter(call.step for call, _ in imp.applied)
+    for step, n in sorted(took_effect.items()):
+        if n > 1:
+            errors.append(f"step {step} has {n} committed results that took effect (want 1)")
+
+    lines = [x for x in obs.log_txt.splitlines() if MARKER.match(x)]
+    want_order = [step.marker for _, step in imp.applied if step.kind in APPENDING]
+    for s in inp.scenario.steps:
+        if s.kind in APPENDING:
+            seen, want = lines.count(s.marker), want_order.count(s.marker)
+            if seen != want:
+                errors.append(f"{s.marker} appears {seen} times in log.txt, want {want}")
+    if sorted(lines) == sorted(want_order) and lines != want_order:
+        errors.append(f"log.txt has the markers out of log order: {lines} (log order "
+                      f"{want_order})")
+
+    for call, step in imp.applied:
+        exp = imp.expected[call.call_id]
+        got_error = call.result == "fail"
+        if call.content_sha256 == hashlib.sha256(exp.content.encode()).hexdigest() \
+                and got_error == exp.is_error:
+            continue
+        if got_error and not exp.is_error:
+            errors.append(f"step {step.index} ({step.kind}) ended in an error: "
+                          f"{call.content[:200]!r}")
+        else:
+            errors.append(f"step {step.index} ({step.kind}) returned {_brief(call.content)}, "
+                          f"but the step gives {_brief(exp.content)}"
+                          + (f" (exit {exp.exit_code})" if exp.exit_code is not None else ""))
+
+    requests = Counter(r for _, r in obs.inputs)
+    for request, n in requests.items():
+        if n > 1:
+            errors.append(f"the input of request {request!r} was admitted {n} times")
+    if len(obs.inputs) != 1:
+        errors.append(f"{len(obs.inputs)} input entries; the campaign submits exactly one")
+
+    for c in obs.calls:
+        marker = steps[c.step].marker if c.step in steps else ""
+        ran = obs.effects.count((c.tool, marker, c.call_id))
+        if c.tool == "record_never":
+            if ran > 1:
+                errors.append(f"never-tool call {c.call_id} (step {c.step}) ran {ran} times")
+            if c.result == "ok" and ran != 1:
+                errors.append(f"never-tool call {c.call_id} reports success but ran {ran} "
+                              "times")
+        if c.tool == "record_safe" and c.result == "ok" and ran < 1:
+            errors.append(f"safe tool call {c.call_id} reports success but never ran")
+        if c.result == "info" and "may have partially run" not in c.content:
+            errors.append(f"interrupted call of step {c.step} ({c.tool}) does not say it may "
+                          "have partly run")
+        if c.result == "info" and c.tool in WRAPPED and _transactional_at(inp, c.result_entry):
+            errors.append(f"step {c.step} ({c.tool}) ended interrupted in transactional mode; "
+                          "an unknown call must be reverted and run again")
+    return errors
+
+
+def _transactional_at(inp: CheckInput, entry: int | None) -> bool:
+    """Whether the conversation was in transactional mode when ``entry`` was committed."""
+    obs, mode = inp.obs, inp.campaign_mode
+    if mode == "transactional":
+        return True
+    if obs.mode_switch_entry is not None and entry is not None:
+        return entry < obs.mode_switch_entry
+    return mode in ("auto", "stale", "exhaustive", "redrive") and obs.end_mode == "transactional"
+
+
+def _brief(text: str) -> str:
+    flat = text.replace("\n", "\\n")
+    return repr(flat if len(flat) <= 80 else flat[:38] + " ... " + flat[-38:])

@@ -1,0 +1,78 @@
+"""The fence journal (``fences.jsonl``): every sweep, advance and restore is recorded with
+what was alive of an older epoch, checked afresh in /proc, and recording changes nothing
+the operations do or answer."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from backends.local import LocalSpace, LocalSpaces
+from backends.space_client import SpaceClient
+from durable.errors import StaleEpochError
+from spacesd import audit, procfs
+from spacesd.daemon import Daemon
+
+
+def fences(state: Path) -> list[dict]:
+    """The records without their times."""
+    return [{k: v for k, v in f.items() if k != "ms"}
+            for f in audit.read_state(str(state)).fences]
+
+
+def test_advances_and_restores_are_recorded(spaces: LocalSpaces, space: LocalSpace,
+                                            client: SpaceClient) -> None:
+    client.write_file("a.txt", b"one")
+    client.checkpoint_create("cp")
+    client.exec_start("k", "sleep 300")
+    before = int(time.time() * 1000)
+    assert client.with_epoch(2).advance_epoch(2) == {"floor": 2, "killed": ["k"]}
+    assert client.with_epoch(2).advance_epoch(2) == {"floor": 2, "killed": []}
+    with pytest.raises(StaleEpochError):
+        client.advance_epoch(1)
+    client.with_epoch(3).checkpoint_restore("cp")
+    assert fences(space.state) == [
+        {"t": "sweep", "floor": 0, "killed": [], "alive_after": []},
+        {"t": "advance", "epoch": 2, "floor_before": 0, "raised": True, "killed": ["k"],
+         "alive_after": []},
+        {"t": "advance", "epoch": 2, "floor_before": 2, "raised": False, "killed": [],
+         "alive_after": []},
+        {"t": "restore", "id": "cp", "epoch": 3, "floor": 2, "alive_older": []},
+    ]
+    assert all(f["ms"] >= before for f in audit.read_state(str(space.state)).fences[1:])
+    spaces.restart(space.name)
+    assert fences(space.state)[-1] == {"t": "sweep", "floor": 2, "killed": [],
+                                       "alive_after": []}
+
+
+def test_alive_is_checked_in_proc_not_taken_from_memory(tmp_path: Path, monkeypatch) -> None:
+    """In-process, with group kills that do nothing (a process stuck in the kernel): the
+    ledger does not pretend the command ended, and the journal says it is alive."""
+    (tmp_path / "work").mkdir()
+    state = tmp_path / "state"
+    daemon = Daemon(str(tmp_path / "work"), str(state))
+    pgid = daemon.call("exec_start", {"epoch": 1, "key": "k",
+                                      "command": "touch started; sleep 300"})["pid"]
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "work" / "started").exists():  # the shim claimed the key
+            assert time.monotonic() < deadline, "the command never started"
+            time.sleep(0.01)
+        monkeypatch.setattr(procfs, "kill_groups", lambda pgids, **_: set(pgids))
+        assert daemon.call("advance_epoch", {"epoch": 2})["killed"] == []
+        assert daemon.ledger.running_keys() == ["k"]
+        assert daemon.call("exec_status", {"epoch": 2, "key": "k"})["state"] == "running"
+        daemon.call("checkpoint_create", {"epoch": 2, "id": "cp"})
+        daemon.call("checkpoint_restore", {"epoch": 2, "id": "cp"})
+        Daemon(str(tmp_path / "work"), str(state)).close()  # a start-up sweep
+        assert [(f["t"], f.get("alive_after", f.get("alive_older"))) for f in fences(state)] \
+            == [("sweep", []), ("advance", ["k"]), ("restore", ["k"]), ("sweep", ["k"])]
+    finally:
+        daemon.close()
+        os.killpg(pgid, signal.SIGKILL)
+        os.waitpid(pgid, 0)  # the shim is our child here: reap it
+    assert not procfs.group_members([pgid])
