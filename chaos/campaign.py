@@ -53,6 +53,12 @@ class CampaignConfig:
     pairs: bool = False
     #: Start no more runs once one failed (runs already started still finish).
     stop_on_failure: bool = False
+    #: Explicit seeds, one run each (instead of ``runs`` seeds from ``seed_base``): the CI
+    #: subset picks the seeds that reach the cells it must cover.
+    seeds: tuple[int, ...] = ()
+    #: Hand-written fault plans, one run each (with the plan's seed), after the drawn runs;
+    #: with plans and neither ``runs`` nor ``seeds``, only these run.
+    plans: tuple[FaultPlan, ...] = ()
 
     @property
     def preset_name(self) -> str:
@@ -66,6 +72,8 @@ class CampaignConfig:
         d = asdict(self)
         d["results_root"] = str(self.results_root)
         d["points"] = list(self.points)
+        d["seeds"] = list(self.seeds)
+        d["plans"] = [p.to_json() for p in self.plans]
         d["preset"] = self.preset_name
         d["durable_mode"] = self.adapter_mode
         return d
@@ -115,8 +123,11 @@ def _specs(cfg: CampaignConfig, work: Path) -> tuple[list[RunSpec], int | None]:
                    durable_mode=cfg.adapter_mode, backend=cfg.backend, preset=cfg.preset_name,
                    steps=cfg.steps, work_dir=work, keep=cfg.keep, driver=cfg.driver)
     if cfg.mode != "exhaustive":
-        return [replace(base, index=i, seed=cfg.seed_base + i)
-                for i in range(cfg.runs or DEFAULT_RUNS)], None
+        drawn = 0 if cfg.plans and cfg.runs is None else cfg.runs or DEFAULT_RUNS
+        seeds = cfg.seeds or tuple(cfg.seed_base + i for i in range(drawn))
+        specs = [replace(base, index=i, seed=seed) for i, seed in enumerate(seeds)]
+        return specs + [replace(base, index=len(specs) + j, seed=p.seed, plan=p)
+                        for j, p in enumerate(cfg.plans)], None
     # measure every (point, occurrence) of one fault-free run, then kill at each in turn
     reference = Run(replace(base, plan=FaultPlan(cfg.seed_base, ()), keep=False)).execute()
     counts = {p: n for p, n in reference["points_hit"].items()
@@ -164,7 +175,8 @@ def run_campaign(cfg: CampaignConfig, out: TextIO = sys.stdout) -> int:
         covered = len(fired)
         print(f"exhaustive: {covered} of {reachable} (failpoint, occurrence) pairs covered, "
               f"{len({p for p, _ in fired})} distinct failpoints", file=out)
-    summary = summarize(mode=cfg.mode, backend=cfg.backend, seed_base=cfg.seed_base,
+    summary = summarize(mode=cfg.mode, backend=cfg.backend,
+                        seed_base=cfg.seeds[0] if cfg.seeds else cfg.seed_base,
                         records=records, seconds=time.time() - t0, covered=covered,
                         durable_mode=cfg.adapter_mode)
     missed = sorted(reachable_cells(cfg.adapter_mode) - cells_hit(records))

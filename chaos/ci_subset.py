@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .campaign import CampaignConfig, run_campaign
+from .faults import Fault, FaultPlan
 
 
 @dataclass(frozen=True)
@@ -34,24 +35,87 @@ class Slice:
                        **overrides)
 
 
+def _plan(seed: int, *faults: Fault) -> FaultPlan:
+    return FaultPlan(seed, faults, 0.0, max_attempts=len(faults) + 4)
+
+
+#: Hand-written plans for the ``ci-auto`` agent (steps 0-4 transactional; step 5 leaves a
+#: process running, so the conversation switches to checkpoint mode there; its first
+#: checkpoint follows at checkpoint.before#1), aimed at what seeds rarely reach: a Space
+#: lost before the first checkpoint after the switch, and rebuilds cut short.
+AUTO_PLANS = (
+    # lost before the first checkpoint: a checkpoint-mode Space rebuilt from the image
+    _plan(1, Fault("delete_space", "failpoint", "checkpoint.before", 1)),
+    # ... and that rebuild cut short, then finished
+    _plan(1, Fault("delete_space", "failpoint", "checkpoint.before", 1),
+          Fault("kill_driver", "failpoint", "recovery.reimage", 1)),
+    # a checkpoint-mode rebuild from a checkpoint cut short (step 6's result is committed)
+    _plan(1, Fault("delete_space", "failpoint", "call.result", 7),
+          Fault("kill_driver", "failpoint", "recovery.restore", 1)),
+    # a transactional rebuild cut short (step 1's result is committed)
+    _plan(1, Fault("delete_space", "failpoint", "call.result", 2),
+          Fault("kill_driver", "failpoint", "recovery.reimage", 1)),
+    # the daemon dies while step 8's long command runs, in checkpoint mode: reattach
+    _plan(1, Fault("kill_daemon", "failpoint", "space.running", 6, kill_driver=False)),
+    # the driver dies there instead: the next one's fence kills the command, restore
+    _plan(1, Fault("kill_driver", "failpoint", "space.running", 6)),
+)
+
+#: The agent of the exhaustive and targeted slices: seed 33 of the ci-commands preset writes
+#: files/w0.txt, chmods it to 0600 (bash call 1), appends (bash 2), sleeps then appends
+#: (bash 3), prints 80 KB (bash 4), calls a never-tool (call 6), fails with its own status
+#: (bash 5), makes a tree (bash 6) and checksums files/w0.txt (bash 7). Wrapped calls 1-8
+#: are every step but the never-tool.
+COMMANDS_SEED = 33
+COMMANDS: dict[str, Any] = {"preset": "ci-commands", "seed_base": COMMANDS_SEED}
+
+#: Hand-written plans for that agent (checkpoint mode), each for one situation.
+TARGETED = (
+    # a command that started in a Space lost before its outcome was recorded: never again
+    _plan(COMMANDS_SEED, Fault("kill_driver", "failpoint", "space.exited", 2),
+          Fault("delete_space", "failpoint", "recovery.begin", 1)),
+    # an outcome adopted after a crash before its checkpoint (wrapped call 3, the append),
+    # then an unknown outcome (the long command's shim dies): the restore must keep it
+    _plan(COMMANDS_SEED, Fault("kill_driver", "failpoint", "checkpoint.before", 3),
+          Fault("kill_process", "failpoint", "spacesd.exec.exit_writing", 3,
+                kill_driver=False)),
+    # the chmod's shim dies before its exit is recorded (outcome unknown), and the Space
+    # restarts in the middle of the restore that undoes it: the next restore converges
+    _plan(COMMANDS_SEED, Fault("kill_process", "failpoint", "spacesd.exec.exit_writing", 1,
+                kill_driver=False),
+          Fault("restart_space", "failpoint", "spacesd.restore.partial", 1)),
+)
+
 SLICES: tuple[Slice, ...] = (
     Slice("transactional", "transactional recovery under every fault kind, combined ones too",
-          {"mode": "transactional", "runs": 10, "steps": 8, "seed_base": 101}, full_cells=True),
+          {"mode": "transactional", "steps": 8, "seeds": (28, 34, 37, 56, 108, 116)},
+          full_cells=True),
     Slice("checkpoint", "checkpoint recovery under every fault kind, combined ones too",
-          {"mode": "checkpoint", "runs": 10, "steps": 8, "seed_base": 101}, full_cells=True),
-    Slice("auto", "auto mode's switch, with faults before and after it",
-          {"mode": "auto", "runs": 8, "steps": 8, "seed_base": 101}),
-    Slice("stale", "an older driver parked mid-call is fenced and changes nothing",
-          {"mode": "stale", "runs": 4, "steps": 5, "seed_base": 7}),
-    Slice("exhaustive-daemon", "a fault at every point inside the daemon, then one during "
-          "recovery", {"mode": "exhaustive", "durable_mode": "checkpoint",
-                       "points": ("spacesd.exec.recorded", "spacesd.exec.spawned",
-                                  "spacesd.exec.exit_writing")}),
-    Slice("exhaustive-transactional", "a kill at every occurrence of the command and file "
-          "points, then one during recovery", {"mode": "exhaustive",
-                                              "durable_mode": "transactional",
-                                              "points": ("space.running", "space.exited",
-                                                         "space.file_op")}),
+          {"mode": "checkpoint", "steps": 8, "seeds": (36, 83, 97, 114, 118)},
+          full_cells=True),
+    Slice("auto", "auto mode's switch, with faults before and after it and during rebuilds",
+          {"mode": "auto", "preset": "ci-auto",
+           "seeds": (4, 14, 36, 49, 61, 77, 78, 84, 93, 99, 100, 103), "plans": AUTO_PLANS},
+          full_cells=True),
+    Slice("stale", "an older driver parked mid-call is fenced and changes nothing, whether it "
+          "resumes after the newer one finished or right after it opened the log",
+          {"mode": "stale", "steps": 5, "seeds": (7, 6, 8, 21, 3, 1)}),
+    Slice("exhaustive-daemon", "a fault at every point inside the daemon and the shims "
+          "(each command of the ci-commands agent), then one during recovery",
+          {"mode": "exhaustive", "durable_mode": "checkpoint", **COMMANDS,
+           "points": ("spacesd.exec.recorded", "spacesd.exec.spawned",
+                      "spacesd.exec.exit_writing")}),
+    Slice("exhaustive-transactional", "a fault at every occurrence of the command and file "
+          "points in transactional mode, then one during recovery",
+          {"mode": "exhaustive", "durable_mode": "transactional", **COMMANDS,
+           "points": ("space.running", "space.exited", "space.file_op",
+                      "spacesd.exec.exit_writing")}),
+    Slice("exhaustive-calls", "a kill after every call's tool returned, after every "
+          "command exited and after every outcome was recorded, in checkpoint mode",
+          {"mode": "exhaustive", "durable_mode": "checkpoint", **COMMANDS,
+           "points": ("call.returned", "space.exited", "space.outcome")}),
+    Slice("targeted", "hand-written combined faults on the ci-commands agent where a wrong "
+          "recovery would hide", {"mode": "checkpoint", **COMMANDS, "plans": TARGETED}),
 )
 BY_NAME = {s.name: s for s in SLICES}
 

@@ -43,6 +43,13 @@ SHIM_POINTS = ("spacesd.exec.exit_writing",)
 #: Points reached only while an earlier fault is being recovered from.
 RECOVERY_POINTS = ("recovery.begin", "recovery.decided", "recovery.reimage", "recovery.restore",
                    "spacesd.restore.partial")
+#: The recovery points each adapter mode reaches (a revert reimages, a restore restores).
+MODE_RECOVERY_POINTS = {
+    "transactional": ("recovery.begin", "recovery.decided", "recovery.reimage"),
+    "checkpoint": ("recovery.begin", "recovery.decided", "recovery.restore",
+                   "spacesd.restore.partial"),
+    "auto": RECOVERY_POINTS,
+}
 
 
 @dataclass(frozen=True)
@@ -105,7 +112,7 @@ def _action_at(point: str, rng: random.Random, allow_delete: bool) -> Action:
     faults (that is what they are for), a shim's point may kill just that shim."""
     space_point = point.startswith("spacesd.")
     roll = rng.random()
-    if roll < (0.25 if space_point else 0.62):
+    if roll < (0.25 if space_point else 0.65):
         return "kill_driver"
     if point in SHIM_POINTS and roll < 0.6:
         return "kill_process"
@@ -117,13 +124,14 @@ def _action_at(point: str, rng: random.Random, allow_delete: bool) -> Action:
 
 def draw_plan(seed: int, scenario: Scenario, durable_mode: str, *,
               allow_delete: bool = True, long_seconds: float = 1.0) -> FaultPlan:
-    """The seeded fault plan of one run: one to five faults, most at failpoints, later ones
+    """The seeded fault plan of one run: one to six faults, most at failpoints, later ones
     often aimed at the recovery of earlier ones."""
     rng = random.Random(f"faults:{durable_mode}:{seed}")
     points = reachable_points(scenario, durable_mode)
     names = sorted(points)
+    recovery = MODE_RECOVERY_POINTS.get(durable_mode, RECOVERY_POINTS)
     faults: list[Fault] = []
-    for _ in range(rng.choice((1, 2, 2, 3, 3, 4, 5))):
+    for _ in range(rng.choice((1, 2, 3, 3, 4, 4, 5, 6))):
         trigger = rng.random()
         if trigger < 0.55 or not faults and trigger < 0.8:
             point = rng.choice(names)
@@ -132,16 +140,16 @@ def draw_plan(seed: int, scenario: Scenario, durable_mode: str, *,
                                 kill_driver=action == "kill_driver" or rng.random() < 0.5))
         elif trigger < 0.8:
             # combined: a fault during the recovery of an earlier one
-            point = rng.choice(RECOVERY_POINTS)
+            point = rng.choice(recovery)
             action = _action_at(point, rng, allow_delete)
-            faults.append(Fault(action, "failpoint", point, rng.randint(1, 2),
+            faults.append(Fault(action, "failpoint", point, rng.choice((1, 1, 2)),
                                 kill_driver=action == "kill_driver" or rng.random() < 0.5))
         else:
             action = rng.choice(("kill_driver", "kill_driver", *SPACE_ACTIONS))
             if action == "delete_space" and not allow_delete:
                 action = "restart_space"
             budget = max(1.0, len(scenario.steps) * 0.15 + long_seconds)
-            faults.append(Fault(action, "time", attempt=rng.randint(1, 2),
+            faults.append(Fault(action, "time", attempt=rng.choice((1, 1, 2)),
                                 delay=round(rng.uniform(0.05, budget), 3),
                                 kill_driver=action == "kill_driver" or rng.random() < 0.5))
     backoff = rng.choice((0.0, 0.0, 0.05))

@@ -26,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,9 @@ DRIVER_TIMEOUT_S = 180.0
 #: before any call or recovery).
 ARMING_POINTS = ("call.", "recovery.", "session.")
 ROOT_SPACE = f"{SPACE_PREFIX}-c1"
+#: The heartbeat of a stale race's older driver: long, so the fences in its commits and
+#: Space requests stop it, not its heartbeat's own fence check.
+STALE_HEARTBEAT_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,16 @@ class RunSpec:
 
 
 @dataclass
+class Hold:
+    """Park the driver whose failpoint hit ``matches`` until ``release`` (stale mode)."""
+
+    who: str
+    matches: Callable[[Hit], bool]
+    parked: threading.Event = field(default_factory=threading.Event)
+    release: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
 class RunState:
     """Mutable bookkeeping of one run, shared by the runner thread, the rendezvous handler
     and the fault timers (all under ``lock``)."""
@@ -82,7 +96,6 @@ class RunState:
     errors: list[str] = field(default_factory=list)
     latencies: list[dict[str, Any]] = field(default_factory=list)
     driver: OwnedProcess | None = None
-    hold: threading.Event | None = None
 
     def op(self, process: str, type_: str, f: str, value: Any = None) -> None:
         with self.lock:
@@ -112,10 +125,10 @@ class Run:
         self.state = RunState(time.time())
         self.epoch = 0
         self.spaces: Any = None
-        self._hold_at: tuple[str, int] | None = None
+        #: Drivers to park at a failpoint (stale mode's race).
+        self._holds: list[Hold] = []
         self._attempt = 0
         self._fired_at_launch = 0
-        self._release = threading.Event()
         self._armed = threading.Event()
         #: The ledgers of the Space's generations the nemesis destroyed (see G2).
         self.ledgers: list[dict[str, Any]] = []
@@ -204,11 +217,14 @@ class Run:
             for lat in s.latencies:
                 if from_driver and lat["t_next_step"] is None and lat["killed"]:
                     lat["t_next_step"] = hit.t - s.t0
-        if s.hold is not None and self._hold_point(hit):
-            hold, s.hold = s.hold, None
-            s.op("nemesis", "info", "hold_driver", f"{hit.point}#{hit.occurrence}")
-            hold.set()  # tell the runner: the older driver is parked here
-            self._release.wait(DRIVER_TIMEOUT_S)
+        with s.lock:
+            hold = next((h for h in self._holds if not h.parked.is_set() and h.matches(hit)),
+                        None)
+            if hold is not None:
+                hold.parked.set()  # tell the runner: a driver is parked here
+        if hold is not None:
+            s.op("nemesis", "info", "hold_driver", f"{hold.who} at {hit.point}#{hit.occurrence}")
+            hold.release.wait(DRIVER_TIMEOUT_S)
             return "continue"
         reporter_gone = False
         for i, fault in enumerate(self.plan.faults):
@@ -239,11 +255,12 @@ class Run:
             argv += ["--steps", str(spec.steps)]
         return argv
 
-    def _launch(self, attempt: int, failpoints: str | None) -> OwnedProcess:
+    def _launch(self, attempt: int, failpoints: str | None, *,
+                heartbeat: float = 0.5) -> OwnedProcess:
         self.epoch += 1
         env = {**os.environ, "CUA_SESSION_NAME": f"run-{self.spec.index}",
                "CUA_SESSION_EPOCH": str(self.epoch), "CUA_STATE_DIR": str(self.dir / "state"),
-               "CUA_SESSION_HEARTBEAT_SECS": "0.5",
+               "CUA_SESSION_HEARTBEAT_SECS": str(heartbeat),
                "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         env.pop("CUA_FAILPOINTS", None)
         env.pop(SPACE_FAILPOINTS_ENV, None)
@@ -354,7 +371,8 @@ class Run:
             verdict = Verdict("unknown", [f"run crashed: {type(exc).__name__}: {exc}",
                                           traceback.format_exc(limit=8)])
         finally:
-            self._release.set()
+            for hold in self._holds:
+                hold.release.set()
             shutil.rmtree(sock_dir, ignore_errors=True)
             failed = verdict.valid is not True
             if self.spaces is not None:
@@ -420,39 +438,61 @@ class Run:
 
     _stale_error: str | None = None
 
-    def _hold_point(self, hit: Hit) -> bool:
-        return (hit.point, hit.occurrence) == self._hold_at
-
     def _race(self, rv: Rendezvous) -> int | None:
-        """Stale mode: park an older driver at a seeded point, let a newer one finish the
-        session, then release the older one: it must be fenced (exit 75) and change nothing."""
+        """Stale mode: park an older driver at a seeded point, then let a newer one take the
+        session over, and release the older one, which must be fenced (exit 75) and change
+        nothing. Two races, by seed: the older resumes once the newer has *finished*, or
+        just after the newer *opened* the log and before it wrote anything (parked at its
+        first failpoint): only the fences inside each commit and each Space request can stop
+        it there. The older driver's heartbeat (which also checks the fence) is slowed down
+        so that those fences, not the heartbeat, are what is tested."""
         rng = random.Random(f"stale:{self.spec.seed}")
         points = reachable_points(self.scenario, self.spec.durable_mode)
         candidates = [p for p in ("call.intent", "space.start_mark", "space.running",
                                   "space.exited", "call.returned", "space.file_op")
                       if p in points]
         point = rng.choice(candidates)
-        self._hold_at = (point, rng.randint(1, points[point]))
-        self.state.hold = parked = threading.Event()
+        at = (point, rng.randint(1, points[point]))
+        race = rng.choice(("finished", "opened"))
+        old_hold = Hold(f"the older driver ({race} race)",
+                        lambda hit: (hit.point, hit.occurrence) == at)
+        self._holds.append(old_hold)
         self._fired_at_launch = -1  # the race always ends with a clean driver
-        old = self._launch(1, rv.address)
+        old = self._launch(1, rv.address, heartbeat=STALE_HEARTBEAT_S)
         old_epoch = self.epoch
         self.state.driver = old
-        if not parked.wait(DRIVER_TIMEOUT_S) or old.poll() is not None:
-            self._stale_error = f"the older driver never reached {self._hold_at}"
+        if not old_hold.parked.wait(DRIVER_TIMEOUT_S) or old.poll() is not None:
+            self._stale_error = f"the older driver never reached {at[0]}#{at[1]}"
             return self._await(old, 1)
-        new = self._launch(2, None)
-        code = self._await(new, 2)
-        self._release.set()
-        old_code = old.wait(DRIVER_TIMEOUT_S)
-        old.close()
-        self.state.op("driver", "fail" if old_code == 75 else "info", "attempt",
-                      {"attempt": 1, "epoch": old_epoch, "exit": old_code})
+        if race == "finished":
+            new = self._launch(2, None)
+            code = self._await(new, 2)
+            old_hold.release.set()
+            old_code = self._await_stale(old, old_epoch)
+        else:
+            new_hold = Hold("the newer driver, before its first write",
+                            lambda hit: hit.pid != old.pid and hit.info.get("process") is None)
+            self._holds.append(new_hold)
+            new = self._launch(2, rv.address)
+            while not new_hold.parked.wait(0.05) and new.poll() is None:
+                pass
+            old_hold.release.set()
+            old_code = self._await_stale(old, old_epoch)
+            new_hold.release.set()
+            code = self._await(new, 2)
         if old_code == 75:
-            self.state.counts["fenced"] += 1
+            self.state.count("fenced")
         else:
             self._stale_error = (f"the older driver (epoch {old_epoch}) exited {old_code} "
-                                 "after a newer one finished; it must be fenced (75)")
+                                 f"after a newer one took over ({race} race); it must be "
+                                 "fenced (75)")
+        return code
+
+    def _await_stale(self, old: OwnedProcess, epoch: int) -> int:
+        code = old.wait(DRIVER_TIMEOUT_S)
+        old.close()
+        self.state.op("driver", "fail" if code == 75 else "info", "attempt",
+                      {"attempt": 1, "epoch": epoch, "exit": code})
         return code
 
     def _save_workspace(self) -> None:

@@ -66,13 +66,17 @@ def _filler(rng: random.Random, size: int) -> str:
 
 def initial_workspace(seed: int, preset: Preset, rng: random.Random) -> WorkspaceModel:
     """The workspace a run starts from: text files, an executable, a private file and a
-    symlink, so that adopting it (the first image or checkpoint) must keep modes and links."""
+    symlink, so that adopting it (the first image or checkpoint) must keep modes and links,
+    and two of the files the write steps use, so that rm, mv, chmod and sums steps find
+    something to work on from the first step."""
     ws = WorkspaceModel()
     ws.files[DOC_FILE] = ("".join(f"slot-{j}: init\n" for j in range(SLOTS)).encode(), 0o644)
     ws.files[README] = (f"# scenario {seed}\n".encode(), 0o644)
     for i in range(max(0, preset.initial_files - 2)):
         ws.files[f"src/m{i}.txt"] = (_filler(rng, 200).encode() + b"\n",
                                      0o755 if i == 0 else 0o600 if i == 1 else 0o644)
+    for i in range(2):
+        ws.files[write_path(i)] = (f"initial w{i}\n".encode(), 0o644)
     ws.links["links/readme"] = f"../{README}"
     return ws
 

@@ -1,0 +1,228 @@
+"""The mutation gate: realistic one-line bugs planted in the system under test, each of which
+the fast CI subset must catch.
+
+Each mutant is a small textual patch (exact text that must occur once, and its
+replacement) with one sentence on what it breaks. ``pytest -m mutants`` copies the project
+into a temporary directory per mutant, applies the patch there, and runs the CI slice that
+must catch it (``python -m chaos ci --slice NAME``, the same slices as ``pytest -m
+crash_ci``) with the copy first on the path: drivers and Space daemons are started from the
+copy. A mutant the slice calls valid has *survived*: the gate fails and says which check
+should have caught it. The score line (``MUTATION SCORE k/n``) is printed at the end.
+
+A mutant whose text no longer occurs in the code fails too (the code moved: update the
+mutant, never drop it silently).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("durable", "spacesd", "backends", "chaos", "scenarios")
+SLICE_TIMEOUT_S = 600
+
+
+@dataclass(frozen=True)
+class Mutant:
+    id: str
+    path: str
+    #: (exact text that occurs once in ``path``, its replacement), applied in order.
+    edits: tuple[tuple[str, str], ...]
+    #: What it breaks, in one sentence.
+    breaks: str
+    #: The CI slice that must catch it (``chaos.ci_subset.SLICES``).
+    slice: str
+    #: The check that should catch it, and the recovery-table cell (or fault) it hides in.
+    check: str
+    where: str
+
+
+MUTANTS: tuple[Mutant, ...] = (
+    # ---------------------------------------------------------------- spacesd
+    Mutant(
+        "ledger-record-after-spawn", "spacesd/exec_ledger.py",
+        (("""            self._journal.append({"t": "start", "key": key, "id": rec.id, "command": command,
+                                  "cwd": cwd, "epoch": epoch, "ms": rec.started_ms})
+            self._failpoints.report("spacesd.exec.recorded", {"key": key, "epoch": epoch})
+""", ""),
+         ("""            self._failpoints.report("spacesd.exec.spawned",
+                                    {"key": key, "epoch": epoch, "shim_pid": pid})
+""", """            self._failpoints.report("spacesd.exec.spawned",
+                                    {"key": key, "epoch": epoch, "shim_pid": pid})
+            self._journal.append({"t": "start", "key": key, "id": rec.id, "command": command,
+                                  "cwd": cwd, "epoch": epoch, "ms": rec.started_ms})
+""")),
+        "the start record is written after the spawn, so a daemon that dies in between "
+        "forgets a command that runs",
+        "exhaustive-daemon", "G5", "ran bash key_unknown after a daemon kill at exec.spawned"),
+    Mutant(
+        "journal-drops-last-record", "spacesd/journal.py",
+        (("    end = raw.rfind(b\"\\n\") + 1\n",
+          "    end = raw.rfind(b\"\\n\", 0, len(raw) - 1) + 1\n"),),
+        "reopening the ledger drops its last complete record as if it were torn, so a "
+        "restarted daemon forgets the newest key and it runs again",
+        "exhaustive-daemon", "G5", "ran bash key_unknown after a daemon restart"),
+    Mutant(
+        "replay-tail-too-short", "spacesd/protocol.py",
+        (("OUTPUT_TAIL_BYTES = 64 * 1024", "OUTPUT_TAIL_BYTES = 40 * 1024"),),
+        "the ledger keeps and replays only 40 KiB of an ended command's output, less than "
+        "the 50 KiB a result shows",
+        "exhaustive-calls", "G5", "replayed bash exited (the 80 KB command)"),
+    Mutant(
+        "advance-kills-nothing", "spacesd/daemon.py",
+        (("            killed = self.ledger.fence(epoch)\n", "            killed = []\n"),),
+        "advance_epoch raises the floor but leaves the older epoch's commands running",
+        "exhaustive-transactional", "G3", "reverted bash fenced (a long command)"),
+    Mutant(
+        "floor-not-persisted", "spacesd/epoch_fence.py",
+        (("                self._persist(epoch)\n", "                pass\n"),),
+        "advance_epoch never raises the Space's floor, so nothing stale is ever refused",
+        "checkpoint", "G3", "restored: a restore by an epoch above the floor"),
+    Mutant(
+        "restore-keeps-extra-files", "spacesd/checkpoints.py",
+        (("            if want.get(rel) != paths.kind_of(st.st_mode):",
+          "            if rel in want and want[rel] != paths.kind_of(st.st_mode):"),),
+        "a checkpoint restore keeps files the checkpoint does not have",
+        "exhaustive-daemon", "G1", "restored: a command's new file left behind"),
+    Mutant(
+        "restore-ignores-modes", "spacesd/checkpoints.py",
+        (("                same = (stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == f.mode",
+          "                same = (stat.S_ISREG(st.st_mode)"),),
+        "a restore leaves a file whose content is right but whose mode changed",
+        "exhaustive-daemon", "G1", "restored bash daemon_lost after the chmod's shim died"),
+    # ---------------------------------------------------------------- the fenced log
+    Mutant(
+        "commit-skips-the-fence", "durable/storage/sqlite.py",
+        (("                self._admit_epoch(conn)\n", "                pass\n"),),
+        "a commit no longer reads the floor in its transaction, so a stale driver's "
+        "commits land after a newer driver took the log over",
+        "stale", "G4", "stale: the older driver parked at call.returned"),
+    # ---------------------------------------------------------------- the harness
+    Mutant(
+        "request-id-ignored", "durable/harness.py",
+        (("            known = log.request_entry(self.id, request_id)\n",
+          "            known = None\n"),),
+        "a resubmitted request is admitted again after every crash",
+        "checkpoint", "G5", "any run with a second driver"),
+    Mutant(
+        "never-tool-rerun", "durable/harness.py",
+        (("        elif tool.replay == \"safe\":\n",
+          "        elif tool.replay in (\"safe\", \"never\"):\n"),),
+        "an interrupted never-tool runs again on resume, like a safe one",
+        "exhaustive-calls", "G5", "the never-tool killed after it returned"),
+    # ---------------------------------------------------------------- the adapter
+    Mutant(
+        "lost-is-never-started", "durable/adapter/decide.py",
+        (("        if facts.ledger == \"unknown\":\n",
+          "        if facts.ledger in (\"unknown\", \"lost\"):\n"),),
+        "a command the ledger calls lost (it may have run) is run again as if it never "
+        "started",
+        "exhaustive-daemon", "G2", "restored bash daemon_lost"),
+    Mutant(
+        "fenced-is-exited", "durable/adapter/decide.py",
+        (("        return \"exited\" if info.fenced_by is None else \"fenced\"\n",
+          "        return \"exited\"\n"),),
+        "a command killed by a newer epoch's fence is replayed as if it had exited",
+        "exhaustive-transactional", "G5", "reverted bash fenced"),
+    Mutant(
+        "generation-not-bumped", "durable/adapter/core.py",
+        (("                **d, \"space\": name, \"generation\": d[\"generation\"] + 1, "
+          "\"ready\": False})",
+          "                **d, \"space\": name, \"generation\": d[\"generation\"], "
+          "\"ready\": False})"),),
+        "a rebuilt Space keeps the lost one's generation, so a command started in the lost "
+        "Space looks as if it never reached the new one and starts again",
+        "targeted", "G2", "restored bash space_lost"),
+    Mutant(
+        "revert-skipped", "durable/adapter/core.py",
+        (("        self._reimage(call.ctx.log, call.ctx.conversation, call.st)\n"
+          "        return self._run(call, decision)\n",
+          "        return self._run(call, decision)\n"),),
+        "transactional recovery reruns an unknown call without reverting the workspace",
+        "exhaustive-transactional", "G5", "reverted bash daemon_lost (the append's shim died)"),
+    Mutant(
+        "restore-skipped", "durable/adapter/core.py",
+        (("            self.snapshots.restore(call.st.client, ref)\n", ""),),
+        "checkpoint recovery of an unknown call does not restore the checkpoint",
+        "exhaustive-daemon", "G5", "restored bash daemon_lost (the append's shim died)"),
+    Mutant(
+        "key-without-call", "durable/adapter/core.py",
+        (("        key = f\"{conv}:{ctx.call_id}:{n}@{self.epoch}\"",
+          "        key = f\"{conv}:{n}@{self.epoch}\""),),
+        "the idempotency key leaves out the call, so a driver's second command gets the "
+        "first one's recorded result",
+        "transactional", "G5", "every run with two commands in one driver"),
+    Mutant(
+        "adopt-without-checkpoint", "durable/adapter/core.py",
+        (("        if decision.take_checkpoint:\n"
+          "            self._checkpoint(call.ctx, call.st, call.facts.mode)\n", ""),),
+        "an adopted outcome whose checkpoint a crash prevented is never checkpointed, so "
+        "a later restore loses the call's effect",
+        "targeted", "G1", "adopted bash outcome_recorded, then a restore"),
+)
+BY_ID = {m.id: m for m in MUTANTS}
+
+
+def _copy_project(dest: Path) -> None:
+    for pkg in PACKAGES:
+        shutil.copytree(ROOT / pkg, dest / pkg,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+
+
+def _apply(mutant: Mutant, tree: Path) -> None:
+    path = tree / mutant.path
+    text = path.read_text()
+    for old, new in mutant.edits:
+        found = text.count(old)
+        if found != 1:
+            pytest.fail(f"mutant {mutant.id}: its text occurs {found} times in {mutant.path} "
+                        f"(want 1); the code moved: update the mutant\n{old}")
+        text = text.replace(old, new)
+    path.write_text(text)
+
+
+@pytest.mark.mutants
+@pytest.mark.parametrize("mutant_id", [m.id for m in MUTANTS])
+def test_mutant_is_caught(mutant_id: str, tmp_path: Path) -> None:
+    mutant = BY_ID[mutant_id]
+    tree = tmp_path / "tree"
+    _copy_project(tree)
+    _apply(mutant, tree)
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    env.pop("CUA_FAILPOINTS", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "chaos", "ci", "--slice", mutant.slice, "--results",
+         str(tmp_path / "results"), "--stop-on-failure", "--jobs", "2"],
+        cwd=tree, env=env, capture_output=True, text=True, timeout=SLICE_TIMEOUT_S)
+    out = proc.stdout + proc.stderr
+    failed = [line for line in proc.stdout.splitlines() if line.startswith("FAILED run=")]
+    repro = [line.strip() for line in proc.stdout.splitlines() if "reproduce:" in line]
+    if proc.returncode != 1 or not failed:
+        summary = [line for line in out.splitlines() if line.startswith("SUMMARY")]
+        pytest.fail(f"mutant {mutant.id} SURVIVED the {mutant.slice} slice (exit "
+                    f"{proc.returncode}): {mutant.breaks}. {mutant.check} should have caught "
+                    f"it at {mutant.where}.\n" + "\n".join(summary or out.splitlines()[-20:]))
+    checks = re.search(r"check=(\S+):", failed[0])
+    print(f"mutant {mutant.id}: caught by the {mutant.slice} slice, "
+          f"check={checks[1] if checks else '?'}\n  {failed[0]}\n  {repro[0] if repro else ''}")
+
+
+def test_every_mutant_applies_to_the_code_as_it_is(tmp_path: Path) -> None:
+    """Cheap and always run: a mutant whose text moved is found at once, not at the gate."""
+    for mutant in MUTANTS:
+        path = ROOT / mutant.path
+        text = path.read_text()
+        for old, _new in mutant.edits:
+            assert text.count(old) == 1, f"mutant {mutant.id} no longer applies to {mutant.path}"
+    assert len(MUTANTS) >= 15
+    from chaos.ci_subset import BY_NAME
+
+    assert {m.slice for m in MUTANTS} <= set(BY_NAME)
