@@ -21,7 +21,7 @@ class BackendUnavailable(RuntimeError):
 
 def make_spaces(backend: str, run_dir: Path, *, failpoints: str | None = None) -> Spaces:
     """The run's Spaces provider. ``failpoints``: the channel the Spaces' daemons report
-    their failpoints to (local Spaces only; other backends' daemons have none)."""
+    their failpoints to (a unix socket; docker containers get its directory mounted)."""
     if backend == "local":
         from backends.local import LocalSpaces
 
@@ -41,7 +41,7 @@ def make_spaces(backend: str, run_dir: Path, *, failpoints: str | None = None) -
         digest = hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:10]
         readable = re.sub(r"[^A-Za-z0-9-]", "-", run_dir.name).strip("-")[:40] or "run"
         try:
-            return DockerSpaces(label_scope=f"{readable}-{digest}")
+            return DockerSpaces(label_scope=f"{readable}-{digest}", failpoints=failpoints)
         except DockerUnavailable as exc:
             raise BackendUnavailable(str(exc)) from None
     if backend == "microvm":

@@ -8,7 +8,6 @@ the Trio way: SIGTERM, a grace period, then SIGKILL with a warning, and it alway
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -17,8 +16,6 @@ import threading
 import warnings
 from collections.abc import Sequence
 from typing import IO
-
-import psutil
 
 
 class OwnedProcess:
@@ -95,16 +92,3 @@ def python_argv(module: str, *args: str) -> list[str]:
     """argv that runs ``python -m module args`` with this interpreter."""
     return [sys.executable, "-m", module, *args]
 
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie does not)."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def kill_pid(pid: int) -> None:
-    """SIGKILL the one process ``pid`` (a failpoint's reporter, known by the id it sent)."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)

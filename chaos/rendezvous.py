@@ -39,8 +39,12 @@ class Hit:
 class Rendezvous:
     """A unix-socket server for failpoint reports. Use as a context manager."""
 
-    def __init__(self, path: str, on_hit: Callable[[Hit], Action]) -> None:
+    def __init__(self, path: str, on_hit: Callable[[Hit], Action], *,
+                 shared: bool = False) -> None:
         self.path = path
+        #: Let other users reach the socket (a container's daemon runs as its own user):
+        #: its directory becomes searchable and the socket writable by anyone on the host.
+        self.shared = shared
         self.on_hit = on_hit
         self.hits: list[Hit] = []
         #: Errors raised by ``on_hit``: the fault it was deciding may not have happened.
@@ -61,6 +65,9 @@ class Rendezvous:
             os.unlink(self.path)
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.bind(self.path)
+        if self.shared:
+            os.chmod(os.path.dirname(self.path) or ".", 0o711)
+            os.chmod(self.path, 0o666)
         s.listen(16)
         self._sock = s
         t = threading.Thread(target=self._accept, name="rendezvous-accept", daemon=True)

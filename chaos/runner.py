@@ -40,7 +40,7 @@ from .checker import Verdict, check
 from .driver import SPACE_FAILPOINTS_ENV, SPACE_PREFIX
 from .faults import Fault, FaultPlan, draw_plan, reachable_points
 from .observe import observe, save_ledger
-from .processes import OwnedProcess, alive, kill_pid, python_argv
+from .processes import OwnedProcess, python_argv
 from .rendezvous import Action, Hit, Rendezvous
 
 DRIVER_TIMEOUT_S = 180.0
@@ -113,6 +113,17 @@ class RunState:
         self.op("nemesis", "fail", "error", text)
 
 
+def _kills_reporter(hit: Hit, fault: Fault, killed_driver: bool, injured: bool) -> bool:
+    """Whether firing ``fault`` ended the process that reported ``hit`` (then its channel is
+    closed; a live reporter must get its answer, or it stops reporting failpoints)."""
+    process = hit.info.get("process")
+    if process is None:
+        return killed_driver
+    ends = {"spacesd": ("kill_daemon", "restart_space", "delete_space"),
+            "shim": ("kill_process", "restart_space", "delete_space")}.get(process, ())
+    return injured and fault.action in ends
+
+
 class Run:
     def __init__(self, spec: RunSpec) -> None:
         self.spec = spec
@@ -135,7 +146,9 @@ class Run:
 
     # ------------------------------------------------------------------ faults
 
-    def _space_fault(self, fault: Fault, hit: Hit | None) -> None:
+    def _space_fault(self, fault: Fault, hit: Hit | None) -> bool:
+        """Injure the Space as ``fault`` says; False when it could not (the history says
+        why)."""
         assert self.spaces is not None
         s = self.state
         try:
@@ -155,18 +168,20 @@ class Run:
                 self.spaces.delete(ROOT_SPACE)
                 s.count("lost_spaces")
             elif fault.action == "kill_process":
-                if hit is None:
+                if hit is None or hit.info.get("process") is None:
                     raise ValueError(f"{fault.describe()}: kill_process needs a failpoint "
-                                     "trigger (it kills the process that reported it)")
-                kill_pid(hit.pid)
+                                     "of the Space (it kills the process that reported it)")
+                # the pid as the Space sees it: only its provider can signal it
+                self.spaces.kill_process(ROOT_SPACE, hit.pid)
                 s.count("process_kills")
         except SpaceError as exc:  # e.g. the Space is already gone
             s.op("nemesis", "fail", fault.action, f"skipped: {exc}")
-            return
+            return False
         s.op("nemesis", "info", fault.action, fault.describe())
+        return True
 
-    def _fire(self, index: int, fault: Fault, hit: Hit | None) -> bool:
-        """Fire ``fault`` once; returns True when it killed the driver.
+    def _fire(self, index: int, fault: Fault, hit: Hit | None) -> tuple[bool, bool]:
+        """Fire ``fault`` once; returns (it killed the driver, it injured the Space).
 
         A Space fault acts outside the run's lock: bringing a daemon back waits for it, and
         the new daemon's (or the driver's) failpoints must be answered meanwhile.
@@ -180,14 +195,15 @@ class Run:
             self._armed.wait(DRIVER_TIMEOUT_S)
         with s.lock:
             if index in s.fired:
-                return False
+                return False, False
             s.fired.add(index)
             driver = s.driver
+        injured = False
         if fault.action == "delete_space" and not self._armed.is_set():
             s.op("nemesis", "fail", fault.action, f"skipped {fault.describe()}: the seeded "
                  "Space is not adopted yet")
         elif fault.action != "kill_driver":
-            self._space_fault(fault, hit)
+            injured = self._space_fault(fault, hit)
         killed = False
         if fault.kill_driver and driver is not None and driver.poll() is None:
             driver.kill_group()
@@ -198,7 +214,7 @@ class Run:
             s.latencies.append({"action": fault.action, "trigger": fault.trigger,
                                 "point": fault.point, "t_fault": time.time() - s.t0,
                                 "t_next_step": None, "t_done": None, "killed": killed})
-        return killed
+        return killed, injured
 
     def _fire_timed(self, index: int, fault: Fault) -> None:
         """A timer's fault: an error here is the run's, never lost with the timer thread."""
@@ -213,7 +229,6 @@ class Run:
             self._armed.set()
         from_driver = hit.info.get("process") is None
         with s.lock:
-            driver = s.driver
             for lat in s.latencies:
                 if from_driver and lat["t_next_step"] is None and lat["killed"]:
                     lat["t_next_step"] = hit.t - s.t0
@@ -236,10 +251,9 @@ class Run:
             due = due or (hit.point == "session.end" and fault.trigger == "time"
                           and fault.attempt == self._attempt)
             if due and i not in s.fired:  # every fault due here fires, in plan order
-                killed_driver = self._fire(i, fault, hit)
-                reporter_gone = reporter_gone or (
-                    killed_driver if from_driver and driver is not None
-                    and hit.pid == driver.pid else not alive(hit.pid))
+                killed_driver, injured = self._fire(i, fault, hit)
+                reporter_gone = reporter_gone or _kills_reporter(hit, fault, killed_driver,
+                                                                 injured)
         return "killed" if reporter_gone else "continue"
 
     # ------------------------------------------------------------------ drivers
@@ -325,7 +339,8 @@ class Run:
         events: list[dict[str, Any]] = []
         hits: dict[str, int] = {}
         try:
-            with Rendezvous(os.path.join(sock_dir, "fp.sock"), self._on_hit) as rv:
+            with Rendezvous(os.path.join(sock_dir, "fp.sock"), self._on_hit,
+                            shared=spec.backend == "docker") as rv:
                 # The Space's daemons report their failpoints to the same rendezvous.
                 self.spaces = make_spaces(spec.backend, self.dir, failpoints=rv.address)
                 self._seed_workspace()

@@ -63,6 +63,7 @@ from backends.docker.errors import DockerUnavailable
 from backends.local.provider import _NAME  # one rule for Space names on every backend
 from backends.space_client import Endpoint, SpaceClient
 from durable.errors import SpaceError, SpaceNotFound, SpaceUnavailable
+from spacesd.failpoints import ENV_VAR as FAILPOINTS_ENV
 from spacesd.protocol import (ERR_BAD_REQUEST, STATE_EPOCH, STATE_EXEC_DIR, STATE_FENCES,
                               STATE_LEDGER, is_audit_file)
 
@@ -74,6 +75,8 @@ PORT = "7777/tcp"
 TOKEN_ENV = "SPACESD_TOKEN"
 #: The daemon's state directory in the image (``--state`` of the Dockerfile's CMD).
 STATE_DIR = "/var/lib/spacesd"
+#: Where a failpoint channel's socket directory is mounted in a Space's container.
+FAILPOINTS_MOUNT = "/run/chaos-failpoints"
 PID_FILE = f"{STATE_DIR}/daemon.pid"
 WORKSPACE = "/home/cua/work"
 _SCOPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,62}")  # no '.': it separates scope and name
@@ -177,10 +180,16 @@ class DockerSpaces:
 
     def __init__(self, *, label_scope: str = "default", image: str = IMAGE,
                  limits: Limits | None = None, start_timeout: float = 60.0,
-                 api_timeout: float = 60.0) -> None:
+                 api_timeout: float = 60.0, failpoints: str | None = None) -> None:
         if not isinstance(label_scope, str) or not _SCOPE.fullmatch(label_scope):
             raise ValueError(f"Expected a label_scope of 1-63 of A-Z a-z 0-9 - (starting with "
                              f"a letter or digit) but got label_scope={label_scope!r}")
+        if failpoints is not None and not failpoints.startswith("unix:"):
+            raise ValueError(f"docker Spaces reach a failpoint channel only through a unix "
+                             f"socket bind-mounted into the container; got {failpoints!r} "
+                             "(use unix:/path)")
+        #: The failpoint channel of the daemons in containers this provider creates.
+        self.failpoints = failpoints
         self.scope = label_scope
         self.image = image
         self.limits = limits or Limits()
@@ -284,11 +293,16 @@ class DockerSpaces:
             port_bindings={PORT: ("127.0.0.1", None)},
             nano_cpus=int(lim.cpus * 1e9), mem_limit=lim.memory, pids_limit=lim.pids,
             cap_drop=["ALL"], security_opt=["no-new-privileges"],
-            log_config=LogConfig(type="json-file", config={"max-size": "1m", "max-file": "2"}))
+            log_config=LogConfig(type="json-file", config={"max-size": "1m", "max-file": "2"}),
+            binds=self._failpoint_binds())
+        environment = {TOKEN_ENV: secrets.token_hex(32)}
+        if self.failpoints is not None:
+            socket_name = os.path.basename(self.failpoints[len("unix:"):])
+            environment[FAILPOINTS_ENV] = f"unix:{FAILPOINTS_MOUNT}/{socket_name}"
         try:
             self._api.create_container(
                 self.image, name=cname, detach=True, host_config=host_config,
-                ports=[7777], environment={TOKEN_ENV: secrets.token_hex(32)},
+                ports=[7777], environment=environment,
                 labels={LABEL: "1", LABEL_SCOPE: self.scope, LABEL_NAME: name},
                 use_config_proxy=False)
         except docker.errors.ImageNotFound:
@@ -300,6 +314,14 @@ class DockerSpaces:
                 raise SpaceUnavailable(f"Space {name!r}: docker create failed ({exc})") from exc
         except _ENGINE_ERRORS as exc:
             raise SpaceUnavailable(f"Space {name!r}: docker create failed ({exc})") from exc
+
+    def _failpoint_binds(self) -> dict[str, dict[str, str]] | None:
+        """The failpoint socket's directory, mounted where the daemon finds it (the socket
+        must be writable by the container's user: ``Rendezvous(shared=True)``)."""
+        if self.failpoints is None:
+            return None
+        directory = os.path.dirname(self.failpoints[len("unix:"):])
+        return {directory: {"bind": FAILPOINTS_MOUNT, "mode": "rw"}}
 
     def _start(self, name: str) -> None:
         try:
@@ -369,6 +391,13 @@ class DockerSpaces:
             raise SpaceUnavailable(f"Space {name!r}: kill-daemon exited {code}: {out.strip()}"
                                    f"\n{self._log_tail(self.container_name(name))}")
         self._wait_healthy(name)
+
+    def kill_process(self, name: str, pid: int) -> None:
+        """SIGKILL one process of the Space by its pid *inside the container* (a command's
+        shim, say): ``docker exec kill -9``; ``SpaceError`` when there is no such process."""
+        code, out = self.exec_in(name, ["kill", "-9", str(int(pid))])
+        if code != 0:
+            raise SpaceError(f"Space {name!r}: no process {pid} to kill ({out.strip()})")
 
     def exec_in(self, name: str, argv: list[str]) -> tuple[int, str]:
         """``docker exec`` ``argv`` in the Space as its user (outside spacesd, for faults,

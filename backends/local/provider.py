@@ -176,6 +176,20 @@ class LocalSpaces:
             procs.kill_space_processes(str(space.state))
             self._start_daemon(space)
 
+    def kill_process(self, name: str, pid: int) -> None:
+        """SIGKILL one process of the Space (a command's shim, say), by its pid as the Space
+        sees it; refuses a pid that is not one of the Space's processes (``SpaceError``)."""
+        with self._locked(name) as space:
+            self.get(name)
+            proc = next((p for p in procs.space_processes(str(space.state)) if p.pid == pid),
+                        None)
+            if proc is None:
+                raise SpaceError(f"pid {pid} is not a live process of Space {name!r}; give "
+                                 "the pid of one of its commands (or shims)")
+            started = procs.start_time(pid)
+            if started is not None:
+                procs.kill_process(pid, started)
+
     def kill_daemon(self, name: str) -> None:
         with self._locked(name) as space:
             self.get(name)
