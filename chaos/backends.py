@@ -8,10 +8,21 @@ never share one.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Protocol
 
 from durable.spaces import Spaces
 
 BACKENDS = ("local", "docker", "microvm")
+
+
+class CampaignSpaces(Spaces, Protocol):
+    """What the campaign needs of a provider beyond ``durable.spaces.Spaces``: to read a
+    Space's state back for the audits (its ledger and fence journal, even while the daemon
+    is down) and to kill one of its processes by the pid a failpoint reported."""
+
+    def save_state(self, name: str, dest: Path) -> None: ...
+
+    def kill_process(self, name: str, pid: int) -> None: ...
 
 
 class BackendUnavailable(RuntimeError):
@@ -19,7 +30,8 @@ class BackendUnavailable(RuntimeError):
     says what is missing and how to get it."""
 
 
-def make_spaces(backend: str, run_dir: Path, *, failpoints: str | None = None) -> Spaces:
+def make_spaces(backend: str, run_dir: Path, *,
+                failpoints: str | None = None) -> CampaignSpaces:
     """The run's Spaces provider. ``failpoints``: the channel the Spaces' daemons report
     their failpoints to (a unix socket; docker containers get its directory mounted)."""
     if backend == "local":

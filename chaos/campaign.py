@@ -15,13 +15,13 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
+from durable.adapter.decide import reachable_cells
+
 from .backends import make_spaces
 from .faults import RECOVERY_POINTS, FaultPlan, exhaustive_plans
 from .plots import campaign_plots
 from .records import ResultsDir
 from .runner import Run, RunSpec
-from durable.adapter.decide import reachable_cells
-
 from .summary import cells_hit, summarize, summary_line
 
 MODES = ("transactional", "checkpoint", "auto", "stale", "exhaustive")

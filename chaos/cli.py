@@ -140,6 +140,10 @@ def _campaign_config(args: argparse.Namespace) -> CampaignConfig:
     return cfg
 
 
+def _brief(fault: dict) -> str:
+    return f"{fault['action']}@{fault['point'] or fault['delay']}"
+
+
 def _repro(args: argparse.Namespace) -> int:
     if args.results is not None:
         if args.run is None:
@@ -168,7 +172,7 @@ def _repro(args: argparse.Namespace) -> int:
     record = Run(spec).execute()
     v = record["verdict"]
     print(f"repro run={spec.index} seed={spec.seed} mode={spec.campaign_mode} "
-          f"backend={spec.backend} plan={[f['action'] + '@' + str(f['point'] or f['delay']) for f in record['plan']['faults']]}")
+          f"backend={spec.backend} plan={[_brief(f) for f in record['plan']['faults']]}")
     for e in v["errors"]:
         print(f"  {e.splitlines()[0] if e else e}")
     print(f"VERDICT valid={v['valid']} kills={record['counts']['kills']} "

@@ -15,12 +15,12 @@ from durable.adapter.image import IMAGE_KEY, Image
 from durable.adapter.state import RECOVERY_KEY
 from durable.errors import SpaceError
 from durable.log import ROOT_CONVERSATION, Log
-from durable.spaces import Spaces
 from durable.storage.sqlite import SqliteStorage
 from scenarios.host_tools import read_effects
 from scenarios.steps import LOG_FILE
 from spacesd.audit import read_state
 
+from .backends import CampaignSpaces
 from .checker import Observation, ObservedCall
 
 
@@ -62,14 +62,14 @@ def recovery_events(log: Log, conversation: int = ROOT_CONVERSATION) -> list[dic
             if e.kind == "system" and RECOVERY_KEY in e.data]
 
 
-def save_ledger(spaces: Spaces, space_name: str, dest: Path, why: str) -> dict[str, Any]:
+def save_ledger(spaces: CampaignSpaces, space_name: str, dest: Path, why: str) -> dict[str, Any]:
     """The exec ledger and fence records of a Space as they are now (``why``: what the
     runner is about to do to it, or ``final``), saved under ``dest`` for the record."""
-    spaces.save_state(space_name, dest)  # type: ignore[attr-defined]
+    spaces.save_state(space_name, dest)
     return {"why": why, "audit": read_state(str(dest)).to_json()}
 
 
-def observe(run_dir: Path, spaces: Spaces, space_name: str, *, epoch: int,
+def observe(run_dir: Path, spaces: CampaignSpaces, space_name: str, *, epoch: int,
             final_exit: int | None, final_done: bool, ledgers: list[dict[str, Any]],
             stale_error: str | None = None) -> tuple[Observation, list[dict[str, Any]]]:
     """The run's observation and its recovery events. ``ledgers``: those the runner saved
@@ -116,7 +116,7 @@ def observe(run_dir: Path, spaces: Spaces, space_name: str, *, epoch: int,
         image_hash=image.hash() if space["mode"] == "transactional" else None,
         image_stale=image_doc["stale"],
         mode_switch_entry=switch, events=events, inputs=inputs,
-        epoch_raises=[tuple(r) for r in history.raises],  # type: ignore[misc]
+        epoch_raises=list(history.raises),
         entry_epochs=sorted(history.entry_epochs.items()), ledgers=all_ledgers,
         stale_error=stale_error)
     return obs, events

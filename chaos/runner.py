@@ -35,7 +35,7 @@ from durable.errors import SpaceError
 from scenarios import generate, load
 from scenarios.plan import Scenario
 
-from .backends import make_spaces
+from .backends import CampaignSpaces, make_spaces
 from .checker import Verdict, check
 from .driver import SPACE_FAILPOINTS_ENV, SPACE_PREFIX
 from .faults import Fault, FaultPlan, draw_plan, reachable_points
@@ -135,7 +135,7 @@ class Run:
                                                  long_seconds=self.preset.long_seconds))
         self.state = RunState(time.time())
         self.epoch = 0
-        self.spaces: Any = None
+        self.spaces: CampaignSpaces | None = None
         #: Drivers to park at a failpoint (stale mode's race).
         self._holds: list[Hold] = []
         self._attempt = 0

@@ -64,8 +64,14 @@ from backends.local.provider import _NAME  # one rule for Space names on every b
 from backends.space_client import Endpoint, SpaceClient
 from durable.errors import SpaceError, SpaceNotFound, SpaceUnavailable
 from spacesd.failpoints import ENV_VAR as FAILPOINTS_ENV
-from spacesd.protocol import (ERR_BAD_REQUEST, STATE_EPOCH, STATE_EXEC_DIR, STATE_FENCES,
-                              STATE_LEDGER, is_audit_file)
+from spacesd.protocol import (
+    ERR_BAD_REQUEST,
+    STATE_EPOCH,
+    STATE_EXEC_DIR,
+    STATE_FENCES,
+    STATE_LEDGER,
+    is_audit_file,
+)
 
 IMAGE = "durable-space"
 LABEL = "durable.space"

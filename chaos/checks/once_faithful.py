@@ -37,9 +37,9 @@ def check(inp: CheckInput) -> list[str]:
     steps = {s.index: s for s in inp.scenario.steps}
 
     took_effect = Counter(call.step for call, _ in imp.applied)
-    for step, n in sorted(took_effect.items()):
+    for index, n in sorted(took_effect.items()):
         if n > 1:
-            errors.append(f"step {step} has {n} committed results that took effect (want 1)")
+            errors.append(f"step {index} has {n} committed results that took effect (want 1)")
 
     lines = [x for x in obs.log_txt.splitlines() if MARKER.match(x)]
     want_order = [step.marker for _, step in imp.applied if step.kind in APPENDING]

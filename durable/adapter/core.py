@@ -51,7 +51,6 @@ from ..errors import (
     HaltError,
     PermanentFailure,
     SpaceError,
-    SpaceNotFound,
     SpaceUnavailable,
     StaleEpochError,
     ToolError,
@@ -249,7 +248,8 @@ class DurableSpaces:
         self._advance(client)
         return client
 
-    def _commit_space(self, log: Log, conversation: int, fn: Callable[[dict[str, Any]], dict[str, Any]],
+    def _commit_space(self, log: Log, conversation: int,
+                      fn: Callable[[dict[str, Any]], dict[str, Any]],
                       extra: Callable[[Transaction], None] | None = None) -> None:
         with log.transaction() as tx:
             tx.write_doc(conversation, SPACE_DOC, fn(log.read_doc(conversation, SPACE_DOC).value))
@@ -307,6 +307,13 @@ class DurableSpaces:
         """Record a recovery event of this call with its result."""
         event = self._event(kind, mode, ctx.conversation, ctx.call_id, tool, cause, detail)
         ctx.on_result(lambda tx, _entry: self._record_event(tx, ctx.conversation, event))
+
+    def _record_now(self, ctx: CallContext, event: RecoveryEvent) -> None:
+        """Commit a recovery event of this call at once (not with its result)."""
+        def record(tx: Transaction) -> None:
+            self._record_event(tx, ctx.conversation, event)
+
+        ctx.commit_now(record)
 
     def _record_event(self, tx: Transaction, conversation: int, event: RecoveryEvent) -> None:
         tx.append(conversation, "system", event.to_entry())
@@ -666,10 +673,9 @@ class DurableSpaces:
         for kind in decision.events:
             detail = call.found(decision.cause) + _DONE.get(kind, "")
             if rerun:
-                conv = call.ctx.conversation
-                event = self._event(kind, call.facts.mode, conv, call.ctx.call_id, call.tool,
-                                    decision.cause, detail)
-                call.ctx.commit_now(lambda tx, e=event: self._record_event(tx, conv, e))
+                self._record_now(call.ctx, self._event(
+                    kind, call.facts.mode, call.ctx.conversation, call.ctx.call_id, call.tool,
+                    decision.cause, detail))
             else:
                 self._note(call.ctx, call.tool, kind, decision.cause, detail,
                            call.facts.mode)

@@ -191,7 +191,7 @@ def all_facts(replays: tuple[Replay, ...] = ("safe", "never")) -> Iterator[Facts
         "ledger": (None, *get_args(LedgerState)), "checkpoint": get_args(CheckpointFact)}
     names = [f.name for f in fields(Facts)]
     for values in itertools.product(*(domains[n] for n in names)):
-        facts = Facts(**dict(zip(names, values)))
+        facts = Facts(**dict(zip(names, values, strict=True)))
         if consistent(facts):
             yield facts
 
@@ -226,7 +226,9 @@ class RebuildDecision:
 
     @property
     def events(self) -> tuple[EventKind, ...]:
-        return {"restore": ("restored",), "reimage": ("reimaged",), "fail": ()}[self.action]
+        events: dict[str, tuple[EventKind, ...]] = {
+            "restore": ("restored",), "reimage": ("reimaged",), "fail": ()}
+        return events[self.action]
 
 
 def decide_rebuild(facts: RebuildFacts) -> RebuildDecision:
@@ -244,9 +246,9 @@ def decide_rebuild(facts: RebuildFacts) -> RebuildDecision:
 
 def all_rebuild_facts() -> Iterator[RebuildFacts]:
     """Every consistent ``RebuildFacts`` (a checkpoint inside the Space is a checkpoint)."""
+    records: tuple[Literal["this", "none", "other"], ...] = ("this", "none", "other")
     for mode, recorded, exists, checkpoint, inside in itertools.product(
-            (None, *get_args(Mode)), ("this", "none", "other"), (True, False), (True, False),
-            (True, False)):
+            (None, *get_args(Mode)), records, (True, False), (True, False), (True, False)):
         if checkpoint or not inside:
             yield RebuildFacts(mode, recorded, exists, checkpoint, inside)
 
@@ -270,8 +272,8 @@ def cell_of(event: Mapping[str, Any]) -> Cell | None:
 
 def table_cells(replays: tuple[Replay, ...] = ("safe", "never")) -> frozenset[Cell]:
     """Every cell ``decide`` and ``decide_rebuild`` can produce over consistent facts."""
-    cells = {(f.mode, kind, f.tool, d.cause)
-             for f in all_facts(replays) for d in (decide(f),) for kind in d.events}
+    cells: set[Cell] = {(f.mode, kind, f.tool, d.cause)
+                        for f in all_facts(replays) for d in (decide(f),) for kind in d.events}
     cells |= {(f.mode or UNDECIDED, kind, "space", d.cause)
               for f in all_rebuild_facts() for d in (decide_rebuild(f),) for kind in d.events}
     return frozenset(cells)
@@ -307,7 +309,7 @@ AUTO_ONLY: frozenset[Cell] = frozenset({
 
 
 def _matches(pattern: Cell, cell: Cell) -> bool:
-    return all(p in ("*", c) for p, c in zip(pattern, cell))
+    return all(p in ("*", c) for p, c in zip(pattern, cell, strict=True))
 
 
 #: The cells a crash campaign with the coding tools (bash, write, edit: all ``replay=

@@ -1,12 +1,12 @@
 """The workspace image kept in the log (transactional mode).
 
 The image is the workspace as of the last committed call: a path table (path → kind,
-permission bits, content sha256 or link target) and the bytes of each distinct file content. It lives in
-the log as hidden system entries, one per change, each holding the paths set and deleted and
-only the blobs the log does not hold yet. Folding a conversation's history (a fork inherits
-its parent's entries up to the fork point, so it inherits the image as of the fork for free)
-gives the table and where each blob is stored. Log growth is therefore the changed bytes,
-never calls times workspace size.
+permission bits, content sha256 or link target) and the bytes of each distinct file
+content. It lives in the log as hidden system entries, one per change, each holding the
+paths set and deleted and only the blobs the log does not hold yet. Folding a
+conversation's history (a fork inherits its parent's entries up to the fork point, so it
+inherits the image as of the fork for free) gives the table and where each blob is stored.
+Log growth is therefore the changed bytes, never calls times workspace size.
 
 This module is pure: it computes diffs and plans, and reads blobs back from entries. The
 adapter does the I/O against the Space.

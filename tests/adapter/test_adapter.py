@@ -3,9 +3,9 @@ auto's switch to checkpoint mode, forks, and fencing of an older epoch."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 import os
 import signal
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pytest

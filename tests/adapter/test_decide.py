@@ -314,7 +314,8 @@ def test_every_exclusion_removes_a_cell_of_the_table() -> None:
     cells = table_cells(("never",))
     for pattern, why in UNREACHABLE:
         assert why
-        assert any(all(p in ("*", c) for p, c in zip(pattern, cell)) for cell in cells), pattern
+        assert any(all(p in ("*", c) for p, c in zip(pattern, cell, strict=True))
+                   for cell in cells), pattern
 
 
 def event_json(kind: str, tool: str, cause: str, mode: str | None = C) -> dict[str, Any]:

@@ -45,21 +45,20 @@ class Mutant:
     where: str
 
 
+#: The ledger's start record and the spawn's failpoint, as they stand in exec_ledger.py.
+RECORD = ('            self._journal.append({"t": "start", "key": key, "id": rec.id, '
+          '"command": command,\n'
+          '                                  "cwd": cwd, "epoch": epoch, "ms": rec.started_ms})\n'
+          '            self._failpoints.report("spacesd.exec.recorded", {"key": key, '
+          '"epoch": epoch})\n')
+SPAWNED = ('            self._failpoints.report("spacesd.exec.spawned",\n'
+           '                                    {"key": key, "epoch": epoch, "shim_pid": pid})\n')
+
 MUTANTS: tuple[Mutant, ...] = (
     # ---------------------------------------------------------------- spacesd
     Mutant(
         "ledger-record-after-spawn", "spacesd/exec_ledger.py",
-        (("""            self._journal.append({"t": "start", "key": key, "id": rec.id, "command": command,
-                                  "cwd": cwd, "epoch": epoch, "ms": rec.started_ms})
-            self._failpoints.report("spacesd.exec.recorded", {"key": key, "epoch": epoch})
-""", ""),
-         ("""            self._failpoints.report("spacesd.exec.spawned",
-                                    {"key": key, "epoch": epoch, "shim_pid": pid})
-""", """            self._failpoints.report("spacesd.exec.spawned",
-                                    {"key": key, "epoch": epoch, "shim_pid": pid})
-            self._journal.append({"t": "start", "key": key, "id": rec.id, "command": command,
-                                  "cwd": cwd, "epoch": epoch, "ms": rec.started_ms})
-""")),
+        ((RECORD, ""), (SPAWNED, SPAWNED + RECORD)),
         "the start record is written after the spawn, so a daemon that dies in between "
         "forgets a command that runs",
         "exhaustive-daemon", "G5", "ran bash key_unknown after a daemon kill at exec.spawned"),
