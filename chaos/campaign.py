@@ -33,6 +33,18 @@ DEFAULT_RUNS = 40
 
 
 @dataclass(frozen=True)
+class ScriptedRun:
+    """One hand-written run: a fault plan (its seed draws the scenario), on the campaign's
+    preset or on ``preset`` (an agent whose steps the plan's failpoints are aimed at)."""
+
+    plan: FaultPlan
+    preset: str | None = None
+    #: Steps of the scenario: the campaign's, unless the run has a preset of its own
+    #: (then that preset's).
+    steps: int | None = None
+
+
+@dataclass(frozen=True)
 class CampaignConfig:
     mode: str
     backend: str = "local"
@@ -56,9 +68,10 @@ class CampaignConfig:
     #: Explicit seeds, one run each (instead of ``runs`` seeds from ``seed_base``): the CI
     #: subset picks the seeds that reach the cells it must cover.
     seeds: tuple[int, ...] = ()
-    #: Hand-written fault plans, one run each (with the plan's seed), after the drawn runs;
-    #: with plans and neither ``runs`` nor ``seeds``, only these run.
-    plans: tuple[FaultPlan, ...] = ()
+    #: Hand-written runs (a fault plan, with the plan's seed, on this campaign's preset or
+    #: their own), after the drawn runs; with these and neither ``runs`` nor ``seeds``,
+    #: only these run.
+    plans: tuple[ScriptedRun, ...] = ()
 
     @property
     def preset_name(self) -> str:
@@ -73,7 +86,7 @@ class CampaignConfig:
         d["results_root"] = str(self.results_root)
         d["points"] = list(self.points)
         d["seeds"] = list(self.seeds)
-        d["plans"] = [p.to_json() for p in self.plans]
+        d["plans"] = [{"plan": p.plan.to_json(), "preset": p.preset} for p in self.plans]
         d["preset"] = self.preset_name
         d["durable_mode"] = self.adapter_mode
         return d
@@ -126,7 +139,9 @@ def _specs(cfg: CampaignConfig, work: Path) -> tuple[list[RunSpec], int | None]:
         drawn = 0 if cfg.plans and cfg.runs is None else cfg.runs or DEFAULT_RUNS
         seeds = cfg.seeds or tuple(cfg.seed_base + i for i in range(drawn))
         specs = [replace(base, index=i, seed=seed) for i, seed in enumerate(seeds)]
-        return specs + [replace(base, index=len(specs) + j, seed=p.seed, plan=p)
+        return specs + [replace(base, index=len(specs) + j, seed=p.plan.seed, plan=p.plan,
+                                preset=p.preset or base.preset,
+                                steps=p.steps if p.preset else base.steps)
                         for j, p in enumerate(cfg.plans)], None
     # measure every (point, occurrence) of one fault-free run, then kill at each in turn
     reference = Run(replace(base, plan=FaultPlan(cfg.seed_base, ()), keep=False)).execute()

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from .campaign import CampaignConfig, run_campaign
+from .campaign import CampaignConfig, ScriptedRun, run_campaign
 from .faults import Fault, FaultPlan
 
 
@@ -35,8 +35,25 @@ class Slice:
                        **overrides)
 
 
-def _plan(seed: int, *faults: Fault) -> FaultPlan:
-    return FaultPlan(seed, faults, 0.0, max_attempts=len(faults) + 4)
+def _plan(seed: int, *faults: Fault, preset: str | None = None) -> ScriptedRun:
+    return ScriptedRun(FaultPlan(seed, faults, 0.0, max_attempts=len(faults) + 4), preset)
+
+
+#: On the ``ci-long`` agent, whose one command sleeps for seconds: the command still runs
+#: when its driver dies (so the next driver's fence kills it) or when its daemon dies (so the
+#: driver reattaches), however slow the machine is.
+ACROSS_A_FAULT = (
+    _plan(1, Fault("kill_driver", "failpoint", "space.running", 1), preset="ci-long"),
+    _plan(1, Fault("kill_daemon", "failpoint", "space.running", 1, kill_driver=False),
+          preset="ci-long"),
+)
+#: The same after auto's switch: ``ci-long-auto`` leaves a process running at its first
+#: step, so its long command (bash call 2) runs in checkpoint mode.
+ACROSS_A_FAULT_AFTER_SWITCH = (
+    _plan(1, Fault("kill_driver", "failpoint", "space.running", 2), preset="ci-long-auto"),
+    _plan(1, Fault("kill_daemon", "failpoint", "space.running", 2, kill_driver=False),
+          preset="ci-long-auto"),
+)
 
 
 #: Hand-written plans for the ``ci-auto`` agent (steps 0-4 transactional; step 5 leaves a
@@ -55,10 +72,6 @@ AUTO_PLANS = (
     # a transactional rebuild cut short (step 1's result is committed)
     _plan(1, Fault("delete_space", "failpoint", "call.result", 2),
           Fault("kill_driver", "failpoint", "recovery.reimage", 1)),
-    # the daemon dies while step 8's long command runs, in checkpoint mode: reattach
-    _plan(1, Fault("kill_daemon", "failpoint", "space.running", 6, kill_driver=False)),
-    # the driver dies there instead: the next one's fence kills the command, restore
-    _plan(1, Fault("kill_driver", "failpoint", "space.running", 6)),
 )
 
 #: The agent of the exhaustive and targeted slices: seed 33 of the ci-commands preset writes
@@ -88,14 +101,17 @@ TARGETED = (
 
 SLICES: tuple[Slice, ...] = (
     Slice("transactional", "transactional recovery under every fault kind, combined ones too",
-          {"mode": "transactional", "steps": 8, "seeds": (28, 34, 37, 56, 108, 116)},
+          {"mode": "transactional", "steps": 8, "seeds": (28, 34, 37, 56, 108, 116),
+           "plans": ACROSS_A_FAULT},
           full_cells=True),
     Slice("checkpoint", "checkpoint recovery under every fault kind, combined ones too",
-          {"mode": "checkpoint", "steps": 8, "seeds": (36, 83, 97, 114, 118)},
+          {"mode": "checkpoint", "steps": 8, "seeds": (36, 83, 97, 114, 118),
+           "plans": ACROSS_A_FAULT},
           full_cells=True),
     Slice("auto", "auto mode's switch, with faults before and after it and during rebuilds",
           {"mode": "auto", "preset": "ci-auto",
-           "seeds": (4, 14, 36, 49, 61, 77, 78, 84, 93, 99, 100, 103), "plans": AUTO_PLANS},
+           "seeds": (4, 14, 36, 49, 61, 77, 78, 84, 93, 99, 100, 103),
+           "plans": AUTO_PLANS + ACROSS_A_FAULT + ACROSS_A_FAULT_AFTER_SWITCH},
           full_cells=True),
     Slice("stale", "an older driver parked mid-call is fenced and changes nothing, whether it "
           "resumes after the newer one finished or right after it opened the log",

@@ -79,7 +79,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "advance-kills-nothing", "spacesd/daemon.py",
         (("            killed = self.ledger.fence(epoch)\n", "            killed = []\n"),),
         "advance_epoch raises the floor but leaves the older epoch's commands running",
-        "exhaustive-transactional", "G3", "reverted bash fenced (a long command)"),
+        "transactional", "G3", "reverted bash fenced (the ci-long command across a kill)"),
     Mutant(
         "floor-not-persisted", "spacesd/epoch_fence.py",
         (("                self._persist(epoch)\n", "                pass\n"),),
@@ -130,7 +130,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (("        return \"exited\" if info.fenced_by is None else \"fenced\"\n",
           "        return \"exited\"\n"),),
         "a command killed by a newer epoch's fence is replayed as if it had exited",
-        "exhaustive-transactional", "G5", "reverted bash fenced"),
+        "transactional", "G5", "reverted bash fenced (the ci-long command across a kill)"),
     Mutant(
         "generation-not-bumped", "durable/adapter/core.py",
         (("                **d, \"space\": name, \"generation\": d[\"generation\"] + 1, "
