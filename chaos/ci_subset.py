@@ -12,9 +12,12 @@ that must catch it.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
+
+from scenarios import Step, generate, load
 
 from .campaign import CampaignConfig, ScriptedRun, run_campaign
 from .faults import Fault, FaultPlan
@@ -82,6 +85,56 @@ AUTO_PLANS = (
 COMMANDS_SEED = 33
 COMMANDS: dict[str, Any] = {"preset": "ci-commands", "seed_base": COMMANDS_SEED}
 
+#: Which calls reach each point, once per call, in a fault-free run (checkpoint-mode points
+#: only in checkpoint mode).
+_REACHED_BY: dict[str, Callable[[Step], bool]] = {
+    "call.intent": lambda s: True, "call.result": lambda s: True,
+    "space.start_mark": Step.touches_workspace, "space.outcome": Step.touches_workspace,
+    "space.file_op": lambda s: s.tool in ("write", "edit"),
+    "space.before_spawn": lambda s: s.tool == "bash", "space.exited": lambda s: s.tool == "bash",
+    "spacesd.exec.exit_writing": lambda s: s.tool == "bash",
+}
+
+
+def table_runs(preset: str, seed: int, mode: str) -> tuple[ScriptedRun, ...]:
+    """One scripted run per row of the recovery table that failpoints reach alone (no
+    timing), on ``preset``'s agent: its first write and its first append are hit at the
+    points that leave each kind of interrupted call (and a lost, then half-rebuilt, Space)
+    behind. ``mode`` is the mode the agent's calls run in (checkpoint adds the adopted
+    outcomes)."""
+    scenario = generate(seed, load(preset))
+    first = {s.kind: s for s in reversed(scenario.steps)}
+
+    def at(point: str, kind: str) -> int:
+        step = first[kind]
+        return sum(1 for s in scenario.steps[:step.index + 1] if _REACHED_BY[point](s))
+
+    def run(*faults: tuple[str, str, str, bool] | Fault) -> ScriptedRun:
+        made = [f if isinstance(f, Fault) else
+                Fault(f[0], "failpoint", f[1], at(f[1], f[2]), kill_driver=f[3])
+                for f in faults]
+        return _plan(seed, *made, preset=preset)
+
+    rebuild_point = "recovery.restore" if mode == "checkpoint" else "recovery.reimage"
+    runs = [
+        run(("kill_driver", "call.intent", "write", True)),          # ran file no_start_mark
+        run(("kill_driver", "call.intent", "append", True)),         # ran bash no_start_mark
+        run(("kill_driver", "space.before_spawn", "append", True)),  # ran bash key_unknown
+        run(("kill_driver", "space.exited", "append", True)),        # replayed bash exited
+        run(("kill_process", "spacesd.exec.exit_writing", "append", False)),  # daemon_lost
+        run(("delete_space", "space.exited", "append", True)),       # bash space_lost
+        run(("kill_driver", "space.file_op", "write", True)),        # file file_cut
+        run(("delete_space", "space.file_op", "write", True)),       # file space_lost
+        run(("delete_space", "call.result", "write", True)),         # space rebuilt: space_lost
+        run(("delete_space", "call.result", "write", True),          # ... cut short: unfinished
+            Fault("kill_driver", "failpoint", rebuild_point, 1)),
+    ]
+    if mode == "checkpoint":
+        runs += [run(("kill_driver", "space.outcome", "write", True)),   # adopted file
+                 run(("kill_driver", "space.outcome", "append", True))]  # adopted bash
+    return tuple(runs)
+
+
 #: Hand-written plans for that agent (checkpoint mode), each for one situation.
 TARGETED = (
     # a command that started in a Space lost before its outcome was recorded: never again
@@ -101,17 +154,20 @@ TARGETED = (
 
 SLICES: tuple[Slice, ...] = (
     Slice("transactional", "transactional recovery under every fault kind, combined ones too",
-          {"mode": "transactional", "steps": 8, "seeds": (28, 34, 37, 56, 108, 116),
-           "plans": ACROSS_A_FAULT},
+          {"mode": "transactional", "steps": 8, "seeds": (5, 34, 47, 77, 110),
+           "plans": table_runs("ci-commands", COMMANDS_SEED, "transactional")
+           + ACROSS_A_FAULT},
           full_cells=True),
     Slice("checkpoint", "checkpoint recovery under every fault kind, combined ones too",
-          {"mode": "checkpoint", "steps": 8, "seeds": (36, 83, 97, 114, 118),
-           "plans": ACROSS_A_FAULT},
+          {"mode": "checkpoint", "steps": 8, "seeds": (66, 78, 97, 107, 119),
+           "plans": table_runs("ci-commands", COMMANDS_SEED, "checkpoint") + ACROSS_A_FAULT},
           full_cells=True),
     Slice("auto", "auto mode's switch, with faults before and after it and during rebuilds",
           {"mode": "auto", "preset": "ci-auto",
-           "seeds": (4, 14, 36, 49, 61, 77, 78, 84, 93, 99, 100, 103),
-           "plans": AUTO_PLANS + ACROSS_A_FAULT + ACROSS_A_FAULT_AFTER_SWITCH},
+           "seeds": (2, 8, 20, 31, 49, 62, 71, 103, 114, 120),
+           "plans": AUTO_PLANS + ACROSS_A_FAULT + ACROSS_A_FAULT_AFTER_SWITCH
+           + table_runs("ci-commands", COMMANDS_SEED, "transactional")
+           + table_runs("ci-commands-auto", COMMANDS_SEED, "checkpoint")},
           full_cells=True),
     Slice("stale", "an older driver parked mid-call is fenced and changes nothing, whether it "
           "resumes after the newer one finished or right after it opened the log",

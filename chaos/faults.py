@@ -112,7 +112,7 @@ def _action_at(point: str, rng: random.Random, allow_delete: bool) -> Action:
     faults (that is what they are for), a shim's point may kill just that shim."""
     space_point = point.startswith("spacesd.")
     roll = rng.random()
-    if roll < (0.25 if space_point else 0.65):
+    if roll < (0.25 if space_point else 0.7):
         return "kill_driver"
     if point in SHIM_POINTS and roll < 0.6:
         return "kill_process"
@@ -131,13 +131,13 @@ def draw_plan(seed: int, scenario: Scenario, durable_mode: str, *,
     names = sorted(points)
     recovery = MODE_RECOVERY_POINTS.get(durable_mode, RECOVERY_POINTS)
     faults: list[Fault] = []
-    for _ in range(rng.choice((1, 2, 3, 3, 4, 4, 5, 6))):
+    for _ in range(rng.choice((1, 2, 3, 3, 4, 4, 5, 5, 6))):
         trigger = rng.random()
         if trigger < 0.55 or not faults and trigger < 0.8:
             point = rng.choice(names)
             action = _action_at(point, rng, allow_delete)
             faults.append(Fault(action, "failpoint", point, rng.randint(1, points[point]),
-                                kill_driver=action == "kill_driver" or rng.random() < 0.5))
+                                kill_driver=action == "kill_driver" or rng.random() < 0.6))
         elif trigger < 0.8:
             # combined: a fault during the recovery of an earlier one
             point = rng.choice(recovery)

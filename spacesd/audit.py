@@ -16,6 +16,7 @@ processes: whether a key still runs is for the live daemon (``exec_status``) to 
 from __future__ import annotations
 
 import os
+from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -44,6 +45,9 @@ class KeyAudit:
     ended_ms: int | None = None
     #: The epoch whose fence killed it, when that is how it ended.
     fenced_by: int | None = None
+    #: How many start records the ledger holds for the key: more than one means it was
+    #: started again under the same key (the ledger never must).
+    starts: int = 1
 
 
 @dataclass(frozen=True)
@@ -75,7 +79,9 @@ def read_state(state_dir: str) -> StateAudit:
                                 "directory or a copy made by a provider's save_state")
     exec_dir = os.path.join(state_dir, STATE_EXEC_DIR)
     keys = []
-    for rec in replay(journal.load(os.path.join(state_dir, STATE_LEDGER)).records).values():
+    records = journal.load(os.path.join(state_dir, STATE_LEDGER)).records
+    starts = Counter(r.get("key") for r in records if r.get("t") == "start")
+    for rec in replay(records).values():
         end = recorded_end(rec, exec_dir)
         status, fenced_by = end if end is not None else (None, None)
         keys.append(KeyAudit(
@@ -87,6 +93,7 @@ def read_state(state_dir: str) -> StateAudit:
             signal=status.signal if status else None,
             ended_ms=status.ended_ms if status else None,
             fenced_by=fenced_by,
+            starts=starts[rec.key],
         ))
     return StateAudit(read_floor(os.path.join(state_dir, STATE_EPOCH)), keys,
                       journal.load(os.path.join(state_dir, STATE_FENCES)).records)

@@ -68,7 +68,8 @@ def test_the_saved_state_reads_as_exec_status_says(spaces: LocalSpaces,
     assert saved.to_json()["keys"][1] == {
         "key": "fail", "command": "exit 3", "cwd": str(space.work.resolve()), "epoch": 1,
         "started_ms": saved.key("fail").started_ms, "spawned": True, "exit_code": 3,
-        "signal": None, "ended_ms": saved.key("fail").ended_ms, "fenced_by": None}
+        "signal": None, "ended_ms": saved.key("fail").ended_ms, "fenced_by": None,
+        "starts": 1}
 
     copied = files_under(tmp_path / "saved")
     assert {"ledger.jsonl", "fences.jsonl", "epoch"} <= copied

@@ -63,6 +63,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "forgets a command that runs",
         "exhaustive-daemon", "G5", "ran bash key_unknown after a daemon kill at exec.spawned"),
     Mutant(
+        "known-exited-key-restarted", "spacesd/exec_ledger.py",
+        (("            if rec is not None:\n                return self.status(key)\n",
+          "            if rec is not None and self._state(rec).state == \"running\":\n"
+          "                return self.status(key)\n"),),
+        "starting a key the ledger knows runs its command again once the first run "
+        "exited, as when a client retries its start through a daemon restart",
+        "exhaustive-daemon", "G2", "a start retried after the daemon died at exec.spawned"),
+    Mutant(
         "journal-drops-last-record", "spacesd/journal.py",
         (("    end = raw.rfind(b\"\\n\") + 1\n",
           "    end = raw.rfind(b\"\\n\", 0, len(raw) - 1) + 1\n"),),
