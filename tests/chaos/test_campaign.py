@@ -114,6 +114,8 @@ def test_bad_arguments_exit_254(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert "no preset 'nope'" in capsys.readouterr().err
     assert main(["run", "--mode", "exhaustive", "--points", "call.nowhere"]) == 254
     assert "unknown failpoint" in capsys.readouterr().err
+    assert main(["ci", "--slice", "nowhere"]) == 254
+    assert "no CI slice ['nowhere']; known: transactional" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:
         main(["run", "--mode", "sideways"])
     assert exc.value.code == 254
