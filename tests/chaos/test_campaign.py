@@ -154,3 +154,28 @@ def test_clean_removes_local_spaces_left_behind(tmp_path: Path,
     except psutil.NoSuchProcess:
         gone = True
     assert gone, "the left-behind daemon was killed"
+
+
+def test_a_revert_is_recorded_before_the_rerun_it_allows(tmp_path: Path) -> None:
+    """Regression (found by G2): a transactional revert was recorded only with the call's
+    result, so a driver killed while the call ran again left a second start of the command
+    with no revert in the log. The append's shim dies (its outcome is unknown: revert, run
+    again), then the driver dies while the rerun runs: the log must hold the revert."""
+    plan = FaultPlan(33, (
+        Fault("kill_process", "failpoint", "spacesd.exec.exit_writing", 2, kill_driver=False),
+        Fault("kill_driver", "failpoint", "space.running", 3)))
+    spec = RunSpec(index=0, seed=33, campaign_mode="transactional",
+                   durable_mode="transactional", backend="local", preset="ci-commands",
+                   steps=None, work_dir=tmp_path, plan=plan)
+    record = Run(spec).execute()
+    assert record["fired"] == [0, 1]
+    assert record["verdict"]["valid"] is True, record["verdict"]["errors"]
+    append = next(c for c in record["observation"]["calls"]
+                  if c["tool"] == "bash" and "step-2" in c["args"]["command"])
+    ledgers = record["observation"]["ledgers"]
+    starts = [k for led in ledgers for k in led["audit"]["keys"]
+              if f":{append['call_id']}:" in k["key"] and k["spawned"]]
+    assert len(starts) == 2, "the append started, then started again after the revert"
+    reverts = [e for e in record["recoveries"]
+               if e["kind"] == "reverted" and e["call_id"] == append["call_id"]]
+    assert len(reverts) == 1 and reverts[0]["entry"] < append["result_entry"]
