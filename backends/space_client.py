@@ -24,17 +24,20 @@ import json
 import shutil
 import tempfile
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 from urllib.parse import urlencode
 
-from durable.errors import SpaceError, SpaceUnavailable, StaleEpochError
+from durable.errors import EpochTaken, SpaceError, SpaceUnavailable, StaleEpochError
 from spacesd import protocol
 from spacesd.protocol import CheckpointInfo, ExecInfo, ScanResult
 
 _CHUNK = 1024 * 1024
+#: The ``advance_epoch`` owner of every client of this process that names none.
+PROCESS_OWNER = uuid.uuid4().hex
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,9 @@ class SpaceClient:
         except (ValueError, KeyError, TypeError):
             err, code = {}, protocol.ERR_INTERNAL
             message = f"HTTP {status} with an unreadable body {data[:200]!r}"
+        if code == protocol.ERR_EPOCH_TAKEN:
+            raise EpochTaken(f"Space {self.name!r}: {message}", epoch=int(err["epoch"]),
+                             floor=int(err["floor"]))
         if code == protocol.ERR_STALE_EPOCH:
             raise StaleEpochError(f"Space {self.name!r}: {message}",
                                   epoch=self.epoch if epoch is None else epoch,
@@ -174,8 +180,8 @@ class SpaceClient:
     def capabilities(self) -> set[str]:
         return set(self._call("capabilities")["capabilities"])
 
-    def advance_epoch(self, epoch: int) -> dict[str, Any]:
-        return self._call("advance_epoch", epoch=epoch)
+    def advance_epoch(self, epoch: int, *, owner: str | None = None) -> dict[str, Any]:
+        return self._call("advance_epoch", epoch=epoch, owner=owner or PROCESS_OWNER)
 
     # ---------------------------------------------------------------- exec ledger
 

@@ -78,6 +78,8 @@ class Observation:
     ledgers: list[dict[str, Any]] | None = None
     #: What the runner saw go wrong with an older driver in the stale race.
     stale_error: str | None = None
+    #: The token of the run's session: the first field of every exec key of its Spaces.
+    session: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

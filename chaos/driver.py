@@ -21,7 +21,7 @@ from durable.adapter import (
     durable_spaces,
 )
 from durable.coding_tools import coding_tools
-from durable.driver import Session, run_durable_session
+from durable.driver import Session, SessionEnv, run_durable_session
 from durable.fence import Fence
 from durable.harness import Submission
 from durable.tools import ToolRegistry
@@ -58,10 +58,10 @@ def main(argv: list[str] | None = None) -> int:
                          failpoints=os.environ.get(SPACE_FAILPOINTS_ENV) or None)
     store = None if args.no_store else DirectoryCheckpointStore(args.run_dir / "store")
 
-    def build(fence: Fence, epoch: int) -> DurableSpaces:
+    def build(fence: Fence, senv: SessionEnv) -> DurableSpaces:
         return durable_spaces(
-            spaces=spaces, snapshots=WorkspaceSnapshots(spaces, "", store), mode=args.mode,
-            fence=fence, epoch=epoch, space_prefix=SPACE_PREFIX,
+            session=senv.name, spaces=spaces, snapshots=WorkspaceSnapshots(spaces, "", store),
+            mode=args.mode, fence=fence, epoch=senv.epoch, space_prefix=SPACE_PREFIX,
             transactional=TransactionalLimits(max_files=preset.max_files,
                                               max_bytes=preset.max_bytes))
 

@@ -69,13 +69,18 @@ def save_ledger(spaces: CampaignSpaces, space_name: str, dest: Path, why: str) -
     return {"why": why, "audit": read_state(str(dest)).to_json()}
 
 
-def observe(run_dir: Path, spaces: CampaignSpaces, space_name: str, *, epoch: int,
-            final_exit: int | None, final_done: bool, ledgers: list[dict[str, Any]],
-            stale_error: str | None = None) -> tuple[Observation, list[dict[str, Any]]]:
-    """The run's observation and its recovery events. ``ledgers``: those the runner saved
-    from earlier generations of the Space; the current one's is added here."""
+def observe(run_dir: Path, spaces: CampaignSpaces, space_name: str, *, session: str,
+            epoch: int, final_exit: int | None, final_done: bool,
+            ledgers: list[dict[str, Any]], stale_error: str | None = None
+            ) -> tuple[Observation, list[dict[str, Any]]]:
+    """The run's observation and its recovery events. ``session``: the token of the run's
+    session (every key of its Space must carry it). ``ledgers``: those the runner saved
+    from earlier generations of the Space; the current one's is added here. ``epoch``: the
+    newest the runner launched; a driver that ran above it (``EpochTaken``) raised the
+    log's floor, which is used then."""
     storage = SqliteStorage(run_dir / "state" / "log.sqlite")
     history = storage.epoch_history()
+    epoch = max([epoch, *(raised[0] for raised in history.raises)])
     log = Log.open(storage)
     try:
         calls = calls_of(log)
@@ -118,5 +123,5 @@ def observe(run_dir: Path, spaces: CampaignSpaces, space_name: str, *, epoch: in
         mode_switch_entry=switch, events=events, inputs=inputs,
         epoch_raises=list(history.raises),
         entry_epochs=sorted(history.entry_epochs.items()), ledgers=all_ledgers,
-        stale_error=stale_error)
+        stale_error=stale_error, session=session)
     return obs, events

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from durable.adapter.space_names import session_token, space_name
 from durable.errors import SpaceError
 from scenarios import generate, load
 from scenarios.plan import Scenario
@@ -47,7 +48,6 @@ DRIVER_TIMEOUT_S = 180.0
 #: Failpoints reached only after the driver adopted the seeded Space (it adopts at start,
 #: before any call or recovery).
 ARMING_POINTS = ("call.", "recovery.", "session.")
-ROOT_SPACE = f"{SPACE_PREFIX}-c1"
 #: The heartbeat of a stale race's older driver: long, so the fences in its commits and
 #: Space requests stop it, not its heartbeat's own fence check.
 STALE_HEARTBEAT_S = 3600.0
@@ -135,6 +135,9 @@ class Run:
                                                  long_seconds=self.preset.long_seconds))
         self.state = RunState(time.time())
         self.epoch = 0
+        #: The session's name: the drivers' CUA_SESSION_NAME; its root Space follows from it.
+        self.session = f"run-{spec.index}"
+        self.space = space_name(SPACE_PREFIX, session_token(self.session), 1)
         self.spaces: CampaignSpaces | None = None
         #: Drivers to park at a failpoint (stale mode's race).
         self._holds: list[Hold] = []
@@ -153,26 +156,26 @@ class Run:
         s = self.state
         try:
             if fault.action == "kill_daemon":
-                self.spaces.kill_daemon(ROOT_SPACE)
+                self.spaces.kill_daemon(self.space)
                 s.count("daemon_kills")
             elif fault.action == "restart_space":
-                self.spaces.restart(ROOT_SPACE)
+                self.spaces.restart(self.space)
                 s.count("space_restarts")
             elif fault.action == "delete_space":
                 # The Space's ledger dies with it; the never-twice check needs it.
                 with s.lock:
                     dest = self.dir / "ledgers" / f"gen-{len(self.ledgers):02d}"
-                ledger = save_ledger(self.spaces, ROOT_SPACE, dest, "deleted")
+                ledger = save_ledger(self.spaces, self.space, dest, "deleted")
                 with s.lock:
                     self.ledgers.append(ledger)
-                self.spaces.delete(ROOT_SPACE)
+                self.spaces.delete(self.space)
                 s.count("lost_spaces")
             elif fault.action == "kill_process":
                 if hit is None or hit.info.get("process") is None:
                     raise ValueError(f"{fault.describe()}: kill_process needs a failpoint "
                                      "of the Space (it kills the process that reported it)")
                 # the pid as the Space sees it: only its provider can signal it
-                self.spaces.kill_process(ROOT_SPACE, hit.pid)
+                self.spaces.kill_process(self.space, hit.pid)
                 s.count("process_kills")
         except SpaceError as exc:  # e.g. the Space is already gone
             s.op("nemesis", "fail", fault.action, f"skipped: {exc}")
@@ -272,7 +275,7 @@ class Run:
     def _launch(self, attempt: int, failpoints: str | None, *,
                 heartbeat: float = 0.5) -> OwnedProcess:
         self.epoch += 1
-        env = {**os.environ, "CUA_SESSION_NAME": f"run-{self.spec.index}",
+        env = {**os.environ, "CUA_SESSION_NAME": self.session,
                "CUA_SESSION_EPOCH": str(self.epoch), "CUA_STATE_DIR": str(self.dir / "state"),
                "CUA_SESSION_HEARTBEAT_SECS": str(heartbeat),
                "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
@@ -319,8 +322,8 @@ class Run:
 
     def _seed_workspace(self) -> None:
         assert self.spaces is not None
-        self.spaces.create(ROOT_SPACE)
-        client = self.spaces.connect(ROOT_SPACE, epoch=0)
+        self.spaces.create(self.space)
+        client = self.spaces.connect(self.space, epoch=0)
         for path, (data, mode) in sorted(self.scenario.initial.files.items()):
             client.write_file(path, data, mode=mode)
         for path, target in sorted(self.scenario.initial.links.items()):
@@ -362,7 +365,8 @@ class Run:
             t_done = time.time() - s.t0
             for lat in s.latencies:
                 lat["t_done"] = t_done
-            obs, events = observe(self.dir, self.spaces, ROOT_SPACE, epoch=self.epoch,
+            obs, events = observe(self.dir, self.spaces, self.space,
+                                  session=session_token(self.session), epoch=self.epoch,
                                   final_exit=final_exit, final_done=final_exit == 0,
                                   ledgers=self.ledgers, stale_error=self._stale_error)
             verdict = check(self.scenario, obs, campaign_mode=spec.campaign_mode)
@@ -513,7 +517,7 @@ class Run:
     def _save_workspace(self) -> None:
         assert self.spaces is not None
         try:
-            client = self.spaces.connect(ROOT_SPACE, epoch=self.epoch + 1)
+            client = self.spaces.connect(self.space, epoch=self.epoch + 1)
             client.checkpoint_create("final-workspace")
             with open(self.dir / "workspace.tar", "wb") as f:
                 for chunk in client.checkpoint_export("final-workspace"):

@@ -2,9 +2,14 @@
 
 Environment (all required unless a default is given):
 
-- ``CUA_SESSION_NAME``: the session's name (used in messages and Space names).
-- ``CUA_SESSION_EPOCH``: this attempt's epoch, an integer that grows with every launch. The
-  log and the Spaces refuse any older epoch once a newer one has opened them.
+- ``CUA_SESSION_NAME``: the session's name (its Spaces and exec keys carry it, see
+  ``adapter.space_names``).
+- ``CUA_SESSION_EPOCH``: this attempt's epoch, an integer from 1 to 2**63 - 1 that grows with
+  every launch. The log and the Spaces refuse any older epoch once a newer one has opened
+  them. One epoch has one owner: when a Space's floor already is this epoch and another
+  driver raised it (a second launch with the same epoch, a new log on an old Space), the
+  driver runs above that floor instead, says so (``CUA-EPOCH <epoch> <reason>``) and records
+  it where epochs are recorded (the log's floor, every entry, the Spaces' floors).
 - ``CUA_STATE_DIR``: the directory holding the session's log (``log.sqlite``).
 - ``CUA_SESSION_HEARTBEAT_SECS``: heartbeat interval, default 1.0.
 
@@ -13,9 +18,9 @@ environment, a missing capability, an unanswered submission), ``75`` fenced (a n
 exists; exits as soon as the log's fence refuses, even if the run never settles), anything
 else crashed (the coordinator retries with backoff).
 
-While it runs it prints ``CUA-HEARTBEAT <epoch> <unix_ms>`` every interval from a timer
-thread of its own, and checks the log's fence there too. Its last line is
-``CUA-EXIT <code> <reason>``.
+While it runs it prints ``CUA-HEARTBEAT <epoch> <unix_ms>`` (the epoch it actually runs at)
+every interval from a timer thread of its own, and checks the log's fence there too. Its
+last line is ``CUA-EXIT <code> <reason>``.
 """
 
 from __future__ import annotations
@@ -26,11 +31,11 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .adapter import DurableSpaces
-from .errors import HaltError, PermanentFailure, StaleEpochError
+from .errors import EpochTaken, HaltError, PermanentFailure, StaleEpochError
 from .failpoints import failpoint
 from .fence import Fence
 from .harness import Harness, Submission
@@ -43,6 +48,11 @@ EXIT_OK = 0
 EXIT_CRASHED = 1
 EXIT_FENCED = 75
 EXIT_PERMANENT = 78
+#: Epochs are stored as signed 64-bit integers (SQLite, spacesd's floor).
+MAX_EPOCH = 2**63 - 1
+#: How many times one attempt moves above a Space's floor taken by another owner before it
+#: gives up (exit 75): two drivers that keep outbidding each other are a coordinator's bug.
+MAX_EPOCH_MOVES = 5
 
 
 @dataclass(frozen=True)
@@ -61,8 +71,13 @@ class SessionEnv:
             raise PermanentFailure(
                 f"the driver needs {', '.join(missing)} in its environment (see durable.driver)")
         raw_epoch = env["CUA_SESSION_EPOCH"]
-        if not raw_epoch.isdigit():
-            raise PermanentFailure(f"Expected an integer CUA_SESSION_EPOCH but got {raw_epoch!r}")
+        if not (raw_epoch.isascii() and raw_epoch.isdigit()) or not 1 <= int(raw_epoch) <= MAX_EPOCH:
+            raise PermanentFailure(f"CUA_SESSION_EPOCH must be an integer from 1 to {MAX_EPOCH} "
+                                   f"(it grows with every launch), got {raw_epoch!r}")
+        state_dir = Path(env["CUA_STATE_DIR"])
+        if state_dir.exists() and not state_dir.is_dir():
+            raise PermanentFailure(f"CUA_STATE_DIR {str(state_dir)!r} exists and is not a "
+                                   "directory; point it at the directory of the session's log")
         raw_hb = env.get("CUA_SESSION_HEARTBEAT_SECS", "1.0")
         try:
             hb = float(raw_hb)
@@ -72,7 +87,7 @@ class SessionEnv:
             ) from None
         if hb <= 0:
             raise PermanentFailure(f"CUA_SESSION_HEARTBEAT_SECS must be > 0, got {hb}")
-        return cls(env["CUA_SESSION_NAME"], int(raw_epoch), Path(env["CUA_STATE_DIR"]), hb)
+        return cls(env["CUA_SESSION_NAME"], int(raw_epoch), state_dir, hb)
 
 
 @dataclass
@@ -116,15 +131,16 @@ class _Heartbeat(threading.Thread):
 
 def run_durable_session(
     *,
-    durable: Callable[[Fence, int], DurableSpaces],
+    durable: Callable[[Fence, SessionEnv], DurableSpaces],
     start: Callable[[Session], Submission],
     open_log: Callable[[Path, int], tuple[Storage, Fence]] | None = None,
     environ: dict[str, str] | None = None,
 ) -> int:
     """Run one attempt of a session and return its exit code (see the module docstring).
 
-    ``durable(fence, epoch)`` builds the adapter; ``start(session)`` opens the harness
-    (``session.open_harness``) and submits the input with a fixed request id.
+    ``durable(fence, senv)`` builds the adapter for the session ``senv`` (its name, the
+    epoch it runs at); ``start(session)`` opens the harness (``session.open_harness``) and
+    submits the input with a fixed request id.
     """
     try:
         senv = SessionEnv.from_environ(environ)
@@ -136,6 +152,23 @@ def run_durable_session(
         def open_log(state: Path, epoch: int) -> tuple[Storage, Fence]:
             state.mkdir(parents=True, exist_ok=True)
             return open_fenced_sqlite(state / "log.sqlite", epoch)
+    for _move in range(MAX_EPOCH_MOVES + 1):
+        try:
+            return _attempt(senv, durable, start, open_log)
+        except EpochTaken as exc:
+            if exc.floor >= MAX_EPOCH:
+                return _exit(EXIT_PERMANENT, f"no epoch above the floor {exc.floor}: {exc}")
+            # Nothing ran at the taken epoch in that Space: start over, one above its floor.
+            senv = replace(senv, epoch=exc.floor + 1)
+            print(f"CUA-EPOCH {senv.epoch} {exc}", flush=True)
+    return _exit(EXIT_FENCED, f"another owner took the Space's epoch {MAX_EPOCH_MOVES + 1} "
+                              "times in a row: two drivers of this session are running")
+
+
+def _attempt(senv: SessionEnv, durable: Callable[[Fence, SessionEnv], DurableSpaces],
+             start: Callable[[Session], Submission],
+             open_log: Callable[[Path, int], tuple[Storage, Fence]]) -> int:
+    """The session at ``senv.epoch``: an exit code, or ``EpochTaken`` to run above it."""
     try:
         storage, fence = open_log(senv.state_dir, senv.epoch)
     except StaleEpochError as exc:
@@ -144,7 +177,7 @@ def run_durable_session(
     heartbeat.start()
     session: Session | None = None
     try:
-        adapter = durable(fence, senv.epoch)
+        adapter = durable(fence, senv)
         session = Session(senv, storage, fence, adapter)
         submission = start(session)
         assert session.harness is not None
@@ -156,6 +189,9 @@ def run_durable_session(
             failpoint("session.end", epoch=senv.epoch)
             return _exit(EXIT_OK, "finished")
         return _exit(EXIT_PERMANENT, f"unanswered: {outcome.reason}")
+    except EpochTaken as exc:
+        fence.halt(f"moving above epoch {senv.epoch}: {exc}")
+        raise
     except StaleEpochError as exc:
         fence.halt(f"fenced: {exc}")
         return _exit(EXIT_FENCED, f"fenced: {exc}")

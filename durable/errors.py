@@ -67,6 +67,18 @@ class StaleEpochError(DurableError):
         self.floor = floor
 
 
+class EpochTaken(DurableError):
+    """A Space's floor already is this driver's epoch and another owner raised it (a second
+    driver launched with the same epoch, or a new log on a Space an earlier driver raised to
+    exactly this epoch). One epoch has one owner: run above ``floor`` (the session driver
+    does, by itself), which fences the other owner's processes."""
+
+    def __init__(self, message: str, *, epoch: int, floor: int):
+        super().__init__(message)
+        self.epoch = epoch
+        self.floor = floor
+
+
 class UnknownEntryKind(DurableError):
     """An entry kind that this version of ``durable`` does not know. Use one of
     ``durable.log.ENTRY_KINDS``, or upgrade the code that reads this log."""

@@ -30,9 +30,11 @@ class SpaceClient(Protocol):
 
     def capabilities(self) -> set[str]: ...
 
-    def advance_epoch(self, epoch: int) -> dict[str, Any]:
-        """Raise the Space's floor to ``epoch``; kill every process group started under an
-        older epoch. Returns ``{"floor": int, "killed": [keys]}``."""
+    def advance_epoch(self, epoch: int, *, owner: str | None = None) -> dict[str, Any]:
+        """Raise the Space's floor to ``epoch``; kill every process started under an older
+        epoch. Returns ``{"floor": int, "killed": [keys]}``. ``owner`` is an opaque token
+        of the caller (default: one per process): advancing to the floor itself is
+        idempotent for its owner and refused to anyone else with ``EpochTaken``."""
         ...
 
     # ---------------------------------------------------------------- exec ledger

@@ -210,9 +210,9 @@ def _open_cell(backend: str, mode: str, files: int, spaces: Spaces, work: Path,
     # Transactional is measured within its limits; auto keeps the defaults, so the
     # report shows where it switches to checkpoint.
     limits = TransactionalLimits(max_files=files + 100) if mode == "transactional" else None
-    adapter = durable_spaces(spaces=spaces, snapshots=WorkspaceSnapshots(spaces, "", store),
-                             mode=ADAPTER_MODE[mode],
-                             epoch=1, fence=None, space_prefix=f"cost-{slug}",
+    adapter = durable_spaces(session=slug, spaces=spaces,
+                             snapshots=WorkspaceSnapshots(spaces, "", store),
+                             mode=ADAPTER_MODE[mode], epoch=1, fence=None, space_prefix="cost",
                              transactional=limits)
     registry.extend(adapter.extension)
     harness = Harness.open(storage, models=ScriptedModel(plan), registry=registry,

@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from . import protocol
 from .checkpoints import Checkpoints, Manifest, Readable, check_id
-from .epoch_fence import EpochFence
+from .epoch_fence import EpochFence, check_owner
 from .errors import BadRequest, Conflict, NotFound
 from .exec_ledger import ExecLedger
 from .failpoints import ENV_VAR, POINTS, SHIM_ENV_VAR, Channel
@@ -94,7 +94,8 @@ class Daemon:
         cid = {"id": STR}
         self.ops: dict[str, Op] = {
             "capabilities": Op(self._capabilities, {}, "check"),
-            "advance_epoch": Op(self._advance_epoch, {}, "advance", with_epoch=True),
+            "advance_epoch": Op(self._advance_epoch, {"owner": STR.with_default("")}, "advance",
+                                with_epoch=True),
             "exec_start": Op(self._exec_start, {"key": STR, "command": STR,
                                                 "cwd": STR.optional(), "env": STR_MAP.optional()},
                              "admit", with_epoch=True),
@@ -179,8 +180,8 @@ class Daemon:
     def _capabilities(self) -> dict[str, Any]:
         return {"capabilities": list(CAPABILITIES), "protocol": protocol.PROTOCOL_VERSION}
 
-    def _advance_epoch(self, epoch: int) -> dict[str, Any]:
-        with self.fence.advancing(epoch) as floor_before:
+    def _advance_epoch(self, epoch: int, owner: str) -> dict[str, Any]:
+        with self.fence.advancing(epoch, check_owner(owner)) as floor_before:
             if epoch > floor_before:
                 self.failpoints.report("spacesd.advance.persisted",
                                        {"epoch": epoch, "floor_before": floor_before})

@@ -10,6 +10,13 @@ preference), so a stream of requests cannot starve them.
 
 A higher epoch than the floor is admitted without raising it: only ``advance`` raises the
 floor (written to a temp file, fsynced, renamed, directory fsynced).
+
+One epoch has one owner. The floor is persisted with the owner that raised it (an opaque
+token of the driver, ``<epoch> <owner>``); an advance to the floor itself by anyone else is
+refused with ``EpochTaken``, so a second driver of the same epoch (or a new log on a Space an
+earlier driver raised to exactly its epoch) must run above it and fence the first, instead
+of sharing its epoch, its processes and its recorded results. An anonymous advance (no owner)
+never matches one: it can raise the floor, never share it.
 """
 
 from __future__ import annotations
@@ -19,17 +26,35 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from .errors import StaleEpoch
+from .errors import BadRequest, EpochTaken, StaleEpoch
 from .fsio import fsync_dir
+
+#: Longest owner token ``advance_epoch`` accepts.
+MAX_OWNER = 128
+
+
+def read_fence(path: str) -> tuple[int, str | None]:
+    """The floor persisted at ``path`` and its owner: ``(0, None)`` when there is none yet,
+    owner None for a floor written before owners were recorded."""
+    try:
+        with open(path) as f:
+            fields = f.read().split()
+    except FileNotFoundError:
+        return 0, None
+    return (int(fields[0]) if fields else 0), (fields[1] if len(fields) > 1 else None)
 
 
 def read_floor(path: str) -> int:
     """The floor persisted at ``path`` (0 when there is none yet)."""
-    try:
-        with open(path) as f:
-            return int(f.read().strip() or 0)
-    except FileNotFoundError:
-        return 0
+    return read_fence(path)[0]
+
+
+def check_owner(owner: str) -> str:
+    """``owner`` if it can be stored as a token (no whitespace, at most ``MAX_OWNER``)."""
+    if len(owner) > MAX_OWNER or any(c.isspace() for c in owner):
+        raise BadRequest(f"advance_epoch: field 'owner' must be at most {MAX_OWNER} "
+                         "characters without whitespace (an opaque token of the driver)")
+    return owner
 
 
 class EpochFence:
@@ -39,7 +64,7 @@ class EpochFence:
         self._admitted = 0
         self._advancing = False
         self._waiting_advances = 0
-        self._floor = read_floor(path)
+        self._floor, self._owner = read_fence(path)
 
     @property
     def floor(self) -> int:
@@ -66,11 +91,12 @@ class EpochFence:
                 self._cond.notify_all()
 
     @contextmanager
-    def advancing(self, epoch: int) -> Iterator[int]:
-        """Exclusively, with no admitted request in flight: refuse a stale ``epoch``, raise
-        and persist the floor to it, and yield the floor it had before (raised if below
-        ``epoch``). The caller kills the older processes inside (a crash in between is
-        healed by the sweep at start-up)."""
+    def advancing(self, epoch: int, owner: str = "") -> Iterator[int]:
+        """Exclusively, with no admitted request in flight: refuse a stale ``epoch`` (and
+        the floor's own epoch from another ``owner``: ``EpochTaken``), raise and persist the
+        floor to it, and yield the floor it had before (raised if below ``epoch``). The
+        caller kills the older processes inside (a crash in between is healed by the sweep
+        at start-up)."""
         with self._cond:
             self._waiting_advances += 1
             try:
@@ -82,20 +108,23 @@ class EpochFence:
         try:
             self.check(epoch)
             before = self._floor
-            if epoch > before:
-                self._persist(epoch)
+            if epoch == before and not (owner and owner == self._owner) and \
+                    (before > 0 or self._owner is not None):
+                raise EpochTaken(epoch, before)
+            if epoch > before or self._owner is None:
+                self._persist(epoch, owner)
             yield before
         finally:
             with self._cond:
                 self._advancing = False
                 self._cond.notify_all()
 
-    def _persist(self, epoch: int) -> None:
+    def _persist(self, epoch: int, owner: str) -> None:
         tmp = self._path + ".tmp"
         with open(tmp, "w") as f:
-            f.write(f"{epoch}\n")
+            f.write(f"{epoch} {owner}\n" if owner else f"{epoch}\n")
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self._path)
         fsync_dir(os.path.dirname(self._path) or ".")
-        self._floor = epoch
+        self._floor, self._owner = epoch, owner

@@ -74,5 +74,21 @@ class StaleEpoch(OpError):
         )
 
 
+class EpochTaken(OpError):
+    """``advance_epoch`` to the floor itself by another owner: one epoch has one owner, so the
+    sender must run above the floor (a second driver of the same epoch, or a new log on a
+    Space an earlier driver raised to exactly this epoch)."""
+
+    code = protocol.ERR_EPOCH_TAKEN
+
+    def __init__(self, epoch: int, floor: int) -> None:
+        super().__init__(
+            f"epoch {epoch} is this Space's floor and belongs to another owner: one epoch has "
+            f"one owner; advance to {floor + 1} or above instead",
+            epoch=epoch,
+            floor=floor,
+        )
+
+
 class TooLarge(OpError):
     code = protocol.ERR_TOO_LARGE

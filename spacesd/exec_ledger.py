@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import exec_files, procfs
+from .errors import Conflict
 from .failpoints import Channel
 from .journal import Journal
 from .protocol import OUTPUT_TAIL_BYTES, STATE_EXEC_DIR, STATE_LEDGER, ExecInfo
@@ -206,6 +207,12 @@ class ExecLedger:
         with self._lock:
             rec = self._records.get(key)
             if rec is not None:
+                if (rec.command, rec.cwd) != (command, cwd):
+                    raise Conflict(
+                        f"exec key {key!r} was started with command {rec.command!r} in "
+                        f"{rec.cwd!r}; it cannot now stand for {command!r} in {cwd!r}. A key "
+                        "is a promise about one command: use a new key for a new command",
+                        key=key)
                 return self.status(key)
             rec = ExecRecord(key, hashlib.sha256(key.encode()).hexdigest()[:32], command, cwd,
                              epoch, _now_ms())

@@ -36,6 +36,7 @@ ERR_NOT_FOUND = "not_found"
 ERR_OUTSIDE_ROOT = "outside_root"
 ERR_TOO_LARGE = "too_large"
 ERR_CONFLICT = "conflict"
+ERR_EPOCH_TAKEN = "epoch_taken"
 ERR_INTERNAL = "internal"
 
 
@@ -192,6 +193,7 @@ ERROR_STATUS: dict[str, int] = {
     ERR_OUTSIDE_ROOT: 403,
     ERR_NOT_FOUND: 404,
     ERR_CONFLICT: 409,
+    ERR_EPOCH_TAKEN: 409,
     ERR_STALE_EPOCH: 412,
     ERR_TOO_LARGE: 413,
     ERR_INTERNAL: 500,

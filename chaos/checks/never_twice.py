@@ -6,7 +6,8 @@ a spawn (a shim claimed them). Checkpoint mode: at most one, ever. Transactional
 second start only after a recorded revert of that call (``reverted`` events), one more per
 revert. A call the model issues again is a new call with its own id, not a rerun. Every key
 that started must also be the call's own command: a key that ran another call's command
-means keys were reused."""
+means keys were reused. Every key carries the run's session: a key of another session in
+its Space means two sessions shared one."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ from . import Undecided
 if TYPE_CHECKING:
     from . import CheckInput
 
-#: ``<conversation>:<call id>:<n>@<epoch>``, the adapter's idempotency keys.
-KEY = re.compile(r"^(?P<conv>\d+):(?P<call>.+):(?P<n>\d+)@(?P<epoch>\d+)$")
+#: ``<session>:<conversation>:<call id>:<n>@<epoch>``, the adapter's idempotency keys.
+KEY = re.compile(r"^(?P<session>[^:]+):(?P<conv>\d+):(?P<call>.+):(?P<n>\d+)@(?P<epoch>\d+)$")
 
 
 def started_keys(ledgers: list[dict]) -> list[dict]:
@@ -48,6 +49,11 @@ def check(inp: CheckInput) -> list[str]:
     per_call: dict[str, list[dict]] = {}
     for k in started_keys(obs.ledgers):
         m = KEY.match(k["key"])
+        if m and obs.session is not None and m["session"] != obs.session:
+            errors.append(f"key {k['key']} of session {m['session']!r} started a command "
+                          f"({k['command'][:60]!r}) in the Space of session "
+                          f"{obs.session!r}: two sessions shared one Space")
+            continue
         call = bash_calls.get(m["call"]) if m else None
         if call is None:
             errors.append(f"key {k['key']} started a command ({k['command'][:60]!r}) that no "

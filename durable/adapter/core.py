@@ -40,6 +40,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -75,6 +76,7 @@ from .decide import (
 )
 from .snapshots import CheckpointRef, SnapshotProvider
 from .space_env import SpaceEnv, tool_error
+from .space_names import check_prefix, exec_key, session_token, space_name
 from .state import (
     CALL_DOC,
     IMAGE_DOC,
@@ -112,11 +114,19 @@ class _Space:
 
 
 class DurableSpaces:
-    """Build with ``durable_spaces(...)``. ``.env`` and ``.extension`` plug into a Harness."""
+    """Build with ``durable_spaces(...)``. ``.env`` and ``.extension`` plug into a Harness.
+
+    ``session`` names the session: its Spaces are ``<space_prefix>-<session>-c<conversation>``
+    and its exec keys start with it (``space_names``), so sessions never share a Space or a
+    recorded result. ``on_stale`` is called once for each refusal by a newer epoch this
+    adapter meets (the Space's floor, or the log's fence while a command streams), before
+    the ``StaleEpochError`` propagates; the driver stops then.
+    """
 
     def __init__(
         self,
         *,
+        session: str,
         spaces: Spaces,
         snapshots: SnapshotProvider,
         cwd: str = ".",
@@ -137,6 +147,9 @@ class DurableSpaces:
                     f"no session epoch: pass epoch= or set CUA_SESSION_EPOCH to an integer "
                     f"(got {raw!r})")
             epoch = int(raw)
+        self.session = session_token(session)
+        #: This adapter's ``advance_epoch`` owner: one epoch of a Space has one owner.
+        self.owner = uuid.uuid4().hex
         self.spaces = spaces
         self.snapshots = snapshots
         self.cwd = cwd
@@ -146,7 +159,7 @@ class DurableSpaces:
         self.on_halt = on_halt
         self.epoch = epoch
         self.limits = (transactional or TransactionalLimits()).limits()
-        self.space_prefix = space_prefix
+        self.space_prefix = check_prefix(space_prefix)
         #: Every recovery event this process decided, in order (also committed to the log).
         self.events: list[RecoveryEvent] = []
         self._spaces: dict[int, _Space] = {}
@@ -156,7 +169,7 @@ class DurableSpaces:
     # ------------------------------------------------------------------ public API
 
     def space_name(self, conversation: int) -> str:
-        return f"{self.space_prefix}-c{conversation}"
+        return space_name(self.space_prefix, self.session, conversation)
 
     def env(self, log: Log, conversation: int) -> SpaceEnv:
         """The harness's env factory: the conversation's Space as an ``ExecutionEnv``."""
@@ -190,7 +203,7 @@ class DurableSpaces:
                 f"Space {client.name} lacks {sorted(missing)}; it cannot be fenced. Use a "
                 "Space image whose daemon supports epochs", permanent=True))
         try:
-            return client.advance_epoch(self.epoch)
+            return client.advance_epoch(self.epoch, owner=self.owner)
         except StaleEpochError as exc:
             self._stale(exc)
             raise
@@ -204,7 +217,10 @@ class DurableSpaces:
         return exc
 
     def _stale(self, exc: StaleEpochError) -> None:
-        if self.on_stale is not None:
+        """Tell ``on_stale`` of ``exc``, once: a refusal met deep down (an advance) passes
+        through the entry points that report too."""
+        if self.on_stale is not None and not getattr(exc, "reported_stale", False):
+            exc.reported_stale = True  # type: ignore[attr-defined]
             self.on_stale(exc)
 
     def ensure(self, log: Log, conversation: int) -> _Space:
@@ -511,7 +527,7 @@ class DurableSpaces:
         mode, prepare = self._prepare(log, conv, st, ctx.call_id, tool)
         gen = log.read_doc(conv, SPACE_DOC).value["generation"]
         record = call_record(ctx.call_id, tool, gen)
-        key = f"{conv}:{ctx.call_id}:{n}@{self.epoch}"
+        key = exec_key(self.session, conv, ctx.call_id, n, self.epoch)
         if tool == "bash":
             record["commands"].append({"key": key, "epoch": self.epoch, "n": n})
 

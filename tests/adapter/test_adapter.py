@@ -41,12 +41,17 @@ def spaces(local_spaces: LocalSpaces) -> LocalSpaces:
     return local_spaces
 
 
+SESSION = "s"
+SPACE = "cua-s-c1"
+
+
 def open_session(tmp_path: Path, spaces: LocalSpaces, plan: list[PlannedCall], *, epoch: int,
                  mode: str, store: bool = True, max_files: int = 1000) -> Session:
     storage, fence = open_fenced_sqlite(tmp_path / "log.sqlite", epoch)
     snapshots = WorkspaceSnapshots(
         spaces, "", DirectoryCheckpointStore(tmp_path / "store") if store else None)
-    adapter = durable_spaces(spaces=spaces, snapshots=snapshots, mode=mode, fence=fence,
+    adapter = durable_spaces(session=SESSION, spaces=spaces, snapshots=snapshots, mode=mode,
+                             fence=fence,
                              epoch=epoch, transactional=TransactionalLimits(max_files=max_files))
     registry = ToolRegistry(coding_tools())
     registry.extend(adapter.extension)
@@ -85,7 +90,7 @@ def test_lost_space_is_rebuilt(tmp_path: Path, spaces: LocalSpaces, mode: str) -
     run(s)
     before = space_hash(s)
     s.harness.close()
-    spaces.delete("cua-c1")
+    spaces.delete(SPACE)
     s = open_session(tmp_path, spaces, plan, epoch=2, mode=mode)
     run(s, "r2")  # the next call finds the Space gone and rebuilds it first
     kinds = [e.kind for e in s.adapter.events]
@@ -105,7 +110,7 @@ def test_lost_space_without_store_fails_permanently(tmp_path: Path, spaces: Loca
     s = open_session(tmp_path, spaces, steps(WRITE), epoch=1, mode="checkpoint", store=False)
     run(s)
     s.harness.close()
-    spaces.delete("cua-c1")
+    spaces.delete(SPACE)
     s = open_session(tmp_path, spaces, steps(WRITE, APPEND), epoch=2, mode="checkpoint",
                      store=False)
     with pytest.raises(PermanentFailure, match="CheckpointStore.*transactional mode"):
@@ -155,7 +160,7 @@ def test_fork_gets_the_parents_state_at_the_fork_entry(tmp_path: Path,
     after_append = [e for e in entries if e.kind == "tool_result"][1]
     child = s.harness.root("a").fork(after_append.id)
     client = s.adapter.ensure_space(s.harness, child.id)
-    assert client.name != "cua-c1"
+    assert client.name != SPACE
     assert client.read_file("a.txt") == b"alpha\n", "the edit came after the fork entry"
     assert client.read_file("log.txt") == b"step\n"
     assert s.adapter.ensure_space(s.harness, 1).read_file("a.txt") == b"beta\n"
@@ -186,7 +191,7 @@ def test_a_space_half_made_by_a_crash_is_finished(tmp_path: Path, spaces: LocalS
     s = open_session(tmp_path, spaces, steps(WRITE, APPEND), epoch=1, mode="transactional")
     run(s)
     s.harness.close()
-    spaces.delete("cua-c1")
+    spaces.delete(SPACE)
 
     class Crash(Exception):
         pass
@@ -286,7 +291,7 @@ def test_a_call_whose_space_was_lost(tmp_path: Path, spaces: LocalSpaces,
         run(s)
     s.harness.close()
     monkeypatch.undo()
-    spaces.delete("cua-c1")
+    spaces.delete(SPACE)
     s = open_session(tmp_path, spaces, plan, epoch=2, mode=mode)
     run(s)
     got = [e for e in s.adapter.events if e.kind != "mode"]

@@ -234,11 +234,11 @@ def test_a_key_started_twice_runs_once(spaces) -> None:
 def test_reattach_after_a_daemon_kill(spaces) -> None:
     spaces.create("s")
     client = spaces.connect("s", epoch=1)
-    client.exec_start("c:1:0@1", "echo started >> runs.txt; "
-                                 "while [ ! -e gate ]; do sleep 0.05; done; echo finished")
+    command = "echo started >> runs.txt; while [ ! -e gate ]; do sleep 0.05; done; echo finished"
+    client.exec_start("c:1:0@1", command)
     wait_text(client, "runs.txt")
     spaces.kill_daemon("s")
-    again = client.exec_start("c:1:0@1", "echo started >> runs.txt")  # reattaches
+    again = client.exec_start("c:1:0@1", command)  # reattaches
     assert again.state == "running"
     client.write_file("gate", b"")
     done = client.exec_wait("c:1:0@1", timeout=60)

@@ -63,7 +63,7 @@ def _clean_run(scenario: Scenario) -> Observation:
                             content_sha256=hashlib.sha256(exp.content.encode()).hexdigest())
         calls.append(call)
         if step.tool == "bash":
-            keys.append({"key": f"1:{call.call_id}:1@1", "command": step.args["command"],
+            keys.append({"key": f"run-1:1:{call.call_id}:1@1", "command": step.args["command"],
                          "cwd": "/w", "epoch": 1, "started_ms": i, "spawned": True,
                          "exit_code": exp.exit_code, "signal": None, "ended_ms": i,
                          "fenced_by": None})
@@ -76,7 +76,8 @@ def _clean_run(scenario: Scenario) -> Observation:
         calls, ws.rows(), log, effects, 0, True, "transactional", ws.hash(), None,
         inputs=[(1, "campaign-input")], epoch_raises=[(1, 1, 0)],
         entry_epochs=[(i, 1) for i in range(1, 100 + len(calls))],
-        ledgers=[{"why": "final", "audit": {"floor": 1, "keys": keys, "fences": fences}}])
+        ledgers=[{"why": "final", "audit": {"floor": 1, "keys": keys, "fences": fences}}],
+        session="run-1")
 
 
 def _scenario() -> Scenario:
@@ -123,7 +124,7 @@ def test_g2_catches_a_command_started_twice_and_a_reused_key() -> None:
     obs.ledgers.append({"why": "final", "audit": {"floor": 1, "keys": [again], "fences": []}})
     checks, text = _verdict(obs, s, "checkpoint")
     assert checks == ["G2"] and "started its command 2 times" in text, text
-    obs.events.append({"kind": "reverted", "call_id": keys[0]["key"].split(":")[1],
+    obs.events.append({"kind": "reverted", "call_id": keys[0]["key"].split(":")[2],
                        "entry": 50, "time_ms": 10, "epoch": 1})
     assert _verdict(obs, s)[0] == [], "a rerun after a recorded revert is allowed"
     obs = _clean_run(s)
@@ -133,13 +134,23 @@ def test_g2_catches_a_command_started_twice_and_a_reused_key() -> None:
     assert "G2" in checks and "a key was reused" in text
 
 
+def test_g2_catches_another_sessions_key_in_the_runs_space() -> None:
+    s = _scenario()
+    obs = _clean_run(s)
+    assert obs.ledgers is not None
+    keys = obs.ledgers[0]["audit"]["keys"]
+    keys.append({**keys[0], "key": keys[0]["key"].replace("run-1:", "run-2:")})
+    checks, text = _verdict(obs, s, "checkpoint")
+    assert checks == ["G2"] and "two sessions shared one Space" in text, text
+
+
 def test_g3_catches_an_older_process_alive_and_an_unfenced_restore() -> None:
     s = _scenario()
     obs = _clean_run(s)
     assert obs.ledgers is not None
     fences = obs.ledgers[0]["audit"]["fences"]
     fences.append({"t": "advance", "epoch": 2, "floor_before": 1, "raised": True,
-                   "killed": [], "alive_after": ["1:10.0:1@1"], "ms": 5})
+                   "killed": [], "alive_after": ["run-1:1:10.0:1@1"], "ms": 5})
     fences.append({"t": "restore", "id": "c1", "epoch": 3, "floor": 2, "alive_older": [],
                    "ms": 6})
     obs.events.append({"kind": "restored", "call_id": "10.0", "entry": 60, "time_ms": 7,

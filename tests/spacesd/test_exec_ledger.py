@@ -32,14 +32,32 @@ def test_a_key_started_twice_runs_once(client: SpaceClient, space: LocalSpace) -
     assert (space.work / "runs.txt").read_text() == "ran\n"
 
 
+def test_a_known_key_with_another_command_is_a_conflict(client: SpaceClient,
+                                                       space: LocalSpace) -> None:
+    """A key is a promise about one command: another command (or cwd) under it is refused,
+    never answered with the first command's result."""
+    (space.work / "sub").mkdir()
+    client.exec_start("c:1:0@1", "echo first >> runs.txt")
+    client.exec_wait("c:1:0@1", timeout=60)
+    for command, cwd in (("echo second >> runs.txt", None), ("echo first >> runs.txt", "sub")):
+        with pytest.raises(SpaceError) as caught:
+            client.exec_start("c:1:0@1", command, cwd=cwd)
+        assert caught.value.code == "conflict" and caught.value.status == 409
+        assert "'echo first >> runs.txt'" in str(caught.value)
+        assert repr(command) in str(caught.value)
+    assert (space.work / "runs.txt").read_text() == "first\n"
+    assert not (space.work / "sub" / "runs.txt").exists()
+
+
 #: Runs until the test creates the file ``go`` in the workspace.
 GATE = "until [ -f go ]; do sleep 0.02; done"
 
 
 def test_starting_a_running_key_reattaches(client: SpaceClient, space: LocalSpace) -> None:
-    client.exec_start("k", f"echo start; echo x >> runs.txt; {GATE}; echo end; exit 7")
+    command = f"echo start; echo x >> runs.txt; {GATE}; echo end; exit 7"
+    client.exec_start("k", command)
     wait_for_file(space.work / "runs.txt")
-    again = client.exec_start("k", "echo x >> runs.txt")
+    again = client.exec_start("k", command)
     assert again.state == "running"
     (space.work / "go").touch()
     seen: list[str] = []
@@ -126,13 +144,14 @@ def test_background_leftovers_count_as_running(client: SpaceClient) -> None:
 def test_daemon_killed_mid_command_then_reattached_never_twice(
     spaces: LocalSpaces, space: LocalSpace, client: SpaceClient
 ) -> None:
-    client.exec_start("k", f"echo x >> runs.txt; {GATE}; echo done")
+    command = f"echo x >> runs.txt; {GATE}; echo done"
+    client.exec_start("k", command)
     wait_for_file(space.work / "runs.txt")
     old_daemon = space.daemon()
     spaces.kill_daemon(space.name)  # SIGKILL, then a new daemon (on a new port)
     assert space.daemon() != old_daemon
     assert client.exec_status("k").state == "running"
-    assert client.exec_start("k", "echo x >> runs.txt").state == "running"
+    assert client.exec_start("k", command).state == "running"
     (space.work / "go").touch()
     final = client.exec_wait("k", timeout=60)
     assert final.state == "exited" and final.exit_code == 0 and final.output == "done\n"
@@ -148,7 +167,7 @@ def test_machine_restart_makes_running_keys_lost(
     wait_for_file(space.work / "runs.txt")
     spaces.restart(space.name)
     assert client.exec_status("k").state == "lost"
-    assert client.exec_start("k", "echo x >> runs.txt").state == "lost"
+    assert client.exec_start("k", "echo x >> runs.txt; sleep 30").state == "lost"
     assert client.exec_status("done").state == "exited"
     assert (space.work / "runs.txt").read_text() == "x\n"
     assert not client.scan().running
@@ -182,12 +201,13 @@ def test_keys_run_at_most_once_through_daemon_kills_and_restarts(
     key ran at most once, and exactly once if it reports exited."""
     keys = [f"c:{n}:0@1" for n in range(24)]
     for n, key in enumerate(keys):
-        client.exec_start(key, f"echo {key} >> runs.txt; sleep 0.{n % 4}")
+        command = f"echo {key} >> runs.txt; sleep 0.{n % 4}"
+        client.exec_start(key, command)
         if n % 6 == 2:
             spaces.kill_daemon(space.name)
         elif n % 6 == 5:
             spaces.restart(space.name)
-        client.exec_start(key, f"echo {key} >> runs.txt")  # a retry: never runs again
+        client.exec_start(key, command)  # a retry: never runs again
     finals = {key: client.exec_wait(key, timeout=60) for key in keys}
     runs = (space.work / "runs.txt").read_text().split()
     for key, info in finals.items():

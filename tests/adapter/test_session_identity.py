@@ -1,0 +1,224 @@
+"""Fencing and session identity with real Spaces, real SQLite logs and real processes: one
+Space per session, one owner per epoch, keys that carry their session, and a driver that
+refuses a bad environment with exit 78."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from collections.abc import Callable
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+import pytest
+
+from backends.local import LocalSpaces
+from backends.local.procs import start_time
+from backends.space_client import SpaceClient
+from durable.adapter import DurableSpaces, WorkspaceSnapshots, durable_spaces
+from durable.adapter.space_names import session_token, space_name
+from durable.coding_tools import coding_tools
+from durable.driver import (
+    EXIT_OK,
+    EXIT_PERMANENT,
+    Session,
+    SessionEnv,
+    run_durable_session,
+)
+from durable.errors import EpochTaken, StaleEpochError
+from durable.fence import Fence
+from durable.fences import open_fenced_sqlite
+from durable.harness import Harness, Submission
+from durable.models import PlannedCall, ScriptedModel
+from durable.tools import ToolRegistry
+
+#: The same calls (same ids, same commands) in every session: only identity tells them apart.
+PLAN = [PlannedCall(0, "bash", {"command": "echo ran >> who.txt; cat who.txt"}),
+        PlannedCall(1, "write", {"path": "done.txt", "content": "done\n"})]
+
+
+def open_harness(log_dir: Path, spaces: LocalSpaces, session: str, epoch: int,
+                 on_stale: Callable[[StaleEpochError], None] | None = None,
+                 plan: list[PlannedCall] = PLAN) -> tuple[Harness, DurableSpaces]:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    storage, fence = open_fenced_sqlite(log_dir / "log.sqlite", epoch)
+    adapter = durable_spaces(session=session, spaces=spaces,
+                             snapshots=WorkspaceSnapshots(spaces, "", None), mode="checkpoint",
+                             fence=fence, epoch=epoch, on_stale=on_stale)
+    registry = ToolRegistry(coding_tools())
+    registry.extend(adapter.extension)
+    harness = Harness.open(storage, models=ScriptedModel(plan), registry=registry,
+                           env=adapter.env)
+    harness.resume()
+    return harness, adapter
+
+
+def test_session_tokens_are_safe_bounded_and_distinct() -> None:
+    names = ["run-1", "a/b", "a_b", "a b", "x" * 200, "x" * 201, "é", ":@", "-lead"]
+    tokens = [session_token(n) for n in names]
+    assert tokens[0] == "run-1"
+    assert len(set(tokens)) == len(tokens)
+    for token in tokens:
+        assert len(token) <= 33 and ":" not in token and "@" not in token
+        name = space_name("cua", token, 12345)
+        assert name[0].isalnum() and all(c.isalnum() or c in "._-" for c in name)
+    with pytest.raises(ValueError, match="non-empty name"):
+        session_token("")
+
+
+def test_two_sessions_on_one_provider_get_their_own_spaces_and_results(
+        tmp_path: Path, local_spaces: LocalSpaces) -> None:
+    outputs = {}
+    for session in ("alpha", "beta"):
+        harness, adapter = open_harness(tmp_path / session, local_spaces, session, epoch=1)
+        try:
+            outcome = harness.root("a").submit(content="go", request_id="r1").wait()
+            assert outcome.done, outcome
+            outputs[session] = next(e.data for e in harness.log.entries(1)
+                                    if e.kind == "tool_result")
+            assert adapter.space_name(1) == f"cua-{session}-c1"
+        finally:
+            harness.close()
+    assert sorted(local_spaces.names()) == ["cua-alpha-c1", "cua-beta-c1"]
+    for session in ("alpha", "beta"):
+        client = local_spaces.connect(f"cua-{session}-c1", epoch=1)
+        assert client.read_file("who.txt") == b"ran\n"  # never the other session's run
+        assert outputs[session]["content"].rstrip().endswith("ran"), outputs[session]
+        ledger = local_spaces.get(f"cua-{session}-c1").state / "ledger.jsonl"
+        keys = [json.loads(line)["key"] for line in ledger.read_text().splitlines()
+                if json.loads(line)["t"] == "start"]
+        assert keys and all(k.startswith(f"{session}:1:") for k in keys), keys
+        # the same call id, command and epoch: only the session in the key tells them apart
+        other = "beta" if session == "alpha" else "alpha"
+        twin = keys[0].replace(f"{session}:", f"{other}:", 1)
+        assert client.exec_status(twin).state == "unknown"
+
+
+def _driver_env(tmp_path: Path, epoch: str, state: Path | None = None) -> dict[str, str]:
+    return {"CUA_SESSION_NAME": "s", "CUA_SESSION_EPOCH": epoch,
+            "CUA_STATE_DIR": str(state or tmp_path / "state"),
+            "CUA_SESSION_HEARTBEAT_SECS": "0.2"}
+
+
+def _drive(tmp_path: Path, spaces: LocalSpaces, environ: dict[str, str]) -> tuple[int, str]:
+    built: list[DurableSpaces] = []
+
+    def build(fence: Fence, senv: SessionEnv) -> DurableSpaces:
+        built.append(durable_spaces(session=senv.name, spaces=spaces,
+                                    snapshots=WorkspaceSnapshots(spaces, "", None),
+                                    mode="checkpoint", fence=fence, epoch=senv.epoch))
+        return built[-1]
+
+    def start(session: Session) -> Submission:
+        registry = ToolRegistry(coding_tools())
+        harness = session.open_harness(models=ScriptedModel(PLAN), registry=registry)
+        return harness.root("a").submit(content="go", request_id="r1")
+
+    out = io.StringIO()
+    with redirect_stdout(out), redirect_stderr(out):
+        code = run_durable_session(durable=build, start=start, environ=environ)
+    return code, out.getvalue()
+
+
+def test_a_space_raised_to_the_drivers_epoch_by_another_log_is_run_above_it(
+        tmp_path: Path, local_spaces: LocalSpaces) -> None:
+    """The seed's bug: a new log on a Space an earlier session raised to exactly the new
+    driver's epoch must not share that epoch: it runs at e+1, which kills the other log's
+    processes, and it never sees the other log's recorded results."""
+    name = "cua-s-c1"
+    local_spaces.create(name)
+    other = local_spaces.connect(name, epoch=3)
+    other.advance_epoch(3, owner="the-other-log")
+    other.exec_start("s:1:0.0:1@3", "echo $$ > other.pid; exec sleep 300")
+    deadline = time.monotonic() + 30
+    while not (local_spaces.get(name).work / "other.pid").exists():
+        assert time.monotonic() < deadline, "the other log's command never started"
+        time.sleep(0.02)
+    pid = int((local_spaces.get(name).work / "other.pid").read_text())
+    assert start_time(pid) is not None
+
+    code, out = _drive(tmp_path, local_spaces, _driver_env(tmp_path, "3"))
+    assert code == EXIT_OK, out
+    assert "CUA-EPOCH 4 " in out and "CUA-HEARTBEAT 3 " not in out.split("CUA-EPOCH 4")[1]
+    deadline = time.monotonic() + 10
+    while start_time(pid) is not None:
+        assert time.monotonic() < deadline, f"the other log's process {pid} survived"
+        time.sleep(0.02)
+    storage, fence = open_fenced_sqlite(tmp_path / "state" / "log.sqlite", 4)
+    try:
+        assert fence.floor() == 4  # the epoch it actually ran at is the log's
+    finally:
+        storage.close()
+    client = local_spaces.connect(name, epoch=4)
+    assert client.read_file("who.txt") == b"ran\n"
+    assert client.exec_status("s:1:0.0:1@3").state == "exited"  # killed, not replayed
+    ledger = (local_spaces.get(name).state / "ledger.jsonl").read_text()
+    assert '@4"' in ledger
+
+
+def test_one_epoch_of_a_space_has_one_owner(local_spaces: LocalSpaces) -> None:
+    local_spaces.create("sp")
+    client = local_spaces.connect("sp", epoch=2)
+    assert client.advance_epoch(2, owner="a")["floor"] == 2
+    assert client.advance_epoch(2, owner="a")["floor"] == 2  # its owner again: a no-op
+    client.exec_start("k@2", "sleep 300")
+    with pytest.raises(EpochTaken) as taken:
+        client.advance_epoch(2, owner="b")
+    assert (taken.value.epoch, taken.value.floor) == (2, 2)
+    assert "advance to 3 or above" in str(taken.value)
+    assert client.exec_status("k@2").state == "running"  # the refusal killed nothing
+    local_spaces.kill_daemon("sp")  # the owner is persisted with the floor
+    with pytest.raises(EpochTaken):
+        client.advance_epoch(2, owner="b")
+    assert client.advance_epoch(2, owner="a")["killed"] == []
+    assert client.with_epoch(3).advance_epoch(3, owner="b")["killed"] == ["k@2"]
+
+
+@pytest.mark.parametrize("epoch", ["0", str(2**63), "-1", "1.5", "\uff11"])
+def test_a_driver_with_an_impossible_epoch_exits_78(tmp_path: Path, local_spaces: LocalSpaces,
+                                                    epoch: str) -> None:
+    code, out = _drive(tmp_path, local_spaces, _driver_env(tmp_path, epoch))
+    assert code == EXIT_PERMANENT, out
+    expected = (f"CUA-EXIT 78 bad environment: CUA_SESSION_EPOCH must be an integer from 1 "
+                f"to {2**63 - 1} (it grows with every launch), got {epoch!r}")
+    assert out.strip().splitlines() == [expected]
+
+
+def test_a_driver_whose_state_dir_is_a_file_exits_78(tmp_path: Path,
+                                                     local_spaces: LocalSpaces) -> None:
+    state = tmp_path / "state"
+    state.write_text("not a directory")
+    code, out = _drive(tmp_path, local_spaces, _driver_env(tmp_path, "1", state))
+    assert code == EXIT_PERMANENT, out
+    assert len(out.strip().splitlines()) == 1 and "is not a directory" in out
+    assert state.read_text() == "not a directory"
+
+
+def test_on_stale_fires_once_per_refusal(tmp_path: Path, local_spaces: LocalSpaces,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A refusal met deep down (``advance_epoch`` inside a call's ``ensure``, here lost to a
+    newer driver that advanced the Space between the probe and the advance) passes through
+    the call's own handler too: ``on_stale`` still hears of it once."""
+    harness, _adapter = open_harness(tmp_path, local_spaces, "s", epoch=1, plan=PLAN[:1])
+    try:
+        assert harness.root("a").submit(content="go", request_id="r1").wait().done
+    finally:
+        harness.close()
+    probe = SpaceClient.capabilities
+
+    def probe_then_lose_the_race(client: SpaceClient) -> set[str]:
+        found = probe(client)
+        if client.epoch == 1:
+            client.with_epoch(5).advance_epoch(5, owner="newer")
+        return found
+
+    monkeypatch.setattr(SpaceClient, "capabilities", probe_then_lose_the_race)
+    seen: list[StaleEpochError] = []
+    harness, _adapter = open_harness(tmp_path, local_spaces, "s", epoch=1, on_stale=seen.append)
+    try:
+        with pytest.raises(StaleEpochError):
+            harness.root("a").submit(content="again", request_id="r2").wait()
+    finally:
+        harness.close()
+    assert len(seen) == 1 and seen[0].floor == 5, seen
