@@ -72,9 +72,13 @@ class CampaignConfig:
     #: their own), after the drawn runs; with these and neither ``runs`` nor ``seeds``,
     #: only these run.
     plans: tuple[ScriptedRun, ...] = ()
+    #: Stale mode only: who meets the run's session (``chaos.stale.KINDS``).
+    stale_kind: str = "race"
 
     @property
     def preset_name(self) -> str:
+        if self.preset is None and self.mode == "stale" and self.stale_kind == "detached":
+            return "detached"
         return self.preset or DEFAULT_PRESET.get(self.mode, "default")
 
     @property
@@ -134,7 +138,8 @@ class Progress:
 def _specs(cfg: CampaignConfig, work: Path) -> tuple[list[RunSpec], int | None]:
     base = RunSpec(index=0, seed=cfg.seed_base, campaign_mode=cfg.mode,
                    durable_mode=cfg.adapter_mode, backend=cfg.backend, preset=cfg.preset_name,
-                   steps=cfg.steps, work_dir=work, keep=cfg.keep, driver=cfg.driver)
+                   steps=cfg.steps, work_dir=work, keep=cfg.keep, driver=cfg.driver,
+                   stale_kind=cfg.stale_kind)
     if cfg.mode != "exhaustive":
         drawn = 0 if cfg.plans and cfg.runs is None else cfg.runs or DEFAULT_RUNS
         seeds = cfg.seeds or tuple(cfg.seed_base + i for i in range(drawn))

@@ -80,6 +80,9 @@ class Observation:
     stale_error: str | None = None
     #: The token of the run's session: the first field of every exec key of its Spaces.
     session: str | None = None
+    #: Keys an earlier log of the same session started in the Space before this log's
+    #: first driver (stale mode's foreign kind): not this log's calls.
+    foreign_keys: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -31,6 +31,7 @@ from .ci_subset import BY_NAME, run_slices
 from .faults import ALL_POINTS, FaultPlan
 from .records import ResultsDir
 from .runner import Run, RunSpec
+from .stale import KINDS
 
 EXIT_BAD_ARGS = 254
 EXIT_CRASHED = 255
@@ -79,6 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--pairs", action="store_true",
                      help="exhaustive only: every kind of recovery fault after every first "
                      "fault (default: the kinds in turn)")
+    run.add_argument("--stale-kind", choices=KINDS,
+                     default=os.environ.get("CRASH_STALE_KIND", "race"),
+                     help="stale mode: an older driver of the session (race), the same race "
+                          "while a command that left a detached writer runs (detached), or "
+                          "a second session on the same Spaces provider (foreign)")
     run.add_argument("--stop-on-failure", action="store_true",
                      help="start no more runs once one failed")
     ci = sub.add_parser("ci", help="run the fast fixed-seed crash subset that gates CI")
@@ -97,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--preset")
     rep.add_argument("--steps", type=int)
     rep.add_argument("--durable-mode", choices=("auto", "transactional", "checkpoint"))
+    rep.add_argument("--stale-kind", choices=KINDS, default="race")
     ana = sub.add_parser("analyze", help="re-run the checker on stored run records")
     ana.add_argument("results", type=Path)
     cln = sub.add_parser("clean", help="remove Spaces left behind by crashed campaigns")
@@ -132,7 +139,8 @@ def _campaign_config(args: argparse.Namespace) -> CampaignConfig:
                          preset=args.preset, durable_mode=args.durable_mode,
                          results_root=args.results, keep=args.keep, driver=args.driver,
                          points=tuple(p for p in args.points.split(",") if p),
-                         pairs=args.pairs, stop_on_failure=args.stop_on_failure)
+                         pairs=args.pairs, stop_on_failure=args.stop_on_failure,
+                         stale_kind=args.stale_kind)
     unknown = sorted(set(cfg.points) - set(ALL_POINTS))
     if unknown:
         raise BadArguments(f"unknown failpoint(s) {unknown}; known: {sorted(ALL_POINTS)}")
@@ -157,18 +165,19 @@ def _repro(args: argparse.Namespace) -> int:
                        backend=record["backend"], preset=record["preset"],
                        steps=record["steps"], work_dir=results.path / "repro",
                        plan=FaultPlan.from_json(record["plan"]), keep=True,
-                       driver=results.read_json("campaign.json").get("driver", "chaos.driver"))
+                       driver=results.read_json("campaign.json").get("driver", "chaos.driver"),
+                       stale_kind=record.get("stale_kind") or "race")
     else:
         if args.seed is None or args.mode is None:
             raise BadArguments("repro needs RESULTS --run N, or --seed S --mode M")
         cfg = CampaignConfig(mode=args.mode, backend=args.backend, preset=args.preset,
-                             durable_mode=args.durable_mode)
+                             durable_mode=args.durable_mode, stale_kind=args.stale_kind)
         if args.mode == "exhaustive":
             raise BadArguments("exhaustive plans are not drawn from a seed; use RESULTS --run N")
         spec = RunSpec(index=0, seed=args.seed, campaign_mode=args.mode,
                        durable_mode=cfg.adapter_mode, backend=args.backend,
                        preset=cfg.preset_name, steps=args.steps,
-                       work_dir=Path("results") / "repro", keep=True)
+                       work_dir=Path("results") / "repro", keep=True, stale_kind=args.stale_kind)
     record = Run(spec).execute()
     v = record["verdict"]
     print(f"repro run={spec.index} seed={spec.seed} mode={spec.campaign_mode} "

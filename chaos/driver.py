@@ -45,6 +45,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--mode", choices=("auto", "transactional", "checkpoint"), required=True)
     p.add_argument("--backend", default="local")
+    p.add_argument("--spaces-dir", type=Path, default=None,
+                   help="the run directory whose Spaces provider to use (default: --run-dir); "
+                        "a second session of a run shares its provider this way")
     p.add_argument("--no-store", action="store_true",
                    help="checkpoint mode without a CheckpointStore (lost Spaces are fatal)")
     return p.parse_args(argv)
@@ -54,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     preset = load(args.preset)
     scenario = generate(args.seed, preset, steps=args.steps)
-    spaces = make_spaces(args.backend, args.run_dir,
+    spaces = make_spaces(args.backend, args.spaces_dir or args.run_dir,
                          failpoints=os.environ.get(SPACE_FAILPOINTS_ENV) or None)
     store = None if args.no_store else DirectoryCheckpointStore(args.run_dir / "store")
 

@@ -71,13 +71,14 @@ def save_ledger(spaces: CampaignSpaces, space_name: str, dest: Path, why: str) -
 
 def observe(run_dir: Path, spaces: CampaignSpaces, space_name: str, *, session: str,
             epoch: int, final_exit: int | None, final_done: bool,
-            ledgers: list[dict[str, Any]], stale_error: str | None = None
-            ) -> tuple[Observation, list[dict[str, Any]]]:
+            ledgers: list[dict[str, Any]], stale_error: str | None = None,
+            foreign_keys: list[str] | None = None) -> tuple[Observation, list[dict[str, Any]]]:
     """The run's observation and its recovery events. ``session``: the token of the run's
     session (every key of its Space must carry it). ``ledgers``: those the runner saved
     from earlier generations of the Space; the current one's is added here. ``epoch``: the
     newest the runner launched; a driver that ran above it (``EpochTaken``) raised the
-    log's floor, which is used then."""
+    log's floor, which is used then. ``foreign_keys``: keys another log of this session
+    started in the Space (stale mode's foreign kind)."""
     storage = SqliteStorage(run_dir / "state" / "log.sqlite")
     history = storage.epoch_history()
     epoch = max([epoch, *(raised[0] for raised in history.raises)])
@@ -123,5 +124,5 @@ def observe(run_dir: Path, spaces: CampaignSpaces, space_name: str, *, session: 
         mode_switch_entry=switch, events=events, inputs=inputs,
         epoch_raises=list(history.raises),
         entry_epochs=sorted(history.entry_epochs.items()), ledgers=all_ledgers,
-        stale_error=stale_error, session=session)
+        stale_error=stale_error, session=session, foreign_keys=list(foreign_keys or []))
     return obs, events

@@ -43,6 +43,7 @@ from .faults import Fault, FaultPlan, draw_plan, reachable_points
 from .observe import observe, save_ledger
 from .processes import OwnedProcess, python_argv
 from .rendezvous import Action, Hit, Rendezvous
+from .stale import OtherSession, run_kind
 
 DRIVER_TIMEOUT_S = 180.0
 #: Failpoints reached only after the driver adopted the seeded Space (it adopts at start,
@@ -67,6 +68,8 @@ class RunSpec:
     keep: bool = False
     #: The driver program: a module run with ``-m``, or a path to a ``.py`` file.
     driver: str = "chaos.driver"
+    #: Stale mode's kind (``stale.KINDS``).
+    stale_kind: str = "race"
 
 
 @dataclass
@@ -146,6 +149,12 @@ class Run:
         self._armed = threading.Event()
         #: The ledgers of the Space's generations the nemesis destroyed (see G2).
         self.ledgers: list[dict[str, Any]] = []
+        #: What the runner saw go wrong with another driver or session (stale mode).
+        self.stale_error: str | None = None
+        #: Keys another log of this session started in the run's Space (stale mode).
+        self.foreign_keys: list[str] = []
+        #: Unix time before which the run is not observed (a leftover writer's time).
+        self.settle_at = 0.0
 
     # ------------------------------------------------------------------ faults
 
@@ -261,22 +270,30 @@ class Run:
 
     # ------------------------------------------------------------------ drivers
 
-    def _driver_argv(self) -> list[str]:
+    def _driver_argv(self, other: OtherSession | None) -> list[str]:
         spec = self.spec
         program = ([sys.executable, spec.driver] if spec.driver.endswith(".py")
                    else python_argv(spec.driver))
-        argv = program + ["--run-dir", str(self.dir), "--preset", spec.preset,
-                          "--seed", str(spec.seed), "--mode", spec.durable_mode,
-                          "--backend", spec.backend]
-        if spec.steps is not None:
+        argv = program + ["--run-dir", str(other.run_dir if other else self.dir),
+                          "--preset", other.preset if other else spec.preset,
+                          "--seed", str(other.seed if other else spec.seed),
+                          "--mode", spec.durable_mode, "--backend", spec.backend]
+        if other is not None:
+            argv += ["--spaces-dir", str(self.dir)]
+        if spec.steps is not None and (other is None or other.preset == spec.preset):
             argv += ["--steps", str(spec.steps)]
         return argv
 
-    def _launch(self, attempt: int, failpoints: str | None, *,
-                heartbeat: float = 0.5) -> OwnedProcess:
-        self.epoch += 1
-        env = {**os.environ, "CUA_SESSION_NAME": self.session,
-               "CUA_SESSION_EPOCH": str(self.epoch), "CUA_STATE_DIR": str(self.dir / "state"),
+    def launch(self, attempt: int, failpoints: str | None, *, heartbeat: float = 0.5,
+               other: OtherSession | None = None) -> OwnedProcess:
+        """Start a driver of the run's session (the next epoch), or of ``other``."""
+        if other is None:
+            self.epoch += 1
+        epoch = other.epoch if other else self.epoch
+        run_dir = other.run_dir if other else self.dir
+        run_dir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "CUA_SESSION_NAME": other.name if other else self.session,
+               "CUA_SESSION_EPOCH": str(epoch), "CUA_STATE_DIR": str(run_dir / "state"),
                "CUA_SESSION_HEARTBEAT_SECS": str(heartbeat),
                "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         env.pop("CUA_FAILPOINTS", None)
@@ -284,17 +301,30 @@ class Run:
         if failpoints:
             # the driver's own points, and those of the daemons it brings up
             env["CUA_FAILPOINTS"] = env[SPACE_FAILPOINTS_ENV] = failpoints
-        out = open(self.dir / f"driver-{attempt:02d}-e{self.epoch}.log", "wb")
+        out = open(run_dir / f"driver-{attempt:02d}-e{epoch}.log", "wb")
         try:
-            proc = OwnedProcess(self._driver_argv(), env=env, stdout=out,
+            proc = OwnedProcess(self._driver_argv(other), env=env, stdout=out,
                                 stderr=subprocess.STDOUT)
         finally:
             out.close()
-        self.state.counts["attempts"] += 1
-        self.state.op("driver", "invoke", "attempt", {"attempt": attempt, "epoch": self.epoch})
+        if other is None:
+            self.state.counts["attempts"] += 1
+        self.state.op("other" if other else "driver", "invoke", "attempt",
+                      {"attempt": attempt, "epoch": epoch})
         return proc
 
-    def _await(self, proc: OwnedProcess, attempt: int) -> int:
+    def hold(self, hold: Hold) -> None:
+        """Park the next driver whose failpoint hit ``hold.matches`` (stale mode)."""
+        with self.state.lock:
+            self._holds.append(hold)
+
+    def space_of(self, session: str) -> str:
+        """The name of the Space of conversation 1 of ``session``."""
+        return space_name(SPACE_PREFIX, session_token(session), 1)
+
+    def await_driver(self, proc: OwnedProcess, attempt: int, *, epoch: int | None = None,
+                     other: OtherSession | None = None) -> int:
+        """Wait for a driver (reaped, and killed at the timeout) and record its exit."""
         try:
             code = proc.wait(DRIVER_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -304,8 +334,9 @@ class Run:
         finally:
             proc.close()
         kind = "ok" if code == 0 else "fail" if code in (75, 78) else "info"
-        self.state.op("driver", kind, "attempt", {"attempt": attempt, "epoch": self.epoch,
-                                                  "exit": code})
+        epoch = other.epoch if other else self.epoch if epoch is None else epoch
+        self.state.op("other" if other else "driver", kind, "attempt",
+                      {"attempt": attempt, "epoch": epoch, "exit": code})
         return code
 
     def _timers(self, attempt: int, proc: OwnedProcess) -> list[threading.Timer]:
@@ -320,13 +351,14 @@ class Run:
 
     # ------------------------------------------------------------------ the run
 
-    def _seed_workspace(self) -> None:
+    def seed_space(self, name: str, scenario: Scenario) -> None:
+        """Create the Space ``name`` with ``scenario``'s initial workspace."""
         assert self.spaces is not None
-        self.spaces.create(self.space)
-        client = self.spaces.connect(self.space, epoch=0)
-        for path, (data, mode) in sorted(self.scenario.initial.files.items()):
+        self.spaces.create(name)
+        client = self.spaces.connect(name, epoch=0)
+        for path, (data, mode) in sorted(scenario.initial.files.items()):
             client.write_file(path, data, mode=mode)
-        for path, target in sorted(self.scenario.initial.links.items()):
+        for path, target in sorted(scenario.initial.links.items()):
             client.symlink(path, target)
 
     def execute(self) -> dict[str, Any]:
@@ -346,11 +378,11 @@ class Run:
                             shared=spec.backend == "docker") as rv:
                 # The Space's daemons report their failpoints to the same rendezvous.
                 self.spaces = make_spaces(spec.backend, self.dir, failpoints=rv.address)
-                self._seed_workspace()
+                self.seed_space(self.space, self.scenario)
                 if spec.campaign_mode == "stale":
-                    final_exit = self._race(rv)
+                    final_exit = run_kind(self, rv)
                 else:
-                    final_exit = self._attempts(rv)
+                    final_exit = self._attempts(rv.address)
                 hits = rv.counts()
                 for error in rv.errors:
                     s.fault_error("the rendezvous", RuntimeError(error))
@@ -359,16 +391,21 @@ class Run:
             # no fault fired since it started (a fault during its last steps, a Space lost
             # after its final check, need one; for a finished session the re-drive must
             # change nothing).
-            if final_exit != 0 or len(s.fired) > self._fired_at_launch:
-                clean = self._launch(99, None)
-                final_exit = self._await(clean, 99)
+            # (Stale mode always ends with one: the session's re-drive after the other
+            # party must change nothing either.)
+            if final_exit != 0 or len(s.fired) > self._fired_at_launch or \
+                    spec.campaign_mode == "stale":
+                clean = self.launch(99, None)
+                final_exit = self.await_driver(clean, 99)
             t_done = time.time() - s.t0
+            time.sleep(max(0.0, self.settle_at - time.time()))
             for lat in s.latencies:
                 lat["t_done"] = t_done
             obs, events = observe(self.dir, self.spaces, self.space,
                                   session=session_token(self.session), epoch=self.epoch,
                                   final_exit=final_exit, final_done=final_exit == 0,
-                                  ledgers=self.ledgers, stale_error=self._stale_error)
+                                  ledgers=self.ledgers, stale_error=self.stale_error,
+                                  foreign_keys=self.foreign_keys)
             verdict = check(self.scenario, obs, campaign_mode=spec.campaign_mode)
             if s.errors:  # a planned fault may not have happened: nothing is proven
                 verdict = Verdict(False if verdict.valid is False else "unknown",
@@ -402,6 +439,7 @@ class Run:
                 shutil.rmtree(self.dir, ignore_errors=True)
         return {
             "index": spec.index, "seed": spec.seed, "campaign_mode": spec.campaign_mode,
+            "stale_kind": spec.stale_kind if spec.campaign_mode == "stale" else None,
             "durable_mode": spec.durable_mode, "backend": spec.backend, "preset": spec.preset,
             "steps": len(self.scenario.steps), "plan": self.plan.to_json(),
             "history": s.history, "recoveries": events, "counts": s.counts,
@@ -437,81 +475,22 @@ class Run:
                 s.op("nemesis", "info", "skipped",
                      f"{fault.describe()}: {fault.point} was reached {reached} time(s)")
 
-    def _attempts(self, rv: Rendezvous) -> int | None:
+    def _attempts(self, failpoints: str | None) -> int | None:
         code: int | None = None
         for attempt in range(1, self.plan.max_attempts + 1):
             self._attempt = attempt
             with self.state.lock:
                 self._fired_at_launch = len(self.state.fired)
-            proc = self._launch(attempt, rv.address)
+            proc = self.launch(attempt, failpoints)
             self.state.driver = proc
             timers = self._timers(attempt, proc)
-            code = self._await(proc, attempt)
+            code = self.await_driver(proc, attempt)
             for t in timers:
                 t.cancel()
             if code in (0, 78):
                 return code
             if self.plan.backoff:
                 time.sleep(self.plan.backoff)
-        return code
-
-    _stale_error: str | None = None
-
-    def _race(self, rv: Rendezvous) -> int | None:
-        """Stale mode: park an older driver at a seeded point, then let a newer one take the
-        session over, and release the older one, which must be fenced (exit 75) and change
-        nothing. Two races, by seed: the older resumes once the newer has *finished*, or
-        just after the newer *opened* the log and before it wrote anything (parked at its
-        first failpoint): only the fences inside each commit and each Space request can stop
-        it there. The older driver's heartbeat (which also checks the fence) is slowed down
-        so that those fences, not the heartbeat, are what is tested."""
-        rng = random.Random(f"stale:{self.spec.seed}")
-        points = reachable_points(self.scenario, self.spec.durable_mode)
-        candidates = [p for p in ("call.intent", "space.start_mark", "space.running",
-                                  "space.exited", "call.returned", "space.file_op")
-                      if p in points]
-        point = rng.choice(candidates)
-        at = (point, rng.randint(1, points[point]))
-        race = rng.choice(("finished", "opened"))
-        old_hold = Hold(f"the older driver ({race} race)",
-                        lambda hit: (hit.point, hit.occurrence) == at)
-        self._holds.append(old_hold)
-        self._fired_at_launch = -1  # the race always ends with a clean driver
-        old = self._launch(1, rv.address, heartbeat=STALE_HEARTBEAT_S)
-        old_epoch = self.epoch
-        self.state.driver = old
-        if not old_hold.parked.wait(DRIVER_TIMEOUT_S) or old.poll() is not None:
-            self._stale_error = f"the older driver never reached {at[0]}#{at[1]}"
-            return self._await(old, 1)
-        if race == "finished":
-            new = self._launch(2, None)
-            code = self._await(new, 2)
-            old_hold.release.set()
-            old_code = self._await_stale(old, old_epoch)
-        else:
-            new_hold = Hold("the newer driver, before its first write",
-                            lambda hit: hit.pid != old.pid and hit.info.get("process") is None)
-            self._holds.append(new_hold)
-            new = self._launch(2, rv.address)
-            while not new_hold.parked.wait(0.05) and new.poll() is None:
-                pass
-            old_hold.release.set()
-            old_code = self._await_stale(old, old_epoch)
-            new_hold.release.set()
-            code = self._await(new, 2)
-        if old_code == 75:
-            self.state.count("fenced")
-        else:
-            self._stale_error = (f"the older driver (epoch {old_epoch}) exited {old_code} "
-                                 f"after a newer one took over ({race} race); it must be "
-                                 "fenced (75)")
-        return code
-
-    def _await_stale(self, old: OwnedProcess, epoch: int) -> int:
-        code = old.wait(DRIVER_TIMEOUT_S)
-        old.close()
-        self.state.op("driver", "fail" if code == 75 else "info", "attempt",
-                      {"attempt": 1, "epoch": epoch, "exit": code})
         return code
 
     def _save_workspace(self) -> None:

@@ -23,7 +23,9 @@ from .preset import Preset
 from .steps import (
     BACKGROUND_SECONDS,
     CHMOD_MODES,
+    DETACHED_GRACE_SECONDS,
     DOC_FILE,
+    LEAK_FILE,
     LINK_SLOTS,
     LOG_FILE,
     README,
@@ -111,6 +113,18 @@ def _command(k: int, kind: str, rng: random.Random, preset: Preset
         return f"sleep {preset.long_seconds}; {append}", {}
     if kind == "background":
         return f"(sleep {BACKGROUND_SECONDS} >/dev/null 2>&1 &); {append}", {}
+    if kind == "detached":
+        # A writer in a session of its own (setsid; with ``env -i`` it also drops the
+        # Space's marker from its environment) that writes after the command's window; the
+        # command ends it itself before then. Only a command killed inside its window (a
+        # newer epoch's fence) leaves it behind: the fence must kill it too, or it writes.
+        window = preset.long_seconds
+        escape = rng.choice(("setsid", 'env -i PATH="$PATH" setsid'))
+        writer = (f"{escape} sh -c 'sleep {window + DETACHED_GRACE_SECONDS}; "
+                  f"printf \"leaked-{m}\\n\" >> {LEAK_FILE}' >/dev/null 2>&1 </dev/null &")
+        # setsid made the writer a group leader: ``kill -- -$w`` ends it with its sleep.
+        return (f"{writer} w=$!; sleep {window}; kill -- -$w 2>/dev/null; {append}",
+                {"escape": escape})
     if kind == "many_files":
         n = preset.many_files
         return (f"mkdir -p bulk{k} && for i in $(seq 1 {n}); do printf '{m}-%d\\n' $i > "

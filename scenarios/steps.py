@@ -12,7 +12,8 @@ steps left, e.g. ``mv`` only when its source exists.
 Paths by role, so that steps never step on each other in ways the model cannot follow:
 ``files/w<i>.txt`` (write tool; also rm, mv, chmod and sums), ``doc.txt`` (edit only),
 ``log.txt`` (appends), ``README.md`` (never changed), ``links/l<j>`` (symlinks only),
-``tree/``, ``bin/``, ``big/``, ``bulk<k>/``, ``sums.txt``.
+``tree/``, ``bin/``, ``big/``, ``bulk<k>/``, ``sums.txt``, ``leak.txt`` (written only by a
+detached process that escaped a fence: never in a correct run).
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ WRITE_SLOTS = 4
 LINK_SLOTS = 3
 CHMOD_MODES = (0o600, 0o640, 0o700, 0o750, 0o755, 0o604)
 BACKGROUND_SECONDS = 120
+#: Where a ``detached`` step's writer writes if it outlives its command.
+LEAK_FILE = "leak.txt"
+#: How long after its command's fence window a ``detached`` step's writer writes.
+DETACHED_GRACE_SECONDS = 0.5
 
 
 def write_path(i: int) -> str:
@@ -191,9 +196,11 @@ def _sums(step: Step, ws: WorkspaceModel) -> tuple[int, str]:
 
 #: The effect (and the exit status and output it gives) of each shell step kind.
 EFFECTS: dict[str, Effect] = {
-    "append": _append, "long": _append, "background": _append, "many_files": _many_files,
+    "append": _append, "long": _append, "background": _append, "detached": _append,
+    "many_files": _many_files,
     "fail": _fail, "write_fail": _write_fail, "big_output": _big_output, "rm": _rm, "mv": _mv,
     "mkdir": _mkdir, "symlink": _symlink, "chmod": _chmod, "binary": _binary,
     "large": _large, "sums": _sums,
 }
-APPENDING = frozenset({"append", "long", "background", "write_fail", "big_output"})
+APPENDING = frozenset({"append", "long", "background", "detached", "write_fail",
+                       "big_output"})

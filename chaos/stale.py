@@ -1,0 +1,195 @@
+"""Stale mode's kinds: another driver, or another session, meets the run's session.
+
+Each kind drives the run's drivers itself and returns the exit code of the last one (the
+runner then finishes the session with a clean driver, observes and checks as usual); what
+went wrong with the *other* party goes to ``run.stale_error`` (checked by G4).
+
+- ``race``: an older driver parked at a seeded point is overtaken by a newer one and then
+  released; it must be fenced (exit 75) and change nothing. Two races, by seed: the older
+  resumes once the newer has *finished*, or just after the newer *opened* the log and
+  before it wrote anything (parked at its first failpoint): only the fences inside each
+  commit and each Space request can stop it there. The older driver's heartbeat (which also
+  checks the fence) is slowed down so that those fences, not the heartbeat, are tested.
+- ``detached``: the same race, with the older driver parked while a ``detached`` step's
+  command runs: a command that left a writer in a session of its own (``setsid``, with or
+  without its environment). The newer driver's fence must kill the writer too; the run
+  waits until the writer would have written (``leak.txt``, which G1 sees).
+- ``foreign``: a second session on the run's Spaces provider, with a log of its own. By
+  seed, either *another session* (another name) runs beside the run's own, and must get a
+  Space of its own (a shared one shows in G1, and its keys in G2); or *a new log of the same
+  session* meets the Space an earlier log left with a command still running at the epoch
+  the run's first driver also has (the seed document's bug): the run's driver must run
+  above that epoch, which kills the command before it writes, and must never be answered
+  with the earlier log's results. The earlier log's keys are known to the checker
+  (``Observation.foreign_keys``), so G2 does not count them as this log's.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from scenarios import generate, load
+from scenarios.steps import DETACHED_GRACE_SECONDS
+
+from .faults import reachable_points
+from .observe import save_ledger
+from .rendezvous import Rendezvous
+
+if TYPE_CHECKING:
+    from .runner import Run
+
+KINDS = ("race", "detached", "foreign")
+#: The preset of the earlier log in a foreign run: one command that sleeps, then appends.
+FOREIGN_PRESET = "foreign"
+#: Added to the run's seed for the other session's scenario (its content differs).
+FOREIGN_SEED_OFFSET = 7919
+#: Margin after a leftover writer's time before the run is observed.
+SETTLE_S = 0.5
+
+
+@dataclass(frozen=True)
+class OtherSession:
+    """A driver of another log on the run's Spaces provider."""
+
+    name: str
+    seed: int
+    preset: str
+    run_dir: Path
+    epoch: int = 1
+
+
+def run_kind(run: Run, rv: Rendezvous) -> int | None:
+    kind = run.spec.stale_kind
+    if kind == "foreign":
+        return _foreign(run, rv)
+    if kind == "detached":
+        return _detached(run, rv)
+    return _race(run, rv, random.Random(f"stale:{run.spec.seed}"))
+
+
+def _race(run: Run, rv: Rendezvous, rng: random.Random,
+          at: tuple[str, int] | None = None) -> int | None:
+    from .runner import DRIVER_TIMEOUT_S, STALE_HEARTBEAT_S, Hold
+
+    if at is None:
+        points = reachable_points(run.scenario, run.spec.durable_mode)
+        candidates = [p for p in ("call.intent", "space.start_mark", "space.running",
+                                  "space.exited", "call.returned", "space.file_op")
+                      if p in points]
+        point = rng.choice(candidates)
+        at = (point, rng.randint(1, points[point]))
+    race = rng.choice(("finished", "opened"))
+    old_hold = Hold(f"the older driver ({race} race)",
+                    lambda hit: (hit.point, hit.occurrence) == at)
+    run.hold(old_hold)
+    old = run.launch(1, rv.address, heartbeat=STALE_HEARTBEAT_S)
+    old_epoch = run.epoch
+    run.state.driver = old
+    if not old_hold.parked.wait(DRIVER_TIMEOUT_S) or old.poll() is not None:
+        run.stale_error = f"the older driver never reached {at[0]}#{at[1]}"
+        return run.await_driver(old, 1)
+    run.settle_at = max(run.settle_at, time.time())
+    if race == "finished":
+        new = run.launch(2, None)
+        code = run.await_driver(new, 2)
+        old_hold.release.set()
+        old_code = run.await_driver(old, 1, epoch=old_epoch)
+    else:
+        new_hold = Hold("the newer driver, before its first write",
+                        lambda hit: hit.pid != old.pid and hit.info.get("process") is None)
+        run.hold(new_hold)
+        new = run.launch(2, rv.address)
+        while not new_hold.parked.wait(0.05) and new.poll() is None:
+            pass
+        old_hold.release.set()
+        old_code = run.await_driver(old, 1, epoch=old_epoch)
+        new_hold.release.set()
+        code = run.await_driver(new, 2)
+    if old_code == 75:
+        run.state.count("fenced")
+    else:
+        run.stale_error = (f"the older driver (epoch {old_epoch}) exited {old_code} after a "
+                           f"newer one took over ({race} race); it must be fenced (75)")
+    return code
+
+
+def _detached(run: Run, rv: Rendezvous) -> int | None:
+    steps = run.scenario.steps
+    detached = next((s for s in steps if s.kind == "detached"), None)
+    if detached is None:
+        raise ValueError(f"stale kind 'detached' needs an agent with a 'detached' step; "
+                         f"preset {run.preset.name!r} has none (use --preset detached)")
+    occurrence = sum(1 for s in steps[:detached.index + 1] if s.tool == "bash")
+    window = run.preset.long_seconds + DETACHED_GRACE_SECONDS
+    code = _race(run, rv, random.Random(f"stale:{run.spec.seed}"),
+                 at=("space.running", occurrence))
+    # The writer of the parked command writes ``window`` seconds after it started: look
+    # only after that, so a writer that escaped the fence has left its mark.
+    run.settle_at += window + SETTLE_S
+    return code
+
+
+def _foreign(run: Run, rv: Rendezvous) -> int | None:
+    rng = random.Random(f"foreign:{run.spec.seed}")
+    if rng.random() < 0.5:
+        return _another_session(run)
+    return _new_log_of_this_session(run, rv)
+
+
+def _another_session(run: Run) -> int | None:
+    """Another session beside the run's own, on the same provider."""
+    other = OtherSession(f"{run.session}-other", run.spec.seed + FOREIGN_SEED_OFFSET,
+                         run.spec.preset, run.dir / "other")
+    scenario = generate(other.seed, load(other.preset), steps=run.spec.steps)
+    run.seed_space(run.space_of(other.name), scenario)
+    proc = run.launch(1, None, other=other)
+    code = _unharmed_driver(run, f"beside session {other.name!r}")
+    other_code = run.await_driver(proc, 1, other=other)
+    if other_code != 0:
+        run.stale_error = (f"session {other.name!r}, beside the run's on the same provider, "
+                           f"exited {other_code}; two sessions must not disturb each other")
+    return code
+
+
+def _new_log_of_this_session(run: Run, rv: Rendezvous) -> int | None:
+    """An earlier log of this session left a command running on the Space at epoch 1."""
+    from .runner import DRIVER_TIMEOUT_S, Hold
+
+    earlier = OtherSession(run.session, run.spec.seed, FOREIGN_PRESET, run.dir / "earlier")
+    hold = Hold("the earlier log's driver, its command running",
+                lambda hit: hit.point == "space.running")
+    run.hold(hold)
+    proc = run.launch(1, rv.address, other=earlier)
+    parked = hold.parked.wait(DRIVER_TIMEOUT_S) and proc.poll() is None
+    started = time.time()
+    proc.kill_group()  # its command runs on in the Space, under the daemon
+    hold.release.set()
+    run.await_driver(proc, 1, other=earlier)
+    if not parked:
+        run.stale_error = "the earlier log's driver never started its command"
+        return None
+    run.foreign_keys = [k["key"] for k in save_ledger(
+        run.spaces, run.space, run.dir / "ledgers" / "earlier-log", "earlier log"
+    )["audit"]["keys"]]
+    code = _unharmed_driver(run, "after an earlier log of the session left a command "
+                                 "running on its Space")
+    # The command writes once its sleep is over: look after that.
+    run.settle_at = max(run.settle_at, started + load(FOREIGN_PRESET).long_seconds + SETTLE_S)
+    return code
+
+
+def _unharmed_driver(run: Run, where: str) -> int:
+    """One driver of the run's session, with no fault planned: it must finish (0); any
+    other exit (a crash on a key another log recorded, a fence it should have been above)
+    is the run's error."""
+    proc = run.launch(1, None)
+    run.state.driver = proc
+    code = run.await_driver(proc, 1)
+    if code != 0:
+        run.stale_error = (f"the session's driver exited {code} {where}, with no fault "
+                           "planned; it must finish (0)")
+    return code
