@@ -172,6 +172,13 @@ SLICES: tuple[Slice, ...] = (
     Slice("stale", "an older driver parked mid-call is fenced and changes nothing, whether it "
           "resumes after the newer one finished or right after it opened the log",
           {"mode": "stale", "steps": 5, "seeds": (7, 6, 8, 21, 3, 1)}),
+    Slice("stale-foreign", "a second session on the same Spaces provider: another one beside "
+          "the run's, or a new log of this session on the Space an earlier log left a command "
+          "running in at the same epoch", {"mode": "stale", "stale_kind": "foreign", "steps": 5,
+                                           "runs": 20}),
+    Slice("stale-detached", "an older driver overtaken while its command left a writer in a "
+          "session of its own: the newer driver's fence must kill the writer too",
+          {"mode": "stale", "stale_kind": "detached", "runs": 20}),
     Slice("exhaustive-daemon", "a fault at every point inside the daemon and the shims "
           "(each command of the ci-commands agent), then one during recovery",
           {"mode": "exhaustive", "durable_mode": "checkpoint", **COMMANDS,

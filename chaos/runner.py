@@ -93,7 +93,7 @@ class RunState:
     fired: set[int] = field(default_factory=set)
     counts: dict[str, int] = field(default_factory=lambda: {
         "kills": 0, "daemon_kills": 0, "space_restarts": 0, "lost_spaces": 0,
-        "process_kills": 0, "fenced": 0, "timeouts": 0, "attempts": 0})
+        "process_kills": 0, "fenced": 0, "timeouts": 0, "attempts": 0, "foreign": 0})
     #: What went wrong in the nemesis itself (a handler or timer that raised): the run is
     #: then ``unknown``, since a planned fault may not have happened.
     errors: list[str] = field(default_factory=list)

@@ -10,7 +10,7 @@ went wrong with the *other* party goes to ``run.stale_error`` (checked by G4).
   before it wrote anything (parked at its first failpoint): only the fences inside each
   commit and each Space request can stop it there. The older driver's heartbeat (which also
   checks the fence) is slowed down so that those fences, not the heartbeat, are tested.
-- ``detached``: the same race, with the older driver parked while a ``detached`` step's
+- ``detached``: the finished race, with the older driver parked while a ``detached`` step's
   command runs: a command that left a writer in a session of its own (``setsid``, with or
   without its environment). The newer driver's fence must kill the writer too; the run
   waits until the writer would have written (``leak.txt``, which G1 sees).
@@ -72,7 +72,7 @@ def run_kind(run: Run, rv: Rendezvous) -> int | None:
 
 
 def _race(run: Run, rv: Rendezvous, rng: random.Random,
-          at: tuple[str, int] | None = None) -> int | None:
+          at: tuple[str, int] | None = None, race: str | None = None) -> int | None:
     from .runner import DRIVER_TIMEOUT_S, STALE_HEARTBEAT_S, Hold
 
     if at is None:
@@ -82,7 +82,7 @@ def _race(run: Run, rv: Rendezvous, rng: random.Random,
                       if p in points]
         point = rng.choice(candidates)
         at = (point, rng.randint(1, points[point]))
-    race = rng.choice(("finished", "opened"))
+    race = race or rng.choice(("finished", "opened"))
     old_hold = Hold(f"the older driver ({race} race)",
                     lambda hit: (hit.point, hit.occurrence) == at)
     run.hold(old_hold)
@@ -125,8 +125,10 @@ def _detached(run: Run, rv: Rendezvous) -> int | None:
                          f"preset {run.preset.name!r} has none (use --preset detached)")
     occurrence = sum(1 for s in steps[:detached.index + 1] if s.tool == "bash")
     window = run.preset.long_seconds + DETACHED_GRACE_SECONDS
+    # The finished race: the newer driver advances the Space as soon as it starts, inside
+    # the command's window (the opened race parks it before it touches the Space).
     code = _race(run, rv, random.Random(f"stale:{run.spec.seed}"),
-                 at=("space.running", occurrence))
+                 at=("space.running", occurrence), race="finished")
     # The writer of the parked command writes ``window`` seconds after it started: look
     # only after that, so a writer that escaped the fence has left its mark.
     run.settle_at += window + SETTLE_S
@@ -147,6 +149,7 @@ def _another_session(run: Run) -> int | None:
     scenario = generate(other.seed, load(other.preset), steps=run.spec.steps)
     run.seed_space(run.space_of(other.name), scenario)
     proc = run.launch(1, None, other=other)
+    run.state.count("foreign")
     code = _unharmed_driver(run, f"beside session {other.name!r}")
     other_code = run.await_driver(proc, 1, other=other)
     if other_code != 0:
@@ -168,6 +171,8 @@ def _new_log_of_this_session(run: Run, rv: Rendezvous) -> int | None:
     started = time.time()
     proc.kill_group()  # its command runs on in the Space, under the daemon
     hold.release.set()
+    run.state.count("kills")
+    run.state.count("foreign")
     run.await_driver(proc, 1, other=earlier)
     if not parked:
         run.stale_error = "the earlier log's driver never started its command"

@@ -44,6 +44,7 @@ def summarize(*, mode: str, backend: str, seed_base: int, records: list[dict[str
     out["mode_switches"] = sum(1 for r in records for e in r["recoveries"] if e["kind"] == "mode")
     out["covered"] = covered or 0
     out["process_kills"] = sum(r["counts"].get("process_kills", 0) for r in records)
+    out["foreign"] = sum(r["counts"].get("foreign", 0) for r in records)
     reachable = reachable_cells(durable_mode or mode)
     out["cells"] = f"{len(cells_hit(records) & reachable)}/{len(reachable)}"
     out["seconds"] = round(seconds, 1)

@@ -64,9 +64,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "exhaustive-daemon", "G1", "ran bash key_unknown after a daemon kill at exec.spawned"),
     Mutant(
         "known-exited-key-restarted", "spacesd/exec_ledger.py",
-        (("            if rec is not None:\n                return self.status(key)\n",
+        (("            if rec is not None:\n                if (rec.command, rec.cwd)",
           "            if rec is not None and self._state(rec).state == \"running\":\n"
-          "                return self.status(key)\n"),),
+          "                if (rec.command, rec.cwd)"),),
         "starting a key the ledger knows runs its command again once the first run "
         "exited, as when a client retries its start through a daemon restart",
         "exhaustive-daemon", "G2", "a start retried after the daemon died at exec.spawned"),
@@ -90,7 +90,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "transactional", "G3", "reverted bash fenced (the ci-long command across a kill)"),
     Mutant(
         "floor-not-persisted", "spacesd/epoch_fence.py",
-        (("                self._persist(epoch)\n", "                pass\n"),),
+        (("                self._persist(epoch, owner)\n", "                pass\n"),),
         "advance_epoch never raises the Space's floor, so nothing stale is ever refused",
         "checkpoint", "G3", "restored: a restore by an epoch above the floor"),
     Mutant(
@@ -162,8 +162,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "exhaustive-daemon", "G1", "restored bash daemon_lost (the append's shim died)"),
     Mutant(
         "key-without-call", "durable/adapter/core.py",
-        (("        key = f\"{conv}:{ctx.call_id}:{n}@{self.epoch}\"",
-          "        key = f\"{conv}:{n}@{self.epoch}\""),),
+        (("        key = exec_key(self.session, conv, ctx.call_id, n, self.epoch)",
+          "        key = exec_key(self.session, conv, \"\", n, self.epoch)"),),
         "the idempotency key leaves out the call, so a driver's second command gets the "
         "first one's recorded result",
         "transactional", "G1", "every run with two commands in one driver"),
@@ -174,6 +174,22 @@ MUTANTS: tuple[Mutant, ...] = (
         "an adopted outcome whose checkpoint a crash prevented is never checkpointed, so "
         "a later restore loses the call's effect",
         "targeted", "G1", "adopted bash outcome_recorded, then a restore"),
+    # ---------------------------------------------------------------- fences and identity
+    Mutant(
+        "spaces-shared-across-sessions", "durable/adapter/space_names.py",
+        (("    return f\"{prefix}-{token}-c{conversation}\"",
+          "    return f\"{prefix}-c{conversation}\""),
+         ("    return f\"{token}:{conversation}:{call_id}:{n}@{epoch}\"",
+          "    return f\"{conversation}:{call_id}:{n}@{epoch}\"")),
+        "Spaces and exec keys are named from the conversation alone, so two sessions on one "
+        "provider share a Space and can be answered with each other's results",
+        "stale-foreign", "G1", "another session beside the run's"),
+    Mutant(
+        "equal-epoch-shared", "spacesd/epoch_fence.py",
+        (("                raise EpochTaken(epoch, before)\n", "                pass\n"),),
+        "an advance to the floor's own epoch by another owner is admitted, so a new log on a "
+        "Space an earlier log raised to the same epoch fences nothing and meets its keys",
+        "stale-foreign", "G4", "a new log of the session at the earlier log's epoch"),
 )
 BY_ID = {m.id: m for m in MUTANTS}
 
