@@ -3,6 +3,7 @@
     python -m spacesd --root DIR --state DIR [--host 127.0.0.1] [--port 0]
                       (--token-file F | --token-env VAR) [--port-file F] [--pid-file F]
                       [--max-body BYTES] [--daemonize] [--verbose]
+                      [--containment {auto,cgroup,sandbox,subreaper}] [--cgroup-root DIR]
 
 Once listening it writes the bound port to ``--port-file`` and ``<pid> <start time>`` to
 ``--pid-file`` (each atomically), so a supervisor can find it and tell it from a later
@@ -13,6 +14,12 @@ The token given by ``--token-env`` is removed from the environment, so the comma
 daemon runs never see it. So is ``CUA_FAILPOINTS``: when set, the daemon reports its
 failpoints (``spacesd.failpoints.POINTS``) over that channel, and its commands never see it.
 
+``--containment`` chooses how the processes of commands are tracked and killed, however they
+detach (``spacesd.containment``); ``auto`` (the default) takes the strongest available and
+logs its choice. An explicit choice that cannot work here refuses to start, with one line
+naming what is missing. ``--cgroup-root``: where the Space's cgroup goes (default: the first
+writable cgroup hierarchy).
+
 The umask is set to 022 at start-up, whoever started the daemon: the files and directories
 commands create are 0644 and 0755 (unless they ask otherwise), the same in every Space.
 """
@@ -20,11 +27,13 @@ commands create are 0644 and 0755 (unless they ask otherwise), the same in every
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
 
 from . import procfs
+from .containment import MODES, Unavailable, select
 from .daemon import Daemon
 from .failpoints import ENV_VAR as FAILPOINTS_ENV
 from .server import SpacesServer
@@ -44,6 +53,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-body", type=int, default=None, help="request body limit in bytes")
     p.add_argument("--daemonize", action="store_true", help="fork into a new session")
     p.add_argument("--verbose", action="store_true", help="log every request to stderr")
+    p.add_argument("--containment", choices=MODES, default="auto",
+                   help="how commands' processes are tracked and killed (default: auto)")
+    p.add_argument("--cgroup-root", help="the cgroup under which the Space's cgroup goes")
     return p.parse_args(argv)
 
 
@@ -81,8 +93,15 @@ def main(argv: list[str] | None = None) -> int:
     # travels through files. Ignoring SIGCHLD makes the kernel reap our children (and any
     # orphans when we run as PID 1 in a container), so no zombie ever lingers.
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
-    daemon = Daemon(os.path.abspath(args.root), os.path.abspath(args.state),
-                    failpoints=failpoints)
+    state = os.path.abspath(args.state)
+    try:  # after the fork: a subreaper is one process, not its parent
+        containment = select(args.containment, state, cgroup_root=args.cgroup_root)
+    except Unavailable as exc:
+        raise SystemExit(f"spacesd: {exc}") from None
+    print(f"spacesd: containment: {json.dumps(containment.describe())}", file=sys.stderr,
+          flush=True)
+    daemon = Daemon(os.path.abspath(args.root), state, failpoints=failpoints,
+                    containment=containment)
     kwargs = {"max_body": args.max_body} if args.max_body else {}
     server = SpacesServer((args.host, args.port), daemon, token, verbose=args.verbose, **kwargs)
     port = server.server_address[1]

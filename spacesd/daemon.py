@@ -25,6 +25,8 @@ from typing import Any, Literal
 
 from . import protocol
 from .checkpoints import Checkpoints, Manifest, Readable, check_id
+from .containment import STATE_FILE as CONTAINMENT_FILE
+from .containment import Containment, Subreaper
 from .epoch_fence import EpochFence, check_owner
 from .errors import BadRequest, Conflict, NotFound
 from .exec_ledger import ExecLedger
@@ -63,10 +65,14 @@ class Op:
 
 class Daemon:
     """``base_env``: the environment of the commands (default: this process's), without
-    the reserved variables. ``failpoints``: the failpoint channel, or None (off)."""
+    the reserved variables. ``failpoints``: the failpoint channel, or None (off).
+    ``containment``: how commands' processes are tracked and killed (``spacesd.containment``;
+    ``python -m spacesd`` selects one; default: ``Subreaper()``, which does not make the
+    process that embeds the daemon a subreaper)."""
 
     def __init__(self, root: str, state_dir: str, *, python: str = sys.executable,
-                 base_env: dict[str, str] | None = None, failpoints: str | None = None) -> None:
+                 base_env: dict[str, str] | None = None, failpoints: str | None = None,
+                 containment: Containment | None = None) -> None:
         if not os.path.isdir(root):
             raise SystemExit(f"spacesd: workspace root {root!r} is not a directory")
         os.makedirs(state_dir, exist_ok=True)
@@ -74,13 +80,17 @@ class Daemon:
         self.failpoints = Channel(failpoints, POINTS, registry="spacesd.failpoints.POINTS",
                                   context={"process": "spacesd", "space_state": self.state_dir})
         self.writer = AtomicWriter(os.path.join(self.state_dir, "tmp"))
+        self.containment = containment or Subreaper()
+        self.writer.write(os.path.join(self.state_dir, CONTAINMENT_FILE),
+                          [json.dumps(self.containment.describe()).encode() + b"\n"],
+                          mode=0o644)
         self.fence = EpochFence(os.path.join(self.state_dir, protocol.STATE_EPOCH))
         self.fences = FenceJournal(os.path.join(self.state_dir, protocol.STATE_FENCES))
         env = {k: v for k, v in (os.environ if base_env is None else base_env).items()
                if k not in _RESERVED_ENV}
         env[protocol.ENV_SPACE_STATE] = self.state_dir
         self.ledger = ExecLedger(self.state_dir, python=python, base_env=env,
-                                 failpoints=self.failpoints)
+                                 failpoints=self.failpoints, containment=self.containment)
         self.workspace = Workspace(root, self.writer)
         self.scanner = Scanner(root)
         self.checkpoints = Checkpoints(self.state_dir, self.workspace, self.scanner,
@@ -178,7 +188,8 @@ class Daemon:
     # ---------------------------------------------------------------- handlers
 
     def _capabilities(self) -> dict[str, Any]:
-        return {"capabilities": list(CAPABILITIES), "protocol": protocol.PROTOCOL_VERSION}
+        return {"capabilities": list(CAPABILITIES), "protocol": protocol.PROTOCOL_VERSION,
+                "containment": self.containment.mode}
 
     def _advance_epoch(self, epoch: int, owner: str) -> dict[str, Any]:
         with self.fence.advancing(epoch, check_owner(owner)) as floor_before:

@@ -37,15 +37,17 @@ def find_bash(env: dict[str, str]) -> str:
 
 
 def spawn(python: str, bash: str, claim: str, exit_path: str, out_path: str, cwd: str,
-          command: str, env: dict[str, str]) -> int:
+          command: str, env: dict[str, str], contain: str) -> int:
     """Start the shim in a new session (so its pid is the group id) and return its pid.
+    ``contain``: the containment the shim enters before the command runs
+    (``Containment.shim_arg``).
 
     stdin is /dev/null; stdout and stderr both append to ``out_path``. Every other
     descriptor of the daemon is close-on-exec (Python's default), so none leaks.
     """
     return os.posix_spawn(
         python,
-        [python, "-I", "-S", SHIM_PATH, bash, claim, exit_path, cwd, command],
+        [python, "-I", "-S", SHIM_PATH, bash, claim, exit_path, cwd, command, contain],
         env,
         file_actions=[
             (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),

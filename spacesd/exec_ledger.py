@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import exec_files, procfs
+from .containment import Containment, Subreaper, Tree
 from .errors import Conflict
 from .failpoints import Channel
 from .journal import Journal
@@ -65,7 +66,8 @@ class ExecRecord:
     #: (pid, start time) of the shim spawned by *this* daemon instance: covers the moment
     #: between spawn and the shim's claim.
     spawned: tuple[int, int] | None = None
-    #: Set once the process group was seen empty; it never comes back (in memory only).
+    #: Set once the process group and what left it were seen empty; they never come back
+    #: (in memory only).
     group_gone: bool = False
 
     def file(self, exec_dir: str, suffix: str) -> str:
@@ -111,13 +113,15 @@ class _State:
 
 class ExecLedger:
     def __init__(self, state_dir: str, *, python: str, base_env: dict[str, str],
-                 failpoints: Channel) -> None:
+                 failpoints: Channel, containment: Containment | None = None) -> None:
         self._dir = os.path.join(state_dir, STATE_EXEC_DIR)
         os.makedirs(self._dir, exist_ok=True)
         self._python = python
         self._base_env = base_env
         self._bash = exec_files.find_bash(base_env)
         self._failpoints = failpoints
+        #: What finds a command's processes that left its group (default: see Subreaper).
+        self._containment = containment or Subreaper()
         self._lock = threading.Lock()
         self._journal = Journal(os.path.join(state_dir, STATE_LEDGER))
         self._records = replay(self._journal.records)
@@ -228,7 +232,8 @@ class ExecLedger:
                 pid = exec_files.spawn(self._python, self._bash, self._path(rec, ".claim"),
                                        self._path(rec, ".exit"), self._path(rec, ".out"),
                                        cwd, command, {**self._base_env, **env,
-                                                      **self._failpoints.shim_env(key=key)})
+                                                      **self._failpoints.shim_env(key=key)},
+                                       self._containment.shim_arg(rec.id))
             except OSError as exc:
                 with open(self._path(rec, ".out"), "ab") as f:
                     f.write(f"spacesd: cannot start the command: {exc}\n".encode())
@@ -274,7 +279,7 @@ class ExecLedger:
             pause = min(pause * 2, 0.01)
 
     def kill(self, key: str) -> ExecInfo:
-        """SIGKILL the key's whole process group (also what it left in the background)."""
+        """SIGKILL the key's whole tree: its process group and whatever left it."""
         with self._lock:
             rec = self._records.get(key)
             if rec is not None:
@@ -282,26 +287,33 @@ class ExecLedger:
         return self.status(key)
 
     def fence(self, epoch: int) -> list[str]:
-        """Kill every group started under an epoch below ``epoch``; returns their keys."""
+        """Kill the tree of every key started under an epoch below ``epoch``, and every
+        stray (a process of the Space whose command is unknown); returns the keys."""
         with self._lock:
-            return self._kill([r for r in self._records.values() if r.epoch < epoch],
-                              fenced_by=epoch)
+            killed = self._kill([r for r in self._records.values() if r.epoch < epoch],
+                                fenced_by=epoch)
+            self._containment.kill_strays(self._trees(self._records.values()))
+            return killed
 
     def _kill(self, recs: list[ExecRecord], *, fenced_by: int | None) -> list[str]:
         groups = self._live_groups(recs)
         if not groups:
             return []
         running = [rec for rec in groups.values() if self._state(rec).state == "running"]
-        # A group still alive after the kill (a process stuck in the kernel) has not
-        # ended: no end record, and it stays a live group, so the fence journal and the
-        # next fence see it.
+        # The escaped first, while the shims live to adopt what a racing fork leaves; then
+        # the groups. A tree alive after the kill (a process stuck in the kernel) has not
+        # ended: no end record, and it stays live, so the fence journal and the next fence
+        # see it.
+        stuck = self._containment.kill(self._trees(groups.values()))
         survivors = procfs.kill_groups(groups)
-        dead = {pgid: rec for pgid, rec in groups.items() if pgid not in survivors}
+        dead = {pgid: rec for pgid, rec in groups.items()
+                if pgid not in survivors and rec.id not in stuck}
         for rec in running:
             if rec in dead.values():
                 self._record_end(rec, signal=9, fenced_by=fenced_by)
         for rec in dead.values():
             rec.group_gone = True
+        self._containment.release(rec.id for rec in dead.values())
         return sorted(rec.key for rec in dead.values())
 
     def _record_end(self, rec: ExecRecord, *, signal: int | None, fenced_by: int | None,
@@ -312,8 +324,17 @@ class ExecLedger:
                               "ms": ended.ended_ms})
         rec.ended = ended
 
+    def _tree(self, rec: ExecRecord) -> Tree:
+        claim = exec_files.read_claim(self._path(rec, ".claim"))
+        return Tree(rec.id, (claim.pid, claim.started) if isinstance(claim, exec_files.Claim)
+                    else rec.spawned)
+
+    def _trees(self, recs: Iterable[ExecRecord]) -> list[Tree]:
+        return [self._tree(rec) for rec in recs]
+
     def _live_groups(self, recs: list[ExecRecord]) -> dict[int, ExecRecord]:
-        """The process groups of ``recs`` that still have live members, by group id."""
+        """The records of ``recs`` whose tree (process group, or what left it) still has a
+        live member, by process group id."""
         by_pgid: dict[int, ExecRecord] = {}
         for rec in recs:
             if rec.group_gone:
@@ -328,23 +349,33 @@ class ExecLedger:
             else:
                 by_pgid[pgid] = rec
         live = procfs.group_members(by_pgid)
-        for pgid, rec in by_pgid.items():
-            if pgid not in live:
-                rec.group_gone = True
-        return {pgid: rec for pgid, rec in by_pgid.items() if pgid in live}
+        escaped = self._containment.members(self._trees(by_pgid.values()))
+        gone = [rec for pgid, rec in by_pgid.items() if pgid not in live and rec.id not in escaped]
+        for rec in gone:
+            rec.group_gone = True
+        self._containment.release(rec.id for rec in gone)
+        return {pgid: rec for pgid, rec in by_pgid.items() if not rec.group_gone}
 
     def alive_below(self, epoch: int) -> list[str]:
-        """Keys started under an epoch below ``epoch`` whose process group has a live member,
-        looked up afresh in /proc (not from what this daemon remembers of the group):
-        what a fence audit records."""
-        by_pgid = {pgid: rec for rec in list(self._records.values())
-                   if rec.epoch < epoch and (pgid := self._pgid(rec)) is not None}
-        live = procfs.group_members(by_pgid)
-        return sorted(rec.key for pgid, rec in by_pgid.items() if pgid in live)
+        """Keys started under an epoch below ``epoch`` whose tree has a live member, then
+        ``"pid <n> (no key)"`` for each stray, looked up afresh in /proc (not from what this
+        daemon remembers of the trees): what a fence audit records. Under the lock: a shim
+        being spawned is not yet a known tree and would count as a stray."""
+        with self._lock:
+            recs = list(self._records.values())
+            by_pgid = {pgid: rec for rec in recs
+                       if rec.epoch < epoch and (pgid := self._pgid(rec)) is not None}
+            live = procfs.group_members(by_pgid)
+            older = [rec for rec in recs if rec.epoch < epoch]
+            escaped = self._containment.members(self._trees(older))
+            strays = self._containment.strays(self._trees(recs))
+        keys = {rec.key for pgid, rec in by_pgid.items() if pgid in live}
+        keys.update(rec.key for rec in older if rec.id in escaped)
+        return sorted(keys) + [f"pid {pid} (no key)" for pid in strays]
 
     def running_keys(self) -> list[str]:
-        """Keys whose process group still has a live member: a command that left
-        ``sleep 100 &`` behind counts even after its shell exited."""
+        """Keys whose tree still has a live member: a command that left ``sleep 100 &`` (or
+        ``setsid sleep 100 &``) behind counts even after its shell exited."""
         return sorted(rec.key for rec in self._live_groups(list(self._records.values())).values())
 
     def _output_size(self, rec: ExecRecord) -> int:

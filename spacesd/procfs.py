@@ -13,6 +13,7 @@ import os
 import signal
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 
 def _stat_fields(pid: int) -> list[str] | None:
@@ -77,3 +78,50 @@ def kill_groups(pgids: Iterable[int], *, timeout: float = 5.0) -> set[int]:
             return pending
         time.sleep(0.005)
     return pending
+
+
+@dataclass(frozen=True)
+class Proc:
+    """One live process, as ``/proc/<pid>/stat`` shows it."""
+
+    pid: int
+    ppid: int
+    pgid: int
+    sid: int
+    started: int
+
+
+def snapshot() -> dict[int, Proc]:
+    """Every live (non-zombie) process of this PID namespace, by pid (one pass)."""
+    found: dict[int, Proc] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        fields = _stat_fields(int(name))
+        if fields is None or fields[0] in ("Z", "X"):
+            continue
+        found[int(name)] = Proc(int(name), int(fields[1]), int(fields[2]), int(fields[3]),
+                                int(fields[19]))
+    return found
+
+
+def kill_exact(pid: int, started: int) -> None:
+    """SIGKILL ``pid`` only if it is still the process that started at ``started``: a pidfd
+    pins the process between the check and the signal, so a reused pid is never hit. Where
+    pidfds are refused (Linux before 5.3, a seccomp profile), the check and ``kill`` only."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    except OSError:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if start_time(pid) == started:
+                os.kill(pid, signal.SIGKILL)
+        return
+    try:
+        if start_time(pid) == started:
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # gone, or not ours to kill: the caller sees it still alive
+    finally:
+        os.close(fd)

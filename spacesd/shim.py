@@ -14,10 +14,20 @@ fails if the path exists, so exactly one of them wins: either the daemon sees th
 claim (the key runs and can be awaited) or the shim sees ``lost`` and never runs the
 command. A key reported ``lost`` therefore never starts later.
 
-Run as ``python3 -I -S shim.py BASH CLAIM EXIT CWD COMMAND``: by path, without the site
-module, importing only built-in modules, because its start-up is on the path of every
-command. Hence ``_signal`` (the C module under ``signal``, without the enum wrapping that
-costs ~10 ms to import) and an absolute ``BASH`` (``os.execvp`` would import ``warnings``).
+Containment (``spacesd.containment``): before it forks the command, and after it won the
+claim, the shim enters the command's containment, named by ``CONTAIN``: a cgroup directory
+(the shim writes its pid into its ``cgroup.procs``, so the command and everything it starts
+are in that cgroup) or ``subreaper`` (the shim becomes a child subreaper, so the command's
+orphans are reparented to it, and after the command exited it reaps them until none is
+left: while the shim lives, they are its descendants). A shim that cannot enter it does not
+run the command: it writes why to the output and exits 127. The daemon always gives
+``CONTAIN``; a shim run by hand without it enters none.
+
+Run as ``python3 -I -S shim.py BASH CLAIM EXIT CWD COMMAND [CONTAIN]``: by path, without the
+site module, importing only built-in modules (and ``ctypes``, for ``prctl``, in subreaper
+mode), because its start-up is on the path of every command. Hence ``_signal`` (the C
+module under ``signal``, without the enum wrapping that costs ~10 ms to import) and an
+absolute ``BASH`` (``os.execvp`` would import ``warnings``).
 
 Failpoints: when the daemon reports failpoints it sets ``SPACESD_SHIM_FAILPOINTS`` for the
 shim, which removes it before the command starts (commands never see it); once the command
@@ -32,6 +42,9 @@ import time
 
 SHIM_PATH = os.path.abspath(__file__)
 LOST = "lost\n"
+#: ``CONTAIN`` for the sandbox and subreaper mechanisms (else it is a cgroup directory).
+SUBREAPER = "subreaper"
+_PR_SET_CHILD_SUBREAPER = 36
 #: The variable through which the daemon gives a shim its failpoint channel (only when on).
 SHIM_ENV_VAR = "SPACESD_SHIM_FAILPOINTS"
 
@@ -99,11 +112,32 @@ def _write_exit(path: str, status: int, failpoints: str | None) -> None:
     os.replace(tmp, path)
 
 
+def _contain(contain: str) -> None:
+    """Enter the command's containment (see the module docstring); raises OSError."""
+    if contain == SUBREAPER:
+        import ctypes
+
+        if ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0):
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
+        return
+    with open(contain + "/cgroup.procs", "w") as f:
+        f.write(f"{os.getpid()}\n")
+
+
 def _main(argv: list) -> None:
-    bash, claim, exit_path, cwd, command = argv
+    bash, claim, exit_path, cwd, command, *contained = argv
+    contain = contained[0] if contained else ""
     failpoints = os.environ.pop(SHIM_ENV_VAR, None)  # before the command inherits it
     if not publish(claim, f"{os.getpid()} {_start_time()}\n"):
         return  # a restarted daemon declared this key lost: it must never run
+    try:
+        if contain:
+            _contain(contain)
+    except OSError as exc:
+        os.write(2, f"spacesd: cannot contain the command, so it did not run: {exc}\n"
+                 .encode())
+        _write_exit(exit_path, 127 << 8, failpoints)  # the wait status of "exit 127"
+        return
     child = os.fork()
     if child == 0:
         try:
@@ -119,8 +153,23 @@ def _main(argv: list) -> None:
     # it makes itself.
     for sig in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP, _signal.SIGQUIT):
         _signal.signal(sig, _signal.SIG_IGN)
-    _, status = os.waitpid(child, 0)
+    while True:  # a subreaper also reaps the orphans that died before the command
+        pid, status = os.waitpid(-1, 0)
+        if pid == child:
+            break
     _write_exit(exit_path, status, failpoints)
+    if contain == SUBREAPER:
+        _reap_all()
+
+
+def _reap_all() -> None:
+    """Stay until the last orphan adopted from the command has exited (see the module
+    docstring), reaping each."""
+    while True:
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
 
 
 if __name__ == "__main__":

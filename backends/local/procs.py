@@ -4,7 +4,9 @@ The daemon is named by ``<pid> <start time>`` in its pid file, and is killed onl
 pair still matches (a pid alone may belong to an unrelated process by now). The commands
 are found by the ``SPACESD_STATE=<state dir>`` variable the daemon puts in their
 environment: unlike a list kept by the daemon, that finds them even after the daemon died,
-and also their children that moved to a group of their own.
+and also their children that moved to a group of their own. A process that dropped the
+marker (``env -i``) is found by descent from one that has it, and, when the daemon runs in
+cgroup mode, by the Space's cgroup, which nothing leaves (``spacesd.containment``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import time
 
 import psutil
 
+# spacesd.containment is standard library only, like all of spacesd: importable here.
+from spacesd import containment
 from spacesd.protocol import ENV_SPACE_STATE
 
 
@@ -43,22 +47,47 @@ def kill_process(pid: int, started: int, *, timeout: float = 10.0) -> None:
         time.sleep(0.005)
 
 
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def space_processes(state_dir: str) -> list[psutil.Process]:
-    """Live processes started by the daemon of ``state_dir`` (and their descendants)."""
+    """Live processes started by the daemon of ``state_dir``: those with its marker, their
+    descendants, and the members of the Space's cgroup (see the module docstring)."""
     marker = os.path.realpath(state_dir)
-    found = []
-    for proc in psutil.process_iter(["environ", "status"]):
+    found: dict[int, psutil.Process] = {}
+    for proc in psutil.process_iter(["environ"]):
         env = proc.info["environ"]
-        if env and env.get(ENV_SPACE_STATE) == marker and \
-                proc.info["status"] != psutil.STATUS_ZOMBIE and proc.pid != os.getpid():
-            found.append(proc)
-    return found
+        if env and env.get(ENV_SPACE_STATE) == marker:
+            found[proc.pid] = proc
+    for proc in list(found.values()):
+        try:
+            found.update((child.pid, child) for child in proc.children(recursive=True))
+        except psutil.NoSuchProcess:
+            continue
+    cgroup = containment.space_cgroup(state_dir)
+    for pid in containment.cgroup_pids(cgroup) if cgroup else []:
+        try:
+            found.setdefault(pid, psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            continue
+    return [p for pid, p in found.items() if pid != os.getpid() and _running(p)]
 
 
 def kill_space_processes(state_dir: str, *, timeout: float = 10.0) -> None:
-    """SIGKILL every process of the Space (their whole groups) and wait until none runs.
+    """SIGKILL every process of the Space (their whole groups) and wait until none runs,
+    then remove the Space's cgroup, if any (its daemon must be dead: the next one makes a
+    new one).
 
-    Several passes, because a process may fork while its group is being killed."""
+    The cgroup first, at once (``cgroup.kill`` or frozen); then several passes over the
+    rest, because a process may fork while its group is being killed."""
+    cgroup = containment.space_cgroup(state_dir)
+    if cgroup and (left := containment.kill_cgroup(cgroup, timeout=timeout)):
+        raise TimeoutError(f"processes of {state_dir} in cgroup {cgroup} survived SIGKILL: "
+                           f"{left}")
     own_group = os.getpgrp()
     deadline = time.monotonic() + timeout
     while procs := space_processes(state_dir):
@@ -74,3 +103,5 @@ def kill_space_processes(state_dir: str, *, timeout: float = 10.0) -> None:
             except ProcessLookupError:
                 continue
         time.sleep(0.01)
+    if cgroup:
+        containment.remove_cgroup(cgroup)

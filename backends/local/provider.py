@@ -7,10 +7,12 @@ them (the daemon runs in a session of its own, so it is not killed with its crea
 process group). Operations that start or kill a daemon take a per-name lock file under
 ``<base_dir>/.locks`` (never deleted), so parallel processes cannot start two daemons.
 
-``failpoints`` (a channel, as in ``CUA_FAILPOINTS``) is given to every daemon the provider
-starts, so a test or a campaign can stop a daemon or a shim at the daemon's failpoints
-(``spacesd.failpoints.POINTS``); the daemon keeps it from its commands. ``save_state``
-copies what an audit reads (``spacesd.audit.read_state``) out of a Space.
+``daemon_args`` are added to the command line of every daemon the provider starts (e.g.
+``["--containment", "subreaper"]``; see ``python -m spacesd``). ``failpoints`` (a channel, as
+in ``CUA_FAILPOINTS``) is given to every daemon the provider starts, so a test or a campaign
+can stop a daemon or a shim at the daemon's failpoints (``spacesd.failpoints.POINTS``); the
+daemon keeps it from its commands. ``save_state`` copies what an audit reads
+(``spacesd.audit.read_state``) out of a Space.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import secrets
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +34,12 @@ from backends.local import procs
 from backends.space_client import Endpoint, SpaceClient
 from durable.errors import SpaceError, SpaceNotFound, SpaceUnavailable
 from spacesd.failpoints import ENV_VAR as FAILPOINTS_ENV
-from spacesd.protocol import ERR_BAD_REQUEST, STATE_EXEC_DIR, STATE_LEDGER, is_audit_file
+from spacesd.protocol import (
+    ERR_BAD_REQUEST,
+    STATE_EXEC_DIR,
+    STATE_LEDGER,
+    is_audit_file,
+)
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 #: Where ``python -m spacesd`` is importable from (the parent of the spacesd package).
@@ -109,10 +116,11 @@ class LocalSpaces:
     kind = "local"
 
     def __init__(self, base_dir: str | os.PathLike[str], *, failpoints: str | None = None,
-                 start_timeout: float = 30.0) -> None:
+                 start_timeout: float = 30.0, daemon_args: Sequence[str] = ()) -> None:
         self.base_dir = Path(base_dir).resolve()
         self.base_dir.mkdir(parents=True, exist_ok=True)
         self.failpoints = failpoints
+        self.daemon_args = list(daemon_args)
         self.start_timeout = start_timeout
 
     def get(self, name: str) -> LocalSpace:
@@ -169,7 +177,8 @@ class LocalSpaces:
 
     def restart(self, name: str) -> None:
         """As a machine restart: the daemon and every process it started die (found by the
-        marker in their environment), the disk stays, a new daemon starts."""
+        marker in their environment and by the Space's cgroup: ``procs``), the disk stays,
+        a new daemon starts."""
         with self._locked(name) as space:
             self.get(name)
             self._kill_daemon(space)
@@ -248,7 +257,7 @@ class LocalSpaces:
         argv = [sys.executable, "-m", "spacesd", "--root", str(space.work),
                 "--state", str(space.state), "--token-file", str(space.token_file),
                 "--port-file", str(space.port_file), "--pid-file", str(space.pid_file),
-                "--daemonize"]
+                "--daemonize", *self.daemon_args]
         with open(space.log_file, "ab") as log:
             # --daemonize forks: this returns once the daemon listens (or failed to), and
             # the daemon itself is no child of ours (nothing to reap, ever).

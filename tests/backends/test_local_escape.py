@@ -1,0 +1,187 @@
+"""The local provider against commands that escape their process group and session, and
+drop the ``SPACESD_STATE`` marker of their environment: ``restart``, ``delete`` and
+``kill_process`` still find and kill them, by the Space's cgroup (cgroup mode) or by descent
+from a process that kept the marker (subreaper mode: the shim outlives its command's
+descendants). Real daemons, real SIGKILL; liveness by (pid, start time) from /proc. Every
+escapee is SIGKILLed by pid and start time when its test ends, every Space deleted."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from backends.local import LocalSpace, LocalSpaces
+from backends.space_client import SpaceClient
+from spacesd import containment, procfs
+
+#: Commands that each leave one escapee writing its pid to the file ``{f}``.
+ESCAPES = {
+    "setsid": "setsid sh -c 'echo $$ > {f}; exec sleep 1000' &",
+    "double-fork": "( ( setsid sh -c 'echo $$ > {f}; exec sleep 1000' & ) & )",
+    "env-i": "env -i setsid sh -c 'echo $$ > {f}; exec sleep 1000' &",
+}
+
+
+def cgroup_v2_root() -> str | None:
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            _, point, fstype = line.split()[:3]
+            if fstype == "cgroup2" and os.access(point, os.W_OK):
+                return point
+    return None
+
+
+@pytest.fixture(params=["cgroup", "subreaper"])
+def mode(request) -> str:
+    if request.param == "cgroup" and cgroup_v2_root() is None:
+        pytest.skip("no writable cgroup v2 hierarchy here (root needed)")
+    return request.param
+
+
+@pytest.fixture
+def spaces(tmp_path: Path, mode: str) -> Iterator[LocalSpaces]:
+    args = ["--containment", mode]
+    if mode == "cgroup":
+        args += ["--cgroup-root", str(cgroup_v2_root())]
+    provider = LocalSpaces(tmp_path / "spaces", daemon_args=args)
+    yield provider
+    provider.delete_all()
+
+
+@pytest.fixture
+def escapees() -> Iterator[list[tuple[int, int]]]:
+    """Where a test lists its escapees: any still alive at the end is SIGKILLed."""
+    found: list[tuple[int, int]] = []
+    yield found
+    for pid, started in found:
+        procfs.kill_exact(pid, started)
+
+
+def read_pid(path: Path, timeout: float = 30.0) -> int:
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and path.read_text().strip()):
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.01)
+    return int(path.read_text())
+
+
+def gone(proc: tuple[int, int], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while procfs.is_alive(*proc):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def start_escapes(client: SpaceClient, space: LocalSpace,
+                  found: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """One command per way of escaping; their escapees, each out of its command's group
+    and session (and the ``env -i`` one without the marker)."""
+    procs = []
+    for kind, command in ESCAPES.items():
+        shim = client.exec_start(kind, command.format(f=f"{kind}.pid")).pid
+        pid = read_pid(space.work / f"{kind}.pid")
+        started = procfs.start_time(pid)
+        assert started is not None
+        found.append((pid, started))
+        procs.append((pid, started))
+        me = procfs.snapshot()[pid]
+        assert shim not in (me.pgid, me.sid), f"{kind}: the escapee did not escape"
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            assert (b"SPACESD_STATE=" in f.read()) == (kind != "env-i")
+    return procs
+
+
+def test_restart_kills_escapees(spaces: LocalSpaces, escapees: list) -> None:
+    spaces.create("s")
+    space = spaces.get("s")
+    procs = start_escapes(spaces.connect("s", epoch=1), space, escapees)
+    spaces.restart("s")
+    assert all(gone(p, timeout=0) for p in procs)  # restart returns once they are dead
+    assert not spaces.connect("s", epoch=1).scan().running
+
+
+def test_delete_kills_escapees_and_removes_the_spaces_cgroup(
+        spaces: LocalSpaces, mode: str, escapees: list) -> None:
+    spaces.create("s")
+    space = spaces.get("s")
+    procs = start_escapes(spaces.connect("s", epoch=1), space, escapees)
+    cgroup = containment.space_cgroup(str(space.state))
+    assert (cgroup is not None) == (mode == "cgroup")
+    spaces.delete("s")
+    assert all(gone(p, timeout=0) for p in procs)
+    assert cgroup is None or not os.path.exists(cgroup)
+
+
+def test_kill_process_accepts_an_escapee_without_the_marker(spaces: LocalSpaces,
+                                                            escapees: list) -> None:
+    spaces.create("s")
+    space = spaces.get("s")
+    client = spaces.connect("s", epoch=1)
+    client.exec_start("k", ESCAPES["env-i"].format(f="k.pid"))
+    pid = read_pid(space.work / "k.pid")
+    started = procfs.start_time(pid)
+    assert started is not None
+    escapees.append((pid, started))
+    spaces.kill_process("s", pid)
+    assert gone((pid, started), timeout=0)
+
+
+def test_the_cgroup_finds_an_escapee_whose_every_ancestor_died(tmp_path: Path,
+                                                               escapees: list) -> None:
+    """Shim killed, daemon killed: nothing with the marker is left above the ``env -i``
+    escapee (init adopted it); only the Space's cgroup still finds it, for ``restart`` and
+    then for ``delete``."""
+    root = cgroup_v2_root()
+    if root is None:
+        pytest.skip("no writable cgroup v2 hierarchy here (root needed)")
+    spaces = LocalSpaces(tmp_path / "spaces",
+                         daemon_args=["--containment", "cgroup", "--cgroup-root", root])
+    try:
+        spaces.create("s")
+        space = spaces.get("s")
+        client = spaces.connect("s", epoch=1)
+        for n in range(2):
+            key = f"k{n}"
+            shim = client.exec_start(key, f"echo $$ > {key}.sh; until [ -f {key}.go ]; do "
+                                          f"sleep 0.02; done; {ESCAPES['env-i']}"
+                                          .format(f=f"{key}.pid")).pid
+            assert shim is not None
+            read_pid(space.work / f"{key}.sh")
+            spaces.kill_process("s", shim)
+            spaces.kill_daemon("s")
+            (space.work / f"{key}.go").touch()
+            pid = read_pid(space.work / f"{key}.pid")
+            started = procfs.start_time(pid)
+            assert started is not None
+            escapees.append((pid, started))
+            wait_for_a_parent_without_the_marker(pid, space)
+            if n == 0:
+                spaces.restart("s")
+            else:
+                spaces.delete("s")
+            assert gone((pid, started), timeout=0)
+    finally:
+        spaces.delete_all()
+
+
+def wait_for_a_parent_without_the_marker(pid: int, space: LocalSpace,
+                                         timeout: float = 10.0) -> None:
+    """Until the shell that started ``pid`` has exited and ``pid`` was adopted by a process
+    that is not the Space's."""
+    marker = f"SPACESD_STATE={os.path.realpath(space.state)}".encode()
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with open(f"/proc/{procfs.snapshot()[pid].ppid}/environ", "rb") as f:
+                if marker not in f.read().split(b"\0"):
+                    return
+        except PermissionError:  # init, say: not a process of the Space's
+            return
+        assert time.monotonic() < deadline, f"{pid} kept a parent of the Space"
+        time.sleep(0.01)
