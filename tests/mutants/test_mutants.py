@@ -190,6 +190,13 @@ MUTANTS: tuple[Mutant, ...] = (
         "an advance to the floor's own epoch by another owner is admitted, so a new log on a "
         "Space an earlier log raised to the same epoch fences nothing and meets its keys",
         "stale-foreign", "G4", "a new log of the session at the earlier log's epoch"),
+    Mutant(
+        "fence-kills-groups-only", "spacesd/exec_ledger.py",
+        (("        stuck = self._containment.kill(self._trees(groups.values()))\n",
+          "        stuck: set[str] = set()\n"),),
+        "the epoch fence kills an older command's process group but not what it left in a "
+        "session of its own, which writes into the workspace after the fence",
+        "stale-detached", "G1", "a setsid writer of a command the newer driver fenced"),
 )
 BY_ID = {m.id: m for m in MUTANTS}
 
