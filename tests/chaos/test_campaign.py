@@ -133,12 +133,12 @@ def test_same_seeds_same_plans_and_fault_counts(tmp_path: Path) -> None:
     runs = []
     for name in ("a", "b"):
         kw = dict(mode="exhaustive", durable_mode="checkpoint",
-                  points=("call.intent", "space.file_op"))
+                  points=("space.file_op",))
         summary = campaign(tmp_path / name, **kw)[1]
         plans = [r["plan"] for r in ResultsDir.open(tmp_path / name / "results" / "latest").runs()]
         runs.append(({k: summary[k] for k in keys}, plans))
     assert runs[0] == runs[1]
-    assert int(runs[0][0]["kills"]) >= 4
+    assert int(runs[0][0]["kills"]) >= 3
 
 
 def test_clean_removes_local_spaces_left_behind(tmp_path: Path,
