@@ -10,7 +10,8 @@ from __future__ import annotations
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
@@ -28,7 +29,10 @@ MODES = ("transactional", "checkpoint", "auto", "stale", "exhaustive")
 DEFAULT_PRESET = {"auto": "auto", "exhaustive": "small"}
 DEFAULT_DURABLE = {"transactional": "transactional", "checkpoint": "checkpoint",
                    "auto": "auto", "stale": "auto", "exhaustive": "checkpoint"}
-EXIT = {"valid": 0, "invalid": 1, "unknown": 2}
+EXIT = {"valid": 0, "invalid": 1, "unknown": 2, "interrupted": 130}
+#: How long an interrupted campaign waits for its running runs to end their drivers and
+#: delete their Spaces.
+ABORT_WAIT_S = 20.0
 DEFAULT_RUNS = 40
 
 
@@ -135,19 +139,25 @@ class Progress:
         self.stream.flush()
 
 
-def _specs(cfg: CampaignConfig, work: Path) -> tuple[list[RunSpec], int | None]:
+def _specs(cfg: CampaignConfig, work: Path) -> tuple[Iterator[RunSpec], int, int | None]:
+    """The runs (made as they are taken, so a huge campaign is never all in memory), how
+    many, and for exhaustive the reachable (point, occurrence) pairs."""
     base = RunSpec(index=0, seed=cfg.seed_base, campaign_mode=cfg.mode,
                    durable_mode=cfg.adapter_mode, backend=cfg.backend, preset=cfg.preset_name,
                    steps=cfg.steps, work_dir=work, keep=cfg.keep, driver=cfg.driver,
                    stale_kind=cfg.stale_kind)
     if cfg.mode != "exhaustive":
         drawn = 0 if cfg.plans and cfg.runs is None else cfg.runs or DEFAULT_RUNS
-        seeds = cfg.seeds or tuple(cfg.seed_base + i for i in range(drawn))
-        specs = [replace(base, index=i, seed=seed) for i, seed in enumerate(seeds)]
-        return specs + [replace(base, index=len(specs) + j, seed=p.plan.seed, plan=p.plan,
-                                preset=p.preset or base.preset,
-                                steps=p.steps if p.preset else base.steps)
-                        for j, p in enumerate(cfg.plans)], None
+        seeds = cfg.seeds or range(cfg.seed_base, cfg.seed_base + drawn)
+
+        def made() -> Iterator[RunSpec]:
+            for i, seed in enumerate(seeds):
+                yield replace(base, index=i, seed=seed)
+            for j, p in enumerate(cfg.plans):
+                yield replace(base, index=len(seeds) + j, seed=p.plan.seed, plan=p.plan,
+                              preset=p.preset or base.preset,
+                              steps=p.steps if p.preset else base.steps)
+        return made(), len(seeds) + len(cfg.plans), None
     # measure every (point, occurrence) of one fault-free run, then kill at each in turn
     reference = Run(replace(base, plan=FaultPlan(cfg.seed_base, ()), keep=False)).execute()
     counts = {p: n for p, n in reference["points_hit"].items()
@@ -156,7 +166,8 @@ def _specs(cfg: CampaignConfig, work: Path) -> tuple[list[RunSpec], int | None]:
     if cfg.runs is not None:
         plans = plans[: cfg.runs]
     specs = [replace(base, index=i + 1, plan=p) for i, p in enumerate(plans)]
-    return specs, sum(n for p, n in counts.items() if p not in RECOVERY_POINTS)
+    return iter(specs), len(specs), sum(n for p, n in counts.items()
+                                        if p not in RECOVERY_POINTS)
 
 
 def run_campaign(cfg: CampaignConfig, out: TextIO = sys.stdout) -> int:
@@ -167,26 +178,50 @@ def run_campaign(cfg: CampaignConfig, out: TextIO = sys.stdout) -> int:
         make_spaces(cfg.backend, Path(probe))
     results = ResultsDir.create(cfg.results_root, cfg.mode, cfg.backend)
     results.write_json("campaign.json", cfg.to_json())
-    specs, reachable = _specs(cfg, results.runs_dir)
-    progress = Progress(len(specs))
+    specs, total, reachable = _specs(cfg, results.runs_dir)
+    progress = Progress(total)
     records: list[dict[str, Any]] = []
-    failures: list[str] = []
+
+    def finished(record: dict[str, Any]) -> bool:
+        """Record a run that ended by itself; whether it failed."""
+        if record.get("interrupted"):
+            return False  # cut short by Ctrl-C: proves nothing, recorded nowhere
+        records.append(record)
+        results.append_run(record)
+        progress.update(record)
+        if record["verdict"]["valid"] is True:
+            return False
+        print(failure_line(record, results.path), file=out, flush=True)
+        return True
+
+    interrupted = False
+    running: dict[Future[dict[str, Any]], Run] = {}
     with ThreadPoolExecutor(max_workers=max(1, cfg.jobs)) as pool:
-        futures = [pool.submit(Run(spec).execute) for spec in specs]
-        for fut in as_completed(futures):
-            if fut.cancelled():
-                continue
-            record = fut.result()
-            records.append(record)
-            results.append_run(record)
-            progress.update(record)
-            if record["verdict"]["valid"] is not True:
-                line = failure_line(record, results.path)
-                failures.append(line)
-                print(line, file=out, flush=True)
-                if cfg.stop_on_failure:
-                    for other in futures:
-                        other.cancel()
+        stop = False
+        try:
+            while True:
+                # A bounded window of runs in flight: specs are made as they are taken.
+                while not stop and len(running) < 2 * max(1, cfg.jobs):
+                    spec = next(specs, None)
+                    if spec is None:
+                        break
+                    run = Run(spec)
+                    running[pool.submit(run.execute)] = run
+                if not running:
+                    break
+                done, _ = wait(list(running), timeout=1.0, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    del running[fut]
+                    stop = finished(fut.result()) and cfg.stop_on_failure or stop
+        except KeyboardInterrupt:
+            interrupted = True
+            print(f"chaos: interrupted: ending {len(running)} running run(s) (their drivers "
+                  "by pid, their Spaces); no new run starts", file=sys.stderr, flush=True)
+            for run in running.values():
+                run.abort()
+            done, _ = wait(list(running), timeout=ABORT_WAIT_S)
+            for fut in done:
+                finished(fut.result())
     records.sort(key=lambda r: r["index"])
     covered = None
     if cfg.mode == "exhaustive":
@@ -204,6 +239,8 @@ def run_campaign(cfg: CampaignConfig, out: TextIO = sys.stdout) -> int:
         print(f"cells not reached ({len(missed)}; mode, decision, tool, cause):", file=out)
         for cell in missed:
             print(f"  {' '.join(cell)}", file=out)
+    if interrupted:
+        summary["verdict"] = "interrupted"  # of what ran: the finished runs' records
     results.write_json("summary.json", summary)
     line = summary_line(summary)
     (results.path / "SUMMARY").write_text(line + "\n")

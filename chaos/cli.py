@@ -9,14 +9,17 @@
 
 Flags of ``run`` mirror the environment variables ``CRASH_MODE``, ``CRASH_BACKEND``,
 ``CRASH_RUNS``, ``CRASH_STEPS``, ``CRASH_SEED_BASE`` and ``CRASH_DURABLE_MODE``, which work
-alone too. Exit codes: 0 valid, 1 invalid, 2 unknown, 254 bad arguments or configuration,
-255 the harness itself crashed.
+alone too. Exit codes: 0 valid, 1 invalid, 2 unknown, 130 interrupted (Ctrl-C: the
+finished runs' records and a SUMMARY of them are kept, ``verdict=interrupted``), 254 bad
+arguments or configuration, 255 the harness itself crashed.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
+import re
 import sys
 import traceback
 from pathlib import Path
@@ -29,10 +32,11 @@ from .campaign import EXIT, MODES, CampaignConfig, run_campaign
 from .checker import Observation, Valid, check, merge
 from .ci_subset import BY_NAME, run_slices
 from .faults import ALL_POINTS, FaultPlan
-from .records import ResultsDir
+from .records import BadResults, ResultsDir
 from .runner import Run, RunSpec
 from .stale import KINDS
 
+EXIT_INTERRUPTED = 130
 EXIT_BAD_ARGS = 254
 EXIT_CRASHED = 255
 
@@ -48,13 +52,40 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(EXIT_BAD_ARGS)
 
 
+#: The most runs one campaign takes (more is a typo, or a job for ``--shard``/a cluster).
+MAX_RUNS = 1_000_000
+DURABLE_MODES = ("auto", "transactional", "checkpoint")
+
+
 def _env_int(name: str) -> int | None:
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return None
-    if not raw.lstrip("-").isdigit():
+    if not re.fullmatch(r"-?[0-9]+", raw.strip()):
         raise BadArguments(f"Expected an integer in {name} but got {name}={raw!r}")
     return int(raw)
+
+
+def _env_choice(flag: str, value: str | None, env: str, choices: tuple[str, ...]) -> None:
+    """argparse checks the choices of a flag given, not of a default taken from ``env``."""
+    if value is not None and value not in choices:
+        raise BadArguments(f"{env}={value!r} (the default of {flag}) is not one of "
+                           f"{', '.join(choices)}")
+
+
+def _check_driver(driver: str) -> None:
+    if driver.endswith(".py"):
+        if not Path(driver).is_file():
+            raise BadArguments(f"--driver {driver}: no such file; pass a driver program's "
+                               ".py path or a module name (default chaos.driver)")
+        return
+    try:
+        found = importlib.util.find_spec(driver)
+    except (ImportError, ValueError):
+        found = None
+    if found is None:
+        raise BadArguments(f"--driver {driver}: no such module; pass a module name (run with "
+                           "-m, default chaos.driver) or a driver program's .py path")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed-base", type=int, default=None)
     run.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     run.add_argument("--preset", default=None, help="scenario preset name or YAML path")
-    run.add_argument("--durable-mode", choices=("auto", "transactional", "checkpoint"),
+    run.add_argument("--durable-mode", choices=DURABLE_MODES,
                      default=os.environ.get("CRASH_DURABLE_MODE") or None)
     run.add_argument("--results", type=Path, default=Path("results"))
     run.add_argument("--keep", action="store_true", help="keep every run's directory")
@@ -125,11 +156,18 @@ def _campaign_config(args: argparse.Namespace) -> CampaignConfig:
                            f"(one of {', '.join(MODES)})")
     if args.mode not in MODES:
         raise BadArguments(f"CRASH_MODE={args.mode!r} is not a mode; use one of {MODES}")
+    _env_choice("--backend", args.backend, "CRASH_BACKEND", BACKENDS)
+    _env_choice("--durable-mode", args.durable_mode, "CRASH_DURABLE_MODE", DURABLE_MODES)
+    _env_choice("--stale-kind", args.stale_kind, "CRASH_STALE_KIND", KINDS)
+    _check_driver(args.driver)
+    if args.results.exists() and not args.results.is_dir():
+        raise BadArguments(f"--results {args.results} is a file, not a directory; pass the "
+                           "directory campaigns are written under")
     runs = args.runs if args.runs is not None else _env_int("CRASH_RUNS")
     steps = args.steps if args.steps is not None else _env_int("CRASH_STEPS")
     seed = args.seed_base if args.seed_base is not None else _env_int("CRASH_SEED_BASE")
-    if runs is not None and runs < 1:
-        raise BadArguments(f"--runs must be at least 1, got {runs}")
+    if runs is not None and not 1 <= runs <= MAX_RUNS:
+        raise BadArguments(f"--runs must be from 1 to {MAX_RUNS}, got {runs}")
     if steps is not None and steps < 1:
         raise BadArguments(f"--steps must be at least 1, got {steps}")
     if args.jobs < 1:
@@ -270,12 +308,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "image":
             return _image(args)
         return _clean(args)
-    except (BadArguments, PresetError, BackendUnavailable, FileNotFoundError) as exc:
+    except (BadArguments, PresetError, BackendUnavailable, BadResults, FileNotFoundError,
+            NotADirectoryError) as exc:
         print(f"chaos: {exc}", file=sys.stderr)
         return EXIT_BAD_ARGS
     except KeyboardInterrupt:
         print("chaos: interrupted", file=sys.stderr)
-        return EXIT_CRASHED
+        return EXIT_INTERRUPTED
     except Exception:
         traceback.print_exc()
         print("chaos: the harness itself crashed (exit 255); the traceback above says where",

@@ -24,6 +24,15 @@ from typing import Any
 from durable.atomic_file import write_atomic
 
 
+class BadResults(ValueError):
+    """A results directory whose files cannot be read back (a corrupt line in the middle of
+    ``runs.jsonl``, a record without its fields, two records of one run)."""
+
+
+#: Fields every run record has; a line without them is not a run record.
+RECORD_FIELDS = ("index", "seed", "verdict", "plan")
+
+
 class ResultsDir:
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -32,6 +41,9 @@ class ResultsDir:
 
     @classmethod
     def create(cls, root: Path, mode: str, backend: str) -> ResultsDir:
+        if root.exists() and not root.is_dir():
+            raise NotADirectoryError(f"--results {root} is a file, not a directory; pass the "
+                                     "directory campaigns are written under")
         root.mkdir(parents=True, exist_ok=True)
         stamp = time.strftime("%Y%m%dT%H%M%S")
         path = root / f"{mode}-{backend}-{stamp}"
@@ -62,7 +74,11 @@ class ResultsDir:
         write_atomic(self.path / name, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
     def read_json(self, name: str) -> Any:
-        return json.loads((self.path / name).read_text())
+        try:
+            return json.loads((self.path / name).read_text())
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise BadResults(f"{self.path / name} is not readable JSON ({exc}); the results "
+                             "directory is damaged: re-run the campaign") from None
 
     def append_run(self, record: dict[str, Any]) -> None:
         line = json.dumps(record, sort_keys=True) + "\n"
@@ -75,17 +91,33 @@ class ResultsDir:
                          json.dumps(record["plan"], indent=2) + "\n")
 
     def runs(self) -> list[dict[str, Any]]:
+        """The run records, by index. A torn last line (a campaign killed while writing it)
+        is skipped; anything else unreadable raises ``BadResults``, naming the line."""
         path = self.path / "runs.jsonl"
         if not path.exists():
             return []
-        out = []
-        for i, line in enumerate(path.read_text().splitlines(), 1):
+        try:
+            lines = path.read_text().splitlines()
+        except UnicodeDecodeError as exc:
+            raise BadResults(f"{path} is not UTF-8 text ({exc}); the results directory is "
+                             "damaged: re-run the campaign") from None
+        by_index: dict[int, dict[str, Any]] = {}
+        for i, line in enumerate(lines, 1):
             if not line.strip():
                 continue
             try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                if i == len(path.read_text().splitlines()):
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                if i == len(lines):
                     break  # a torn last line from a campaign that was killed
-                raise
-        return sorted(out, key=lambda r: r["index"])
+                raise BadResults(f"{path}, line {i}: not a JSON record ({exc}); the results "
+                                 "directory is damaged: re-run the campaign") from None
+            if not isinstance(record, dict) or not all(k in record for k in RECORD_FIELDS) \
+                    or not isinstance(record["index"], int):
+                raise BadResults(f"{path}, line {i}: not a run record (a run record has "
+                                 f"{', '.join(RECORD_FIELDS)}); re-run the campaign")
+            if record["index"] in by_index:
+                raise BadResults(f"{path}, line {i}: a second record of run "
+                                 f"{record['index']}; one campaign records each run once")
+            by_index[record["index"]] = record
+        return [by_index[i] for i in sorted(by_index)]

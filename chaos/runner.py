@@ -19,7 +19,6 @@ A run's life:
 from __future__ import annotations
 
 import os
-import random
 import shutil
 import subprocess
 import sys
@@ -39,7 +38,7 @@ from scenarios.plan import Scenario
 from .backends import CampaignSpaces, make_spaces
 from .checker import Verdict, check
 from .driver import SPACE_FAILPOINTS_ENV, SPACE_PREFIX
-from .faults import Fault, FaultPlan, draw_plan, reachable_points
+from .faults import Fault, FaultPlan, draw_plan
 from .observe import observe, save_ledger
 from .processes import OwnedProcess, python_argv
 from .rendezvous import Action, Hit, Rendezvous
@@ -70,6 +69,10 @@ class RunSpec:
     driver: str = "chaos.driver"
     #: Stale mode's kind (``stale.KINDS``).
     stale_kind: str = "race"
+
+
+class RunAborted(Exception):
+    """The campaign was interrupted while this run was going: it ends ``unknown``."""
 
 
 @dataclass
@@ -155,6 +158,21 @@ class Run:
         self.foreign_keys: list[str] = []
         #: Unix time before which the run is not observed (a leftover writer's time).
         self.settle_at = 0.0
+        #: Every driver this run launched (``abort`` ends those still running).
+        self._procs: list[OwnedProcess] = []
+        self._aborted = threading.Event()
+
+    def abort(self) -> None:
+        """End the run now (the campaign was interrupted): no driver is launched any more,
+        those running are SIGKILLed by their process group, parked ones are released; the
+        run's own thread then deletes its Spaces and returns an ``unknown`` record."""
+        self._aborted.set()
+        with self.state.lock:
+            procs, holds = list(self._procs), list(self._holds)
+        for proc in procs:
+            proc.kill_group()
+        for hold in holds:
+            hold.release.set()
 
     # ------------------------------------------------------------------ faults
 
@@ -287,6 +305,8 @@ class Run:
     def launch(self, attempt: int, failpoints: str | None, *, heartbeat: float = 0.5,
                other: OtherSession | None = None) -> OwnedProcess:
         """Start a driver of the run's session (the next epoch), or of ``other``."""
+        if self._aborted.is_set():
+            raise RunAborted("the campaign was interrupted")
         if other is None:
             self.epoch += 1
         epoch = other.epoch if other else self.epoch
@@ -307,6 +327,10 @@ class Run:
                                 stderr=subprocess.STDOUT)
         finally:
             out.close()
+        with self.state.lock:
+            self._procs.append(proc)
+        if self._aborted.is_set():  # aborted while this one started: it must not live on
+            proc.kill_group()
         if other is None:
             self.state.counts["attempts"] += 1
         self.state.op("other" if other else "driver", "invoke", "attempt",
@@ -451,6 +475,8 @@ class Run:
             #: Unix time of the run's start: history times are seconds after it.
             "started_at": s.t0,
             "run_dir": str(self.dir) if (verdict.valid is not True or spec.keep) else None,
+            #: Ended by the campaign's interruption, not by its own course.
+            "interrupted": self._aborted.is_set(),
         }
 
     def _account_faults(self, hits: dict[str, int]) -> None:

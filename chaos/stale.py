@@ -179,12 +179,12 @@ def _new_log_of_this_session(run: Run, rv: Rendezvous) -> int | None:
     if not parked:
         run.stale_error = "the earlier log's driver never started its command"
         return None
+    assert run.spaces is not None
     run.foreign_keys = [k["key"] for k in save_ledger(
         run.spaces, run.space, run.dir / "ledgers" / "earlier-log", "earlier log"
     )["audit"]["keys"]]
     code = _unharmed_driver(run, "after an earlier log of the session left a command "
                                  "running on its Space")
-    assert run.spaces is not None
     # A check needs no epoch of its own: any one at or above the floor reads.
     client = run.spaces.connect(run.space, epoch=CHECK_EPOCH)
     for key in run.foreign_keys:

@@ -53,6 +53,9 @@ MAX_EPOCH = 2**63 - 1
 #: How many times one attempt moves above a Space's floor taken by another owner before it
 #: gives up (exit 75): two drivers that keep outbidding each other are a coordinator's bug.
 MAX_EPOCH_MOVES = 5
+#: Heartbeat intervals a driver accepts: faster floods its output, slower is no heartbeat.
+MIN_HEARTBEAT_S = 0.01
+MAX_HEARTBEAT_S = 86400.0
 
 
 @dataclass(frozen=True)
@@ -85,8 +88,10 @@ class SessionEnv:
             raise PermanentFailure(
                 f"Expected a number of seconds in CUA_SESSION_HEARTBEAT_SECS but got {raw_hb!r}"
             ) from None
-        if hb <= 0:
-            raise PermanentFailure(f"CUA_SESSION_HEARTBEAT_SECS must be > 0, got {hb}")
+        if not MIN_HEARTBEAT_S <= hb <= MAX_HEARTBEAT_S:  # also refuses nan
+            raise PermanentFailure(
+                f"CUA_SESSION_HEARTBEAT_SECS must be from {MIN_HEARTBEAT_S} to "
+                f"{MAX_HEARTBEAT_S:.0f} seconds, got {raw_hb!r}")
         return cls(env["CUA_SESSION_NAME"], int(raw_epoch), state_dir, hb)
 
 

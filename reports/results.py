@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.campaign import repro_command
+from chaos.records import BadResults as DamagedResults
 from chaos.records import ResultsDir
 
 from .errors import BadResults
@@ -49,7 +50,11 @@ def load(path: Path) -> Campaign:
                          f"campaign finished no run yet; {HOW_TO_MAKE}")
     summary_file = results.path / "SUMMARY"
     summary = summary_file.read_text().strip() if summary_file.exists() else None
-    return Campaign(results.path, results.read_json("campaign.json"), summary, results.runs())
+    try:
+        return Campaign(results.path, results.read_json("campaign.json"), summary,
+                        results.runs())
+    except DamagedResults as exc:
+        raise BadResults(str(exc)) from None
 
 
 def load_all(paths: Sequence[Path]) -> list[Campaign]:

@@ -7,6 +7,7 @@ one-line error (exit 254), not a confusing campaign.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,6 +85,9 @@ def parse(raw: Any, where: str) -> Preset:
     for key in ("long_seconds", "reissue"):
         if key in raw:
             kw[key] = float(_expect(raw, key, (int, float), where))
+            if not math.isfinite(kw[key]) or kw[key] < 0:
+                raise PresetError(f"{where}: {key} must be a finite number >= 0, got "
+                                  f"{raw[key]!r}")
     if "reissue" in kw and not 0 <= kw["reissue"] <= 1:
         raise PresetError(f"{where}: reissue is a probability in [0, 1], got {kw['reissue']}")
     if "file_size" in raw:
@@ -122,7 +126,11 @@ def load(name_or_path: str) -> Preset:
         names = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
         raise PresetError(f"no preset {name_or_path!r} (looked for {path}); known: {names}")
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise PresetError(f"{path}: not UTF-8 text ({exc}); save the preset as UTF-8") from None
     except yaml.YAMLError as exc:
         raise PresetError(f"{path}: not valid YAML: {exc}") from None
+    except OSError as exc:
+        raise PresetError(f"{path}: cannot be read ({exc.strerror})") from None
     return parse(raw, str(path))

@@ -222,3 +222,13 @@ def test_on_stale_fires_once_per_refusal(tmp_path: Path, local_spaces: LocalSpac
     finally:
         harness.close()
     assert len(seen) == 1 and seen[0].floor == 5, seen
+
+
+@pytest.mark.parametrize("interval", ["inf", "nan", "0", "1e-9", "-1", "x"])
+def test_a_driver_with_an_impossible_heartbeat_exits_78(tmp_path: Path,
+                                                        local_spaces: LocalSpaces,
+                                                        interval: str) -> None:
+    environ = {**_driver_env(tmp_path, "1"), "CUA_SESSION_HEARTBEAT_SECS": interval}
+    code, out = _drive(tmp_path, local_spaces, environ)
+    assert code == EXIT_PERMANENT, out
+    assert len(out.strip().splitlines()) == 1 and "CUA_SESSION_HEARTBEAT_SECS" in out, out

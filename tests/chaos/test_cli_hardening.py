@@ -1,0 +1,140 @@
+"""The campaign CLI under a clumsy user: every bad configuration exits 254 with one line and
+no traceback before anything runs, and Ctrl-C (a real SIGINT to a real campaign) ends it in
+seconds with the finished runs' records and a SUMMARY of them."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from backends.local import LocalSpaces
+from chaos.summary import parse_summary
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def chaos(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
+          timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "chaos", *args], capture_output=True, check=False,
+                          text=True, timeout=timeout, cwd=cwd or ROOT,
+                          env={**os.environ, **(env or {})})
+
+
+def bad_configurations(tmp: Path) -> list[tuple[list[str], dict[str, str], str]]:
+    """(argv, environment, a phrase of the one-line reason) of each mistake."""
+    (tmp / "nan.yaml").write_text("name: nan\nlong_seconds: .nan\n")
+    (tmp / "negative.yaml").write_text("name: negative\nsteps: -3\n")
+    (tmp / "typed.yaml").write_text("name: typed\nsteps: many\n")
+    (tmp / "latin1.yaml").write_bytes("name: caf\xe9\n".encode("latin-1"))
+    (tmp / "a-file").write_text("not a directory\n")
+    run = ["run", "--mode", "checkpoint", "--runs", "1", "--results", str(tmp / "r")]
+    return [
+        (run + ["--preset", str(tmp / "nan.yaml")], {}, "long_seconds must be a finite"),
+        (run + ["--preset", str(tmp / "negative.yaml")], {}, "steps must be positive"),
+        (run + ["--preset", str(tmp / "typed.yaml")], {}, "Expected int"),
+        (run + ["--preset", str(tmp / "latin1.yaml")], {}, "not UTF-8"),
+        (["run", "--mode", "stale", "--runs", "1"], {"CRASH_DURABLE_MODE": "nosuch"},
+         "CRASH_DURABLE_MODE='nosuch'"),
+        (["run", "--mode", "stale", "--runs", "1"], {"CRASH_STALE_KIND": "nosuch"},
+         "CRASH_STALE_KIND='nosuch'"),
+        (run + ["--driver", str(tmp / "missing.py")], {}, "no such file"),
+        (run + ["--driver", "no_such_module_here"], {}, "no such module"),
+        (["run", "--mode", "checkpoint"], {"CRASH_RUNS": "--5"}, "CRASH_RUNS='--5'"),
+        (["run", "--mode", "checkpoint", "--runs", "99999999999"], {}, "--runs must be from"),
+        (["run", "--mode", "checkpoint", "--runs", "1", "--results", str(tmp / "a-file")], {},
+         "is a file, not a directory"),
+    ]
+
+
+def test_every_bad_configuration_exits_254_with_one_line(tmp_path: Path) -> None:
+    for argv, env, phrase in bad_configurations(tmp_path):
+        done = chaos(*argv, env=env)
+        assert done.returncode == 254, (argv, env, done.stderr)
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and phrase in lines[0], (argv, env, done.stderr)
+        assert "Traceback" not in done.stderr + done.stdout
+    assert not (tmp_path / "r").exists(), "nothing ran"
+
+
+def _results_with(tmp: Path, lines: list[str]) -> Path:
+    path = tmp / f"results-{len(list(tmp.iterdir()))}"
+    path.mkdir()
+    (path / "campaign.json").write_text(json.dumps({"mode": "checkpoint"}))
+    (path / "runs.jsonl").write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+def test_damaged_results_are_refused_by_analyze_and_reports(tmp_path: Path) -> None:
+    record = {"index": 0, "seed": 1, "verdict": {"valid": True}, "plan": {}}
+    damaged = {
+        "a corrupt line": [json.dumps(record), "{not json", json.dumps({**record, "index": 1})],
+        "a duplicated run": [json.dumps(record), json.dumps(record)],
+        "not a run record": [json.dumps({"index": 0})],
+    }
+    for why, lines in damaged.items():
+        path = _results_with(tmp_path, lines)
+        for argv in (["-m", "chaos", "analyze", str(path)],
+                     ["-m", "reports", "html", str(path), "--out", str(tmp_path / "x.html")]):
+            done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, check=False,
+                                  timeout=120, cwd=ROOT)
+            assert done.returncode == 254, (why, argv, done.stderr)
+            assert "Traceback" not in done.stderr and "runs.jsonl, line" in done.stderr, \
+                (why, done.stderr)
+
+
+def _campaign_pids(marker: str) -> list[int]:
+    """Live processes whose command line names ``marker`` (this test's own directory)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{name}/cmdline").read_bytes().replace(b"\0", b" ")
+            state = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker.encode() in cmdline and state != "Z":
+            found.append(int(name))
+    return found
+
+
+def test_ctrl_c_ends_a_campaign_in_seconds_and_keeps_what_finished(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "chaos", "run", "--mode", "checkpoint", "--runs", "200",
+         "--jobs", "2", "--results", str(results)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        runs = results / "latest" / "runs.jsonl"
+        while not (runs.exists() and runs.read_text().count("\n") >= 2):
+            assert time.monotonic() < deadline and proc.poll() is None, "no run finished"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        sent = time.monotonic()
+        out, err = proc.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    print(f"Ctrl-C to exit: {took:.1f} s")
+    assert "interrupted" in err
+    summary = parse_summary(next(line for line in out.splitlines()
+                                 if line.startswith("SUMMARY")))
+    assert summary["verdict"] == "interrupted"
+    kept = [json.loads(line) for line in runs.read_text().splitlines()]
+    assert int(summary["runs"]) == len(kept) >= 2 and int(summary["runs"]) < 200
+    assert all(not r["interrupted"] for r in kept)
+    assert (results / "latest" / "SUMMARY").read_text().startswith("SUMMARY ")
+    # nothing of the campaign lives on: no driver, no daemon, no Space
+    time.sleep(0.5)
+    assert _campaign_pids(str(tmp_path)) == []
+    for spaces_dir in (results / "latest" / "runs").glob("*/spaces"):
+        assert LocalSpaces(spaces_dir).names() == []
