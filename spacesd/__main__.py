@@ -35,7 +35,9 @@ import sys
 from . import procfs
 from .containment import MODES, Unavailable, select
 from .daemon import Daemon
+from .epoch_fence import DamagedFloor
 from .failpoints import ENV_VAR as FAILPOINTS_ENV
+from .journal import DamagedJournal
 from .server import SpacesServer
 
 
@@ -100,8 +102,11 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"spacesd: {exc}") from None
     print(f"spacesd: containment: {json.dumps(containment.describe())}", file=sys.stderr,
           flush=True)
-    daemon = Daemon(os.path.abspath(args.root), state, failpoints=failpoints,
-                    containment=containment)
+    try:
+        daemon = Daemon(os.path.abspath(args.root), state, failpoints=failpoints,
+                        containment=containment)
+    except (DamagedFloor, DamagedJournal) as exc:
+        raise SystemExit(f"spacesd: damaged state: {exc}") from None
     kwargs = {"max_body": args.max_body} if args.max_body else {}
     server = SpacesServer((args.host, args.port), daemon, token, verbose=args.verbose, **kwargs)
     port = server.server_address[1]

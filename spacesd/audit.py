@@ -87,8 +87,9 @@ def read_state(state_dir: str) -> StateAudit:
         keys.append(KeyAudit(
             key=rec.key, command=rec.command, cwd=rec.cwd, epoch=rec.epoch,
             started_ms=rec.started_ms,
-            spawned=isinstance(exec_files.read_claim(rec.file(exec_dir, ".claim")),
-                               exec_files.Claim),
+            # a damaged claim may be the shim's: count it as started (G2 is conservative)
+            spawned=isinstance(claim := exec_files.read_claim(rec.file(exec_dir, ".claim")),
+                               exec_files.Claim) or claim == exec_files.DAMAGED,
             exit_code=status.exit_code if status else None,
             signal=status.signal if status else None,
             ended_ms=status.ended_ms if status else None,

@@ -33,15 +33,33 @@ from .fsio import fsync_dir
 MAX_OWNER = 128
 
 
+class DamagedFloor(Exception):
+    """The persisted floor cannot be read: taking it as 0 would admit every stale epoch."""
+
+
 def read_fence(path: str) -> tuple[int, str | None]:
     """The floor persisted at ``path`` and its owner: ``(0, None)`` when there is none yet,
-    owner None for a floor written before owners were recorded."""
+    owner None for a floor written before owners were recorded. An existing file that does
+    not hold a floor (empty, garbage) raises ``DamagedFloor``: it is written atomically, so
+    that is damage, never "no floor yet"."""
     try:
-        with open(path) as f:
-            fields = f.read().split()
+        with open(path, "rb") as f:
+            raw = f.read()
     except FileNotFoundError:
         return 0, None
-    return (int(fields[0]) if fields else 0), (fields[1] if len(fields) > 1 else None)
+    try:
+        fields = raw.decode("ascii").split()
+        floor = int(fields[0])
+    except (UnicodeDecodeError, ValueError, IndexError):
+        raise DamagedFloor(
+            f"{path} does not hold an epoch floor ({len(raw)} bytes: {raw[:40]!r}); it is "
+            "written atomically, so the disk damaged it. Refusing to guess a floor (0 would "
+            "admit every stale epoch): write the highest epoch any driver of this Space used "
+            "into it, or remove the Space") from None
+    if floor < 0 or len(fields) > 2:
+        raise DamagedFloor(f"{path} holds {raw[:40]!r}, not '<epoch> [<owner>]'; write the "
+                           "highest epoch any driver of this Space used into it")
+    return floor, (fields[1] if len(fields) > 1 else None)
 
 
 def read_floor(path: str) -> int:

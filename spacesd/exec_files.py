@@ -60,17 +60,27 @@ def spawn(python: str, bash: str, claim: str, exit_path: str, out_path: str, cwd
     )
 
 
+#: What ``read_claim`` answers for a claim file it cannot read (empty or garbage: a power
+#: cut before the data reached the disk). Somebody claimed the key, the shim or the daemon,
+#: so the command may have run: the key is lost, never unclaimed.
+DAMAGED = "damaged"
+
+
 def read_claim(path: str) -> Claim | str | None:
-    """The shim's claim, ``"lost"`` if the daemon claimed the key lost, None if unclaimed."""
+    """The shim's claim, ``"lost"`` if the daemon claimed the key lost, ``DAMAGED`` if the
+    file cannot be read, None if unclaimed."""
     try:
-        with open(path) as f:
-            text = f.read()
+        with open(path, "rb") as f:
+            raw = f.read()
     except FileNotFoundError:
         return None
-    if text == LOST:
+    if raw == LOST.encode():
         return "lost"
-    pid, started = text.split()
-    return Claim(int(pid), int(started))
+    try:
+        pid, started = (int(field) for field in raw.decode("ascii").split())
+    except (ValueError, UnicodeDecodeError):
+        return DAMAGED
+    return Claim(pid, started)
 
 
 def claim_lost(path: str) -> Claim | str:

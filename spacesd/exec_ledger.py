@@ -32,7 +32,7 @@ from . import exec_files, procfs
 from .containment import Containment, Subreaper, Tree
 from .errors import Conflict
 from .failpoints import Channel
-from .journal import Journal
+from .journal import DamagedJournal, Journal
 from .protocol import OUTPUT_TAIL_BYTES, STATE_EXEC_DIR, STATE_LEDGER, ExecInfo
 
 #: The most output one read returns (a client that fell far behind reads in several steps).
@@ -75,10 +75,33 @@ class ExecRecord:
         return os.path.join(exec_dir, self.id + suffix)
 
 
+#: The fields of each kind of ledger record, with their types.
+_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
+    "start": {"key": (str,), "id": (str,), "command": (str,), "cwd": (str,), "epoch": (int,),
+              "ms": (int,)},
+    "end": {"key": (str,), "signal": (int, type(None)), "fenced_by": (int, type(None)),
+            "ms": (int,)},
+}
+
+
+def _check_record(n: int, raw: dict[str, Any]) -> None:
+    fields = _FIELDS.get(raw.get("t"))  # type: ignore[arg-type]
+    bad = ["t"] if fields is None else [
+        name for name, kinds in fields.items()
+        if not isinstance(raw.get(name, ...), kinds) or isinstance(raw.get(name), bool)]
+    if bad:
+        raise DamagedJournal(
+            f"exec ledger record {n} lacks or mistypes {', '.join(bad)}: {str(raw)[:120]}; "
+            "refusing to guess what it held (a forgotten key could run twice): look at the "
+            "ledger, or remove the Space")
+
+
 def replay(records: Iterable[dict[str, Any]]) -> dict[str, ExecRecord]:
-    """The ledger's keys from its journal records (``start``, then any ``end``)."""
+    """The ledger's keys from its journal records (``start``, then any ``end``); a record
+    without its fields raises ``DamagedJournal``."""
     recs: dict[str, ExecRecord] = {}
-    for raw in records:
+    for n, raw in enumerate(records, 1):
+        _check_record(n, raw)
         if raw.get("t") == "start":
             recs[raw["key"]] = ExecRecord(
                 raw["key"], raw["id"], raw["command"], raw["cwd"], raw["epoch"], raw["ms"]

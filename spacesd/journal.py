@@ -3,9 +3,12 @@
 After a crash the last line may be torn (a partial write that never got its newline, or
 garbage where the disk did not finish). Opening drops it, truncating the file to the last
 complete line, so the next append starts on a clean line. Only the tail can be torn: a bad
-line in the middle means the file was edited or the disk is failing; it is skipped with a
-warning on stderr rather than making the whole Space unusable. ``load`` reads a journal
-without changing it (an audit of a copy, or of a live daemon's state).
+line in the middle, or any complete record whose checksum (``"c"``, CRC-32 of the record
+without it) does not match, means the disk or someone damaged the file. Skipping it could
+forget a key and run its command twice, so loading raises ``DamagedJournal`` naming the
+record, and the file is left untouched for a person to look at. Records written before
+checksums existed (no ``"c"``) are read as they are. ``load`` reads a journal without
+changing it (an audit of a copy, or of a live daemon's state).
 """
 
 from __future__ import annotations
@@ -14,8 +17,21 @@ import json
 import os
 import sys
 import threading
+import zlib
 from dataclasses import dataclass
 from typing import Any
+
+CHECKSUM = "c"
+
+
+class DamagedJournal(Exception):
+    """A complete record of a journal is unreadable or fails its checksum."""
+
+
+def _checksum(record: dict[str, Any]) -> str:
+    body = json.dumps({k: v for k, v in record.items() if k != CHECKSUM},
+                      separators=(",", ":"), sort_keys=True)
+    return f"{zlib.crc32(body.encode()):08x}"
 
 
 @dataclass(frozen=True)
@@ -56,10 +72,18 @@ def load(path: str) -> Loaded:
                 # A torn last record that happens to end in a newline byte.
                 end -= len(line) + 1
                 print(f"spacesd: ignoring a torn last record of {path}", file=sys.stderr)
-            else:
-                print(f"spacesd: skipping unreadable record {n} of {path}: {exc}",
-                      file=sys.stderr)
-            continue
+                continue
+            raise DamagedJournal(
+                f"{path}: record {n} of {len(lines)} is unreadable ({exc}); a record in the "
+                "middle is never torn, so the file was damaged. Refusing to guess what it "
+                "held (a forgotten key could run twice): look at the file, or remove the "
+                "Space") from None
+        if CHECKSUM in rec and rec[CHECKSUM] != _checksum(rec):
+            raise DamagedJournal(
+                f"{path}: record {n} of {len(lines)} fails its checksum ({line[:80]!r}); the "
+                "file was damaged. Refusing to guess what it held (a forgotten key could run "
+                "twice): look at the file, or remove the Space")
+        rec.pop(CHECKSUM, None)
         records.append(rec)
     return Loaded(records, end, len(raw))
 
@@ -76,7 +100,8 @@ class Journal:
 
     def append(self, record: dict[str, Any]) -> None:
         """Write one record and fsync it: when this returns, the record survives a crash."""
-        line = json.dumps(record, separators=(",", ":")).encode() + b"\n"
+        line = json.dumps({**record, CHECKSUM: _checksum(record)},
+                          separators=(",", ":")).encode() + b"\n"
         with self._lock:
             os.write(self._fd, line)
             os.fdatasync(self._fd)

@@ -62,10 +62,14 @@ RESET_SIGNALS = (
 
 
 def publish(path: str, text: str) -> bool:
-    """Create ``path`` holding ``text`` whole, unless it exists (then False)."""
+    """Create ``path`` holding ``text`` whole, unless it exists (then False). The data is
+    on disk before the link, so a power cut never leaves a claim that exists but is empty
+    (that would still read as ``DAMAGED``: lost, never unclaimed)."""
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
         f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
     try:
         os.link(tmp, path)
         return True
