@@ -18,3 +18,15 @@ def local_spaces(tmp_path: Path) -> Iterator[LocalSpaces]:
     yield provider
     for name in provider.names():
         provider.delete(name)
+
+
+@pytest.fixture
+def escapees() -> Iterator[list[tuple[int, int]]]:
+    """Where a test lists the ``(pid, start time)`` of processes it made escape their
+    command: any still alive at the end is SIGKILLed (only if it is still that process)."""
+    from spacesd import procfs
+
+    found: list[tuple[int, int]] = []
+    yield found
+    for pid, started in found:
+        procfs.kill_exact(pid, started)

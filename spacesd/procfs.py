@@ -46,15 +46,9 @@ def group_members(pgids: Iterable[int]) -> dict[int, list[int]]:
     found: dict[int, list[int]] = {}
     if not wanted:
         return found
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        fields = _stat_fields(int(name))
-        if fields is None or fields[0] in ("Z", "X"):
-            continue
-        pgid = int(fields[2])
-        if pgid in wanted:
-            found.setdefault(pgid, []).append(int(name))
+    for proc in snapshot().values():
+        if proc.pgid in wanted:
+            found.setdefault(proc.pgid, []).append(proc.pid)
     return found
 
 

@@ -15,15 +15,8 @@ from pathlib import Path
 import pytest
 
 from backends.local import LocalSpace, LocalSpaces
-from backends.space_client import SpaceClient
 from spacesd import containment, procfs
-
-#: Commands that each leave one escapee writing its pid to the file ``{f}``.
-ESCAPES = {
-    "setsid": "setsid sh -c 'echo $$ > {f}; exec sleep 1000' &",
-    "double-fork": "( ( setsid sh -c 'echo $$ > {f}; exec sleep 1000' & ) & )",
-    "env-i": "env -i setsid sh -c 'echo $$ > {f}; exec sleep 1000' &",
-}
+from tests.escapes import ESCAPES, gone, read_pid, start_escapes
 
 
 def cgroup_v2_root() -> str | None:
@@ -52,57 +45,12 @@ def spaces(tmp_path: Path, mode: str) -> Iterator[LocalSpaces]:
     provider.delete_all()
 
 
-@pytest.fixture
-def escapees() -> Iterator[list[tuple[int, int]]]:
-    """Where a test lists its escapees: any still alive at the end is SIGKILLed."""
-    found: list[tuple[int, int]] = []
-    yield found
-    for pid, started in found:
-        procfs.kill_exact(pid, started)
-
-
-def read_pid(path: Path, timeout: float = 30.0) -> int:
-    deadline = time.monotonic() + timeout
-    while not (path.exists() and path.read_text().strip()):
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.01)
-    return int(path.read_text())
-
-
-def gone(proc: tuple[int, int], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while procfs.is_alive(*proc):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
-
-
-def start_escapes(client: SpaceClient, space: LocalSpace,
-                  found: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """One command per way of escaping; their escapees, each out of its command's group
-    and session (and the ``env -i`` one without the marker)."""
-    procs = []
-    for kind, command in ESCAPES.items():
-        shim = client.exec_start(kind, command.format(f=f"{kind}.pid")).pid
-        pid = read_pid(space.work / f"{kind}.pid")
-        started = procfs.start_time(pid)
-        assert started is not None
-        found.append((pid, started))
-        procs.append((pid, started))
-        me = procfs.snapshot()[pid]
-        assert shim not in (me.pgid, me.sid), f"{kind}: the escapee did not escape"
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            assert (b"SPACESD_STATE=" in f.read()) == (kind != "env-i")
-    return procs
-
-
 def test_restart_kills_escapees(spaces: LocalSpaces, escapees: list) -> None:
     spaces.create("s")
     space = spaces.get("s")
     procs = start_escapes(spaces.connect("s", epoch=1), space, escapees)
     spaces.restart("s")
-    assert all(gone(p, timeout=0) for p in procs)  # restart returns once they are dead
+    assert all(gone(p, timeout=0) for p in procs.values())  # restart returns once they are dead
     assert not spaces.connect("s", epoch=1).scan().running
 
 
@@ -114,7 +62,7 @@ def test_delete_kills_escapees_and_removes_the_spaces_cgroup(
     cgroup = containment.space_cgroup(str(space.state))
     assert (cgroup is not None) == (mode == "cgroup")
     spaces.delete("s")
-    assert all(gone(p, timeout=0) for p in procs)
+    assert all(gone(p, timeout=0) for p in procs.values())
     assert cgroup is None or not os.path.exists(cgroup)
 
 

@@ -24,15 +24,10 @@ import pytest
 from backends.local import LocalSpace, LocalSpaces
 from backends.space_client import Endpoint, SpaceClient
 from spacesd import audit, containment, procfs
+from tests.escapes import ESCAPES, gone, read_pid, start_escapes, wait_pid
 
 ROOT = str(Path(__file__).resolve().parents[2])
 
-#: Commands that each leave one escapee writing its pid to the file ``{f}``.
-ESCAPES = {
-    "setsid": "setsid sh -c 'echo $$ > {f}; exec sleep 1000' &",
-    "double-fork": "( ( setsid sh -c 'echo $$ > {f}; exec sleep 1000' & ) & )",
-    "env-i": "env -i setsid sh -c 'echo $$ > {f}; exec sleep 1000' &",
-}
 GATE = "until [ -f go ]; do sleep 0.02; done"
 
 
@@ -68,15 +63,6 @@ def mode(request) -> str:
 
 
 @pytest.fixture
-def escapees() -> Iterator[list[tuple[int, int]]]:
-    """Where a test lists its escapees: any still alive at the end is SIGKILLed."""
-    found: list[tuple[int, int]] = []
-    yield found
-    for pid, started in found:
-        procfs.kill_exact(pid, started)
-
-
-@pytest.fixture
 def contained(tmp_path: Path, mode: str) -> Iterator[LocalSpaces]:
     provider = LocalSpaces(tmp_path / "spaces", daemon_args=daemon_args(mode))
     yield provider
@@ -87,61 +73,6 @@ def contained(tmp_path: Path, mode: str) -> Iterator[LocalSpaces]:
 def space(contained: LocalSpaces) -> LocalSpace:
     contained.create("s")
     return contained.get("s")
-
-
-def read_pid(path: Path, timeout: float = 30.0) -> int:
-    """The pid a process wrote to ``path``, once it is there."""
-    deadline = time.monotonic() + timeout
-    while not (path.exists() and path.read_text().strip()):
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.01)
-    return int(path.read_text())
-
-
-def wait_pid(path: Path, found: list[tuple[int, int]]) -> tuple[int, int]:
-    """``(pid, start time)`` of the process that wrote its pid to ``path``, added to
-    ``found``."""
-    pid = read_pid(path)
-    started = procfs.start_time(pid)
-    assert started is not None, f"escapee {pid} died on its own"
-    found.append((pid, started))
-    return pid, started
-
-
-def gone(proc: tuple[int, int], timeout: float = 10.0) -> bool:
-    """Whether ``proc`` is dead within ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while procfs.is_alive(*proc):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
-
-
-def stat_ids(pid: int) -> tuple[int, int]:
-    """(process group, session) of ``pid``."""
-    table = procfs.snapshot()
-    return table[pid].pgid, table[pid].sid
-
-
-def has_marker(pid: int) -> bool:
-    with open(f"/proc/{pid}/environ", "rb") as f:
-        return b"SPACESD_STATE=" in f.read()
-
-
-def start_escapes(client: SpaceClient, space: LocalSpace, found: list[tuple[int, int]],
-                  prefix: str = "") -> dict[str, tuple[int, int]]:
-    """One key per way of escaping (``<prefix><kind>``), each leaving one escapee that
-    really left its command's group and session; the escapees by key."""
-    out = {}
-    for kind, command in ESCAPES.items():
-        key = prefix + kind
-        pgid = client.exec_start(key, command.format(f=f"{key}.pid")).pid
-        assert client.exec_wait(key, timeout=60).exit_code == 0
-        out[key] = proc = wait_pid(space.work / f"{key}.pid", found)
-        assert pgid not in stat_ids(proc[0]), f"{kind}: the escapee stayed in group {pgid}"
-    assert not has_marker(out[prefix + "env-i"][0])
-    return out
 
 
 def test_escapees_of_older_epochs_die_at_advance_epoch(
