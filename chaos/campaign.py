@@ -18,6 +18,7 @@ from typing import Any, TextIO
 
 from durable.adapter.decide import reachable_cells
 
+from . import live
 from .backends import make_spaces
 from .faults import RECOVERY_POINTS, FaultPlan, exhaustive_plans
 from .plots import campaign_plots
@@ -178,6 +179,15 @@ def run_campaign(cfg: CampaignConfig, out: TextIO = sys.stdout) -> int:
         make_spaces(cfg.backend, Path(probe))
     results = ResultsDir.create(cfg.results_root, cfg.mode, cfg.backend)
     results.write_json("campaign.json", cfg.to_json())
+    note = live.Campaign.open()
+    try:
+        return _run(cfg, results, note, t0, out)
+    finally:
+        note.close()
+
+
+def _run(cfg: CampaignConfig, results: ResultsDir, note: live.Campaign, t0: float,
+         out: TextIO) -> int:
     specs, total, reachable = _specs(cfg, results.runs_dir)
     progress = Progress(total)
     records: list[dict[str, Any]] = []
@@ -205,7 +215,7 @@ def run_campaign(cfg: CampaignConfig, out: TextIO = sys.stdout) -> int:
                     spec = next(specs, None)
                     if spec is None:
                         break
-                    run = Run(spec)
+                    run = Run(spec, note)
                     running[pool.submit(run.execute)] = run
                 if not running:
                     break

@@ -27,6 +27,7 @@ from typing import NoReturn
 
 from scenarios import PresetError, generate, load
 
+from . import live
 from .backends import BACKENDS, BackendUnavailable
 from .campaign import EXIT, MODES, CampaignConfig, run_campaign
 from .checker import Observation, Valid, check, merge
@@ -263,6 +264,10 @@ def _ci(args: argparse.Namespace) -> int:
 def _clean(args: argparse.Namespace) -> int:
     from backends.local import LocalSpaces
 
+    campaigns, killed = live.clean_dead()
+    if campaigns:
+        print(f"clean: ended {campaigns} dead campaign(s): {killed} process(es) killed, their "
+              "Spaces and temp directories removed")
     removed = 0
     for spaces_dir in sorted(args.results.glob("**/spaces")) if args.backend != "docker" else []:
         provider = LocalSpaces(spaces_dir)

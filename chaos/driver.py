@@ -29,6 +29,7 @@ from scenarios import generate, load
 from scenarios.host_tools import effect_tools
 
 from .backends import make_spaces
+from .live import die_with_parent
 
 REQUEST_ID = "campaign-input"
 SPACE_PREFIX = "cua"
@@ -54,6 +55,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    die_with_parent()
     args = parse_args(sys.argv[1:] if argv is None else argv)
     preset = load(args.preset)
     scenario = generate(args.seed, preset, steps=args.steps)

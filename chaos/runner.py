@@ -35,6 +35,7 @@ from durable.errors import SpaceError
 from scenarios import generate, load
 from scenarios.plan import Scenario
 
+from . import live
 from .backends import CampaignSpaces, make_spaces
 from .checker import Verdict, check
 from .driver import SPACE_FAILPOINTS_ENV, SPACE_PREFIX
@@ -131,8 +132,11 @@ def _kills_reporter(hit: Hit, fault: Fault, killed_driver: bool, injured: bool) 
 
 
 class Run:
-    def __init__(self, spec: RunSpec) -> None:
+    """``note``: the campaign's note of what it owns (``live``), if it keeps one."""
+
+    def __init__(self, spec: RunSpec, note: live.Campaign | None = None) -> None:
         self.spec = spec
+        self.note = note
         self.dir = spec.work_dir / f"run-{spec.index:04d}"
         self.preset = load(spec.preset)
         self.scenario: Scenario = generate(spec.seed, self.preset, steps=spec.steps)
@@ -312,7 +316,8 @@ class Run:
         epoch = other.epoch if other else self.epoch
         run_dir = other.run_dir if other else self.dir
         run_dir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "CUA_SESSION_NAME": other.name if other else self.session,
+        env = {**os.environ, live.RUNNER_PID_ENV: str(os.getpid()),
+               "CUA_SESSION_NAME": other.name if other else self.session,
                "CUA_SESSION_EPOCH": str(epoch), "CUA_STATE_DIR": str(run_dir / "state"),
                "CUA_SESSION_HEARTBEAT_SECS": str(heartbeat),
                "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
@@ -329,6 +334,8 @@ class Run:
             out.close()
         with self.state.lock:
             self._procs.append(proc)
+        if self.note is not None:
+            self.note.driver(proc.pid)
         if self._aborted.is_set():  # aborted while this one started: it must not live on
             proc.kill_group()
         if other is None:
@@ -392,6 +399,10 @@ class Run:
             shutil.rmtree(self.dir)
         (self.dir / "state").mkdir(parents=True)
         sock_dir = tempfile.mkdtemp(prefix="cua-fp-")
+        if self.note is not None:
+            self.note.temp(sock_dir)
+            if spec.backend == "local":
+                self.note.spaces(self.dir / "spaces")
         final_exit: int | None = None
         verdict = Verdict("unknown", ["the run did not get to its check"])
         obs_json: dict[str, Any] | None = None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from backends.local import LocalSpaces
 from chaos.summary import parse_summary
+from spacesd import procfs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -138,3 +140,50 @@ def test_ctrl_c_ends_a_campaign_in_seconds_and_keeps_what_finished(tmp_path: Pat
     assert _campaign_pids(str(tmp_path)) == []
     for spaces_dir in (results / "latest" / "runs").glob("*/spaces"):
         assert LocalSpaces(spaces_dir).names() == []
+
+
+def test_a_sigkilled_campaign_leaves_nothing_after_chaos_clean(tmp_path: Path) -> None:
+    """SIGKILL of ``chaos run``: its drivers die with it; its Spaces' daemons and commands,
+    and its temp directories, are ended by ``chaos clean``, even after its results
+    directory was deleted."""
+    results = tmp_path / "results"
+    env = {**os.environ, "CHAOS_LIVE_DIR": str(tmp_path / "live")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "chaos", "run", "--mode", "checkpoint", "--runs", "200",
+         "--jobs", "2", "--results", str(results)],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        runs = results / "latest" / "runs.jsonl"
+        while not (runs.exists() and runs.read_text().count("\n") >= 1):
+            assert time.monotonic() < deadline and proc.poll() is None, "no run finished"
+            time.sleep(0.1)
+        time.sleep(0.5)  # in the middle of the next runs
+        proc.kill()
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    notes = list((tmp_path / "live").glob("*/*.jsonl"))
+    assert len(notes) == 1
+    noted = [json.loads(line) for line in notes[0].read_text().splitlines()]
+    temps = [e["temp"] for e in noted if "temp" in e]
+    drivers = [(e["driver"], e["started"]) for e in noted if "driver" in e]
+    assert drivers and temps
+    deadline = time.monotonic() + 10
+    while any(procfs.is_alive(*d) for d in drivers):  # they die with their runner
+        assert time.monotonic() < deadline, "a driver outlived its SIGKILLed campaign"
+        time.sleep(0.05)
+    left = _campaign_pids(str(tmp_path))
+    assert left, "the runs in flight had Spaces: their daemons outlive the campaign"
+    shutil.rmtree(results)
+    done = chaos("clean", "--backend", "local", "--results", str(tmp_path / "elsewhere"),
+                 env={"CHAOS_LIVE_DIR": str(tmp_path / "live")})
+    assert done.returncode == 0, done.stderr
+    assert "ended 1 dead campaign(s)" in done.stdout
+    time.sleep(0.3)
+    assert _campaign_pids(str(tmp_path)) == [], "a daemon or command of the campaign lives on"
+    assert not any(Path(t).exists() for t in temps)
+    assert not list((tmp_path / "live").glob("*/*.jsonl"))
+
