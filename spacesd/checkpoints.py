@@ -14,12 +14,23 @@ midway leaves a mix of old and new whole files; running restore again converges.
 
 Export and import move a checkpoint as a tar stream (``manifest.json`` then
 ``objects/<sha>``); import checks every object against its name and the manifest against
-the path rules, so a hostile tar cannot write outside the workspace on restore.
+the path rules, so a hostile tar cannot write outside the workspace on restore. Its symlinks
+must follow the rules of the ``symlink`` op (``paths.check_link_target``): import refuses a
+tar with one that does not, and the manifest is marked ``imported`` so that restore checks
+each link again against its real parent directory. (A checkpoint made here keeps the links
+the workspace had, absolute ones too, like a virtualenv's: they came from this workspace.)
+
+Confinement: restore and create reach every entry through ``paths.Walk`` (directory fds,
+no following a link out of the root), like the file ops. Modes: restore applies only the
+permission bits (``0o777``): set-user-id, set-group-id and sticky bits are stripped.
+The store is private: its directories are 0700 and objects 0400 (content of a 0600 file is
+not readable by others in the store), whatever the mode of the files they copy.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import io
 import json
@@ -35,10 +46,9 @@ from dataclasses import asdict, dataclass, field
 from typing import IO, Any, Protocol, cast
 
 from . import paths
-from .errors import BadRequest, NotFound
+from .errors import BadRequest, NotFound, OutsideRoot
 from .failpoints import Channel
-from .file_ops import Workspace
-from .fsio import fsync_dir
+from .file_ops import PERMISSION_BITS, Workspace
 from .protocol import CheckpointInfo
 from .workspace_scan import Scanner
 
@@ -47,6 +57,7 @@ _SHA = re.compile(r"[0-9a-f]{64}")
 _MANIFEST_MEMBER = "manifest.json"
 _MAX_MANIFEST = 256 * 1024 * 1024
 _CHUNK = 1024 * 1024
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 @dataclass(frozen=True)
@@ -64,15 +75,20 @@ class Manifest:
     files: list[FileRec] = field(default_factory=list)
     symlinks: dict[str, str] = field(default_factory=dict)
     dirs: dict[str, int] = field(default_factory=dict)
+    #: Came from ``checkpoint_import``: its links are checked again on restore.
+    imported: bool = False
 
     def info(self) -> CheckpointInfo:
         return CheckpointInfo(self.id, len(self.files), sum(f.size for f in self.files),
                               self.created_ms)
 
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "created_ms": self.created_ms,
-                "files": [asdict(f) for f in self.files], "symlinks": self.symlinks,
-                "dirs": self.dirs}
+        out = {"id": self.id, "created_ms": self.created_ms,
+               "files": [asdict(f) for f in self.files], "symlinks": self.symlinks,
+               "dirs": self.dirs}
+        if self.imported:
+            out["imported"] = True
+        return out
 
     @classmethod
     def from_json(cls, raw: Any, checkpoint_id: str) -> Manifest:
@@ -82,7 +98,8 @@ class Manifest:
                     [FileRec(f["path"], f["sha256"], int(f["size"]), int(f["mode"]))
                      for f in raw["files"]],
                     {str(k): str(v) for k, v in raw["symlinks"].items()},
-                    {str(k): int(v) for k, v in raw["dirs"].items()})
+                    {str(k): int(v) for k, v in raw["dirs"].items()},
+                    raw.get("imported") is True)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise BadRequest(f"checkpoint {checkpoint_id!r}: malformed manifest ({exc})") from None
         m._validate()
@@ -101,6 +118,16 @@ class Manifest:
         for f in self.files:
             if not _SHA.fullmatch(f.sha256) or not 0 <= f.mode <= 0o7777:
                 raise BadRequest(f"checkpoint {self.id!r}: bad digest or mode for {f.path!r}")
+
+    def check_links(self) -> None:
+        """Refuse (``OutsideRoot``) a symlink the ``symlink`` op would refuse (every parent
+        of a manifest path is a directory of the manifest, so its path is its real path)."""
+        for path, target in self.symlinks.items():
+            try:
+                paths.check_link_target(path.split("/"), target)
+            except OutsideRoot as exc:
+                raise OutsideRoot(f"checkpoint {self.id!r}: symlink {path!r}: "
+                                  f"{exc.message}") from None
 
 
 class Readable(Protocol):
@@ -122,8 +149,9 @@ class Checkpoints:
         base = os.path.join(state_dir, "checkpoints")
         self._objects = os.path.join(base, "objects")
         self._manifests = os.path.join(base, "manifests")
-        os.makedirs(self._objects, exist_ok=True)
-        os.makedirs(self._manifests, exist_ok=True)
+        for d in (base, self._objects, self._manifests):
+            os.makedirs(d, mode=0o700, exist_ok=True)
+            os.chmod(d, 0o700)  # a store made by an older daemon was world-readable
         self._ws = workspace
         self._scanner = scanner
         self._failpoints = failpoints
@@ -142,26 +170,39 @@ class Checkpoints:
         h = hashlib.sha256()
         size = 0
         try:
-            with open(tmp, "xb") as f:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, 0o600)
+            with open(fd, "wb") as f:
                 for chunk in chunks:
                     h.update(chunk)
                     size += len(chunk)
                     f.write(chunk)
                 f.flush()
-                os.fchmod(f.fileno(), 0o444)
-                os.fsync(f.fileno())
+                os.fchmod(fd, 0o400)
+                os.fsync(fd)
             sha = h.hexdigest()
             if expect is not None and sha != expect:
                 raise BadRequest(f"object {expect} has digest {sha}: the tar is corrupt")
             prefix = os.path.dirname(self._object(sha))
             if prefix not in self._prefixes:
-                os.makedirs(prefix, exist_ok=True)
+                os.makedirs(prefix, mode=0o700, exist_ok=True)
                 self._prefixes.add(prefix)
             os.replace(tmp, self._object(sha))
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
         return sha, size
+
+    def _read_entry(self, rel: str) -> Iterator[bytes]:
+        """The content of the regular file ``rel`` of the workspace, reached by its fd."""
+        with self._ws.walk(rel, follow=False) as w:
+            fd = os.open(w.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                         dir_fd=w.fd)
+        with open(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise FileNotFoundError(errno.ENOENT, "not a regular file any more", rel)
+            os.set_blocking(fd, True)
+            yield from _chunks_of(f)
 
     def _manifest_path(self, checkpoint_id: str) -> str:
         return os.path.join(self._manifests, check_id(checkpoint_id) + ".json")
@@ -189,19 +230,22 @@ class Checkpoints:
                 if paths.bad_char(rel):
                     continue  # refused by scans too: not workspace content
                 kind = paths.kind_of(st.st_mode)
-                full = os.path.join(self._ws.root, rel)
                 if kind == "dir":
                     m.dirs[rel] = stat.S_IMODE(st.st_mode)
                 elif kind == "symlink":
-                    m.symlinks[rel] = os.readlink(full)
+                    try:
+                        with self._ws.walk(rel, follow=False) as w:
+                            m.symlinks[rel] = os.readlink(w.name, dir_fd=w.fd)
+                    except (OSError, OutsideRoot):
+                        continue  # removed or changed meanwhile
                 elif kind == "file":
                     sha = self._scanner.digest(rel, st, start_ns)
                     size = st.st_size
                     if sha is not None and not os.path.exists(self._object(sha)):
                         try:
-                            sha, size = self._store(_read_chunks(full))
-                        except FileNotFoundError:
-                            continue  # removed meanwhile
+                            sha, size = self._store(self._read_entry(rel))
+                        except (OSError, OutsideRoot):
+                            continue  # removed or changed meanwhile
                     if sha is not None:
                         m.files.append(FileRec(rel, sha, size, stat.S_IMODE(st.st_mode)))
             self._failpoints.report("spacesd.checkpoint.objects", {"id": checkpoint_id})
@@ -215,53 +259,65 @@ class Checkpoints:
             return m.info()
 
     def _restore(self, m: Manifest) -> None:
-        root = self._ws.root
+        ws = self._ws
         want: dict[str, str] = {f.path: "file" for f in m.files}
         want.update({p: "symlink" for p in m.symlinks})
         want.update({p: "dir" for p in m.dirs})
-        touched = {root}
+        touched = {""}  # directories (relative) whose entries changed
         # 1. Remove what the checkpoint lacks or has as another kind (children first).
         for rel, st in reversed(list(self._scanner.walk())):
             if want.get(rel) != paths.kind_of(st.st_mode):
-                full = os.path.join(root, rel)
-                if stat.S_ISDIR(st.st_mode):
-                    shutil.rmtree(full, ignore_errors=True)
-                else:
-                    _unlink(full)
-                touched.add(os.path.dirname(full))
+                with contextlib.suppress(FileNotFoundError, NotADirectoryError), \
+                        ws.walk(rel, follow=False) as w:
+                    if stat.S_ISDIR(st.st_mode):
+                        shutil.rmtree(w.name, dir_fd=w.fd, ignore_errors=True)
+                    else:
+                        os.unlink(w.name, dir_fd=w.fd)
+                touched.add(_parent(rel))
         self._failpoints.report("spacesd.restore.partial", {"id": m.id})
         # 2. Directories, writable while files go in; their modes are set last.
         for rel in sorted(m.dirs):
-            full = self._ws.resolve(rel, follow=False)
-            os.makedirs(full, exist_ok=True)
-            os.chmod(full, m.dirs[rel] | stat.S_IRWXU)
-            touched.add(os.path.dirname(full))
+            with ws.walk(rel, follow=False, make_dirs=True) as w:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(w.name, 0o700, dir_fd=w.fd)
+                with _opened(w.name, _DIR_FLAGS, w.fd) as fd:
+                    os.fchmod(fd, (m.dirs[rel] & PERMISSION_BITS) | stat.S_IRWXU)
+            touched.add(_parent(rel))
         # 3. Files whose content or mode differs.
         start_ns = time.time_ns()
         for f in m.files:
-            full = self._ws.resolve(f.path, follow=False)
-            try:
-                st = os.lstat(full)
-                same = (stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == f.mode
-                        and self._scanner.digest(f.path, st, start_ns) == f.sha256)
-            except FileNotFoundError:
-                same = False
-            if not same:
-                self._ws.writer.write(full, _read_chunks(self._object(f.sha256)), mode=f.mode,
-                                      sync_dir=False)
-                touched.add(os.path.dirname(full))
-        # 4. Symlinks.
+            mode = f.mode & PERMISSION_BITS
+            with ws.walk(f.path, follow=False) as w:
+                try:
+                    st = os.stat(w.name, dir_fd=w.fd, follow_symlinks=False)
+                    same = (stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == mode
+                            and self._scanner.digest(f.path, st, start_ns) == f.sha256)
+                except FileNotFoundError:
+                    same = False
+                if not same:
+                    ws.writer.write(w.name, _read_chunks(self._object(f.sha256)), mode=mode,
+                                    sync_dir=False, dir_fd=w.fd)
+                    touched.add(_parent(f.path))
+        # 4. Symlinks (an imported checkpoint's checked like the symlink op's).
         for rel, target in m.symlinks.items():
-            full = self._ws.resolve(rel, follow=False)
-            if not (os.path.islink(full) and os.readlink(full) == target):
-                self._ws.writer.symlink(full, target)
-                touched.add(os.path.dirname(full))
+            with ws.walk(rel, follow=False) as w:
+                try:
+                    current = os.readlink(w.name, dir_fd=w.fd)
+                except OSError:
+                    current = None
+                if current != target:
+                    if m.imported:
+                        paths.check_link_target([*w.parts, w.name], target)
+                    ws.symlink_at(rel, w.fd, w.name, target)
+                    touched.add(_parent(rel))
         # 5. Directory modes, then make the renames durable.
         for rel, mode in m.dirs.items():
-            os.chmod(os.path.join(root, rel), mode)
-        for d in touched:
-            if os.path.isdir(d):
-                fsync_dir(d)
+            with ws.walk(rel, follow=False) as w, _opened(w.name, _DIR_FLAGS, w.fd) as fd:
+                os.fchmod(fd, mode & PERMISSION_BITS)
+        for rel in touched:
+            with contextlib.suppress(OSError, OutsideRoot), ws.walk(rel, follow=True) as w, \
+                    _opened(w.name, _DIR_FLAGS, w.fd) as fd:
+                os.fsync(fd)
 
     def list(self) -> list[CheckpointInfo]:
         out = []
@@ -329,7 +385,10 @@ class Checkpoints:
                 raise BadRequest(f"checkpoint_import: not a checkpoint tar ({exc})") from None
             if raw_manifest is None:
                 raise BadRequest("checkpoint_import: the tar has no manifest.json")
-            m = Manifest.from_json(raw_manifest, checkpoint_id)
+            m = Manifest.from_json({**raw_manifest, "imported": True}
+                                   if isinstance(raw_manifest, dict) else raw_manifest,
+                                   checkpoint_id)
+            m.check_links()
             missing = [f.path for f in m.files if not os.path.exists(self._object(f.sha256))]
             if missing:
                 raise BadRequest(f"checkpoint_import: the tar lacks the content of "
@@ -346,6 +405,19 @@ def _chunks_of(f: IO[bytes]) -> Iterator[bytes]:
 def _read_chunks(path: str) -> Iterator[bytes]:
     with open(path, "rb") as f:
         yield from _chunks_of(f)
+
+
+def _parent(rel: str) -> str:
+    return rel.rpartition("/")[0]
+
+
+@contextlib.contextmanager
+def _opened(name: str, flags: int, dir_fd: int) -> Iterator[int]:
+    fd = os.open(name, flags, dir_fd=dir_fd)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
 
 
 def _unlink(path: str) -> None:

@@ -1,16 +1,27 @@
 """File operations confined to the workspace root.
 
 Confinement: the protocol path is checked by ``paths.split_rel`` (no absolute path, no
-``..``, no NUL/newline/backslash), then resolved with ``realpath`` and required to stay under
-the (resolved) root. Operations on an entry itself (stat, remove, symlink) resolve only its
-parent, so a link is handled as a link; operations on content (read, write, edit, list,
-mkdir) resolve the whole path, so a symlink that points inside the workspace works and one
-that points outside is refused before anything is opened. Writes go to the resolved path
-with a temp file and a rename, so they replace the link's target and keep the link.
+``..``, no NUL/newline/backslash), then walked by ``paths.Walk``: each directory is opened
+with ``O_NOFOLLOW | O_DIRECTORY`` relative to the fd of the one before, from an fd of the
+root, and the operation itself is done relative to the parent's fd (``openat``,
+``renameat``, ``unlinkat``, ``mkdirat``, ``symlinkat``, ``fstatat`` without following).
+Symlinks are followed only by reading them and walking their target the same way, and only
+while they stay inside the root: one that leads outside is refused (``OutsideRoot``) before
+anything is opened. Operations on an entry itself (stat, remove, symlink) follow links only
+in the parent; operations on content (read, write, edit, list, mkdir) follow the last
+component too, so a symlink that points inside the workspace works. Writes go to a temp
+file renamed into the (real) parent directory, so they replace the link's target and keep
+the link.
 
-What this does not stop: a process inside the Space swapping a directory for a symlink
-between the check and the open. Commands in a Space run with the daemon's user and can
-write anywhere it can anyway; confinement is about the paths requests name.
+A process inside the Space that swaps a directory for a symlink between two steps cannot
+redirect an operation: every step holds the fd of the directory it checked. (What it can
+still do is move a directory the daemon has open out of the workspace, if it may write
+there; commands run with the daemon's user, so they could write there themselves anyway.)
+
+Modes: ``write_file`` and restores apply only the permission bits (``0o777``); the
+set-user-id, set-group-id and sticky bits are stripped, silently, also from the mode an
+overwrite keeps. ``resolve`` (the cwd of commands) is textual (``realpath``): a command
+runs with the daemon's user anyway.
 """
 
 from __future__ import annotations
@@ -29,6 +40,8 @@ from .errors import BadRequest, Conflict, NotFound, OutsideRoot
 from .fsio import AtomicWriter
 
 DEFAULT_FILE_MODE = 0o644
+#: The mode bits spacesd applies: set-user-id, set-group-id and sticky are stripped.
+PERMISSION_BITS = 0o777
 
 
 @contextmanager
@@ -78,31 +91,65 @@ class Workspace:
             raise OutsideRoot(f"path {path!r} leads outside the workspace through a symlink; "
                               "use a path inside it")
 
+    def walk(self, path: str, *, follow: bool, make_dirs: bool = False) -> paths.Walk:
+        """``paths.Walk`` from this root (close it, or use ``with``)."""
+        return paths.Walk(self.root, path, follow=follow, make_dirs=make_dirs)
+
+    @contextmanager
+    def _open(self, path: str, flags: int) -> Iterator[int]:
+        """An fd of protocol ``path`` (followed while inside the root), closed after."""
+        with os_errors(path):
+            for attempt in range(3):
+                with self.walk(path, follow=True) as w:
+                    try:
+                        fd = os.open(w.name, flags | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                     dir_fd=w.fd)
+                        break
+                    except OSError as exc:
+                        # ELOOP: it became a link since the walk looked: walk again.
+                        if exc.errno != errno.ELOOP or attempt == 2:
+                            raise
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
     # ---------------------------------------------------------------- operations
 
     def read(self, path: str, offset: int = 0, limit: int | None = None) -> bytes:
-        real = self.resolve(path, follow=True)
-        with os_errors(path), open(real, "rb") as f:
-            f.seek(offset)
-            return f.read() if limit is None else f.read(limit)
+        with self._open(path, os.O_RDONLY | os.O_NONBLOCK) as fd, os_errors(path):
+            _regular(path, fd)
+            os.set_blocking(fd, True)
+            with open(fd, "rb", closefd=False) as f:
+                f.seek(offset)
+                return f.read() if limit is None else f.read(limit)
 
     def write(self, path: str, data: bytes, mode: int | None = None) -> None:
-        real = self.resolve(path, follow=True)
-        with os_errors(path):
-            if mode is None:
-                mode = self._current_mode(real)
-            os.makedirs(os.path.dirname(real), exist_ok=True)
-            if os.path.isdir(real):
+        """Replace the file at ``path`` (made, with its parents, if missing). ``mode``: its
+        permission bits (default: those of the file it replaces, else 0o644); set-user-id,
+        set-group-id and sticky bits are stripped, not refused."""
+        with os_errors(path), self.walk(path, follow=True, make_dirs=True) as w:
+            try:
+                st = os.stat(w.name, dir_fd=w.fd, follow_symlinks=False)
+            except FileNotFoundError:
+                st = None
+            if st is not None and stat.S_ISDIR(st.st_mode):
                 raise Conflict(f"{path!r} is a directory; name a file")
-            self.writer.write(real, [data], mode=mode & 0o7777)
+            if mode is None:
+                mode = (stat.S_IMODE(st.st_mode) if st is not None and stat.S_ISREG(st.st_mode)
+                        else DEFAULT_FILE_MODE)
+            self.writer.write(w.name, [data], mode=mode & PERMISSION_BITS, dir_fd=w.fd)
 
     def edit(self, path: str, old: str, new: str) -> None:
         """Replace the one occurrence of ``old`` with ``new``."""
         if not old:
             raise BadRequest("edit_file: 'old' is empty; give the exact text to replace")
-        real = self.resolve(path, follow=True)
-        with self._edit_lock, os_errors(path):
-            with open(real, "rb") as f:
+        with self._edit_lock, os_errors(path), self.walk(path, follow=True) as w:
+            fd = os.open(w.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+                         dir_fd=w.fd)
+            with open(fd, "rb") as f:
+                st = _regular(path, fd)
+                os.set_blocking(fd, True)
                 raw = f.read()
             try:
                 text = raw.decode("utf-8")
@@ -116,78 +163,108 @@ class Workspace:
                 raise Conflict(f"the old text occurs {count} times in {path!r}; include "
                                "more surrounding text so that it occurs exactly once")
             data = text.replace(old, new, 1).encode("utf-8")
-            self.writer.write(real, [data], mode=self._current_mode(real))
+            self.writer.write(w.name, [data], mode=stat.S_IMODE(st.st_mode) & PERMISSION_BITS,
+                              dir_fd=w.fd)
 
     def stat(self, path: str) -> dict[str, Any] | None:
-        full = self.resolve(path, follow=False)
-        try:
-            st = os.lstat(full)
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        return paths.describe(path, full, st)
+        with os_errors(path):
+            try:
+                w = self.walk(path, follow=False)
+            except (FileNotFoundError, NotADirectoryError):
+                return None  # a missing parent
+            with w:
+                try:
+                    st = os.stat(w.name, dir_fd=w.fd, follow_symlinks=False)
+                except (FileNotFoundError, NotADirectoryError):
+                    return None
+                return paths.describe(path, w.name, st, dir_fd=w.fd)
 
     def list(self, path: str) -> list[dict[str, Any]]:
-        real = self.resolve(path, follow=True)
         out = []
-        with os_errors(path), os.scandir(real) as it:
+        with self._open(path, os.O_RDONLY | os.O_DIRECTORY) as fd, os_errors(path), \
+                os.scandir(fd) as it:
             for de in it:
                 try:
                     st = de.stat(follow_symlinks=False)
+                    entry = paths.describe(de.name, de.name, st, dir_fd=fd)
                 except FileNotFoundError:
                     continue
-                entry = paths.describe(de.name, de.path, st)
                 entry["name"] = entry.pop("path")
                 out.append(entry)
         return sorted(out, key=lambda e: e["name"])
 
     def remove(self, path: str, recursive: bool = False) -> bool:
         """Remove a file, link or directory; False if there was nothing to remove."""
-        full = self.resolve(path, follow=False)
-        if full == self.root:
+        if not paths.split_rel(path):
             raise BadRequest("remove: refusing to remove the workspace root; remove its "
                              "entries instead")
         with os_errors(path):
             try:
-                st = os.lstat(full)
+                w = self.walk(path, follow=False)
             except (FileNotFoundError, NotADirectoryError):
-                return False
-            if not stat.S_ISDIR(st.st_mode):
-                os.unlink(full)
-            elif recursive:
-                shutil.rmtree(full)
-            else:
-                try:
-                    os.rmdir(full)
-                except OSError as exc:
-                    if exc.errno != errno.ENOTEMPTY:
-                        raise
-                    raise Conflict(f"directory {path!r} is not empty; pass recursive=true "
-                                   "to remove it with its contents") from None
+                return False  # a missing parent
+            with w:
+                return self._remove_at(path, w.fd, w.name, recursive)
+
+    @staticmethod
+    def _remove_at(path: str, dir_fd: int, name: str, recursive: bool) -> bool:
+        try:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        if not stat.S_ISDIR(st.st_mode):
+            os.unlink(name, dir_fd=dir_fd)
+        elif recursive:
+            shutil.rmtree(name, dir_fd=dir_fd)  # fd-based: never follows a link
+        else:
+            try:
+                os.rmdir(name, dir_fd=dir_fd)
+            except OSError as exc:
+                if exc.errno != errno.ENOTEMPTY:
+                    raise
+                raise Conflict(f"directory {path!r} is not empty; pass recursive=true "
+                               "to remove it with its contents") from None
         return True
 
     def mkdir(self, path: str) -> None:
-        real = self.resolve(path, follow=True)
-        with os_errors(path):
-            if os.path.lexists(real) and not os.path.isdir(real):
-                raise Conflict(f"{path!r} exists and is not a directory")
-            os.makedirs(real, exist_ok=True)
+        with os_errors(path), self.walk(path, follow=True, make_dirs=True) as w:
+            if w.name == ".":
+                return
+            try:
+                os.mkdir(w.name, 0o777, dir_fd=w.fd)
+            except FileExistsError:
+                st = os.stat(w.name, dir_fd=w.fd, follow_symlinks=False)
+                if not stat.S_ISDIR(st.st_mode):
+                    raise Conflict(f"{path!r} exists and is not a directory") from None
 
     def symlink(self, path: str, target: str) -> None:
-        """Make ``path`` a link to ``target`` (replacing a file or link, like ``ln -sfn``)."""
+        """Make ``path`` a link to ``target`` (replacing a file or link, like ``ln -sfn``).
+        The target must stay inside the workspace counted from the link's real parent
+        directory (``paths.check_link_target``)."""
         parts = paths.split_rel(path)
         if not parts:
             raise BadRequest("symlink: the workspace root cannot become a link")
-        paths.check_link_target(parts, target)
-        full = self.resolve(path, follow=False)
-        with os_errors(path):
-            os.makedirs(os.path.dirname(full), exist_ok=True)
-            if os.path.isdir(full) and not os.path.islink(full):
-                raise Conflict(f"{path!r} is a directory; remove it first")
-            self.writer.symlink(full, target)
+        paths.check_link_target(parts, target)  # before making any directory
+        with os_errors(path), self.walk(path, follow=False, make_dirs=True) as w:
+            paths.check_link_target([*w.parts, w.name], target)
+            self.symlink_at(path, w.fd, w.name, target)
 
-    @staticmethod
-    def _current_mode(real: str) -> int:
+    def symlink_at(self, path: str, dir_fd: int, name: str, target: str) -> None:
+        """``symlink`` once ``name`` in ``dir_fd`` is known (and its target checked)."""
         try:
-            return stat.S_IMODE(os.stat(real).st_mode)
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
         except FileNotFoundError:
-            return DEFAULT_FILE_MODE
+            st = None
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            raise Conflict(f"{path!r} is a directory; remove it first")
+        self.writer.symlink(name, target, dir_fd=dir_fd)
+
+
+def _regular(path: str, fd: int) -> os.stat_result:
+    """The stat of open ``fd``, which must be a regular file (a FIFO would block)."""
+    st = os.fstat(fd)
+    if stat.S_ISDIR(st.st_mode):
+        raise Conflict(f"{path!r} is a directory; name a file")
+    if not stat.S_ISREG(st.st_mode):
+        raise Conflict(f"{path!r} is not a regular file")
+    return st

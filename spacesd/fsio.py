@@ -12,7 +12,7 @@ import contextlib
 import os
 import shutil
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 
 def fsync_dir(path: str) -> None:
@@ -25,8 +25,12 @@ def fsync_dir(path: str) -> None:
 
 
 class AtomicWriter:
+    """``write`` and ``symlink`` take a path, or with ``dir_fd`` a name in that directory
+    (file ops pass the fd of a directory ``paths.Walk`` opened, so the rename lands in it
+    whatever happens to the path meanwhile)."""
+
     def __init__(self, tmp_dir: str) -> None:
-        os.makedirs(tmp_dir, exist_ok=True)
+        os.makedirs(tmp_dir, mode=0o700, exist_ok=True)
         self.tmp_dir = tmp_dir
         self._dev = os.stat(tmp_dir).st_dev
         # Temp files of a daemon that crashed are garbage now.
@@ -44,32 +48,60 @@ class AtomicWriter:
             return os.path.join(self.tmp_dir, uuid.uuid4().hex)
         return os.path.join(parent, f".{name}.spacesd-{uuid.uuid4().hex[:12]}")
 
-    def write(self, target: str, chunks: Iterable[bytes], *, mode: int,
-              sync_dir: bool = True) -> None:
-        """Replace ``target`` with ``chunks`` and permissions ``mode``, atomically."""
-        tmp = self.temp_path(target)
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-            with open(fd, "wb") as f:
-                for chunk in chunks:
-                    f.write(chunk)
-                f.flush()
-                os.fchmod(fd, mode)
-                os.fsync(fd)
-            os.replace(tmp, target)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
-        if sync_dir:
-            fsync_dir(os.path.dirname(target))
+    @contextlib.contextmanager
+    def _temp_at(self, dir_fd: int, name: str) -> Iterator[tuple[int, str]]:
+        """(fd of a directory, name) for a fresh temp entry on ``dir_fd``'s filesystem: in
+        the daemon's tmp directory if it is there, else next to ``name`` under a dot-name."""
+        if os.fstat(dir_fd).st_dev == self._dev:
+            tmp_fd = os.open(self.tmp_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                yield tmp_fd, uuid.uuid4().hex
+            finally:
+                os.close(tmp_fd)
+        else:
+            yield dir_fd, f".{name[:100]}.spacesd-{uuid.uuid4().hex[:12]}"
 
-    def symlink(self, target_path: str, link_target: str) -> None:
-        """Make ``target_path`` a symlink to ``link_target``, replacing what is there."""
-        tmp = self.temp_path(target_path)
-        os.symlink(link_target, tmp)
+    def _split(self, target: str, dir_fd: int | None) -> tuple[int, str]:
+        if dir_fd is not None:
+            return os.dup(dir_fd), target
+        parent, name = os.path.split(os.path.abspath(target))
+        return os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC), name
+
+    def write(self, target: str, chunks: Iterable[bytes], *, mode: int,
+              sync_dir: bool = True, dir_fd: int | None = None) -> None:
+        """Replace ``target`` with ``chunks`` and permissions ``mode``, atomically."""
+        parent_fd, name = self._split(target, dir_fd)
         try:
-            os.replace(tmp, target_path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+            with self._temp_at(parent_fd, name) as (tmp_fd, tmp):
+                try:
+                    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                                 | os.O_CLOEXEC, 0o600, dir_fd=tmp_fd)
+                    with open(fd, "wb") as f:
+                        f.writelines(chunks)
+                        f.flush()
+                        os.fchmod(fd, mode)
+                        os.fsync(fd)
+                    os.replace(tmp, name, src_dir_fd=tmp_fd, dst_dir_fd=parent_fd)
+                except BaseException:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(tmp, dir_fd=tmp_fd)
+                    raise
+            if sync_dir:
+                os.fsync(parent_fd)
+        finally:
+            os.close(parent_fd)
+
+    def symlink(self, target_path: str, link_target: str, *, dir_fd: int | None = None) -> None:
+        """Make ``target_path`` a symlink to ``link_target``, replacing what is there."""
+        parent_fd, name = self._split(target_path, dir_fd)
+        try:
+            with self._temp_at(parent_fd, name) as (tmp_fd, tmp):
+                os.symlink(link_target, tmp, dir_fd=tmp_fd)
+                try:
+                    os.replace(tmp, name, src_dir_fd=tmp_fd, dst_dir_fd=parent_fd)
+                except BaseException:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(tmp, dir_fd=tmp_fd)
+                    raise
+        finally:
+            os.close(parent_fd)

@@ -154,10 +154,20 @@ class LocalSpaces:
             space.work.mkdir(parents=True, exist_ok=True)
             space.state.mkdir(parents=True, exist_ok=True)
             if not space.token_file.exists():
-                tmp = space.state / "token.tmp"
-                tmp.write_text(secrets.token_hex(32) + "\n")
-                tmp.chmod(0o600)
-                tmp.replace(space.token_file)
+                # 0600 from the first byte: created with that mode (O_EXCL on a fresh temp
+                # name, never through a link), written, then renamed into place.
+                tmp = space.state / f"token.tmp.{secrets.token_hex(8)}"
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                             | os.O_CLOEXEC, 0o600)
+                try:
+                    with open(fd, "w") as f:
+                        f.write(secrets.token_hex(32) + "\n")
+                        f.flush()
+                        os.fsync(f.fileno())
+                    tmp.replace(space.token_file)
+                except BaseException:
+                    tmp.unlink(missing_ok=True)
+                    raise
             self._kill_daemon(space)  # a hung one, if any
             self._start_daemon(space)
 
