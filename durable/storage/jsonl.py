@@ -8,7 +8,9 @@ The directory holds:
 - ``log.jsonl``: a header line naming the format and schema (written once, atomically, by
   rename), then one line per batch: ``<crc32 of the payload, 8 hex digits> <payload>\\n``,
   the payload being ``Batch.to_json()`` in the one stored JSON encoding.
-- ``log.lock``: the commit lock (``fcntl.flock``, exclusive).
+- ``log.lock``: the commit lock (``fcntl.flock``, exclusive). Its content is the commit
+  high-water mark: ``<bytes committed> <lines committed> <crc32>``, rewritten in place after
+  each append.
 - ``epoch-NNNNNNNN``: epoch markers of ``durable.fences.FencedFileSystem``.
 
 Any other name in the directory, or a ``log.jsonl`` without the header, raises ``NotALog``
@@ -17,8 +19,23 @@ and nothing is changed.
 Atomicity: a batch is one line appended with a single ``write`` under the lock, then
 ``fdatasync`` (with ``fsync=True``) before ``commit`` returns. A crash mid-write can only
 leave a torn *final* line: whoever next holds the lock (an open, a load, a commit) truncates
-it away and syncs. A bad line with lines after it cannot come from a crash (the file was
-edited or the disk fails): ``CorruptLog`` naming the file and line, and nothing is changed.
+it away and syncs. Everything else that does not decode is damage, reported as ``CorruptLog``
+naming the file and line, with nothing changed: a bad line with lines after it, and a bad
+final line that is complete (it ends in a newline, or is a valid record whose newline was
+damaged) or lies below the high-water mark. One exception: a complete final line holding a
+run of NUL bytes past the mark is what a filesystem leaves of an unsynced append after a power
+cut, so it is torn too.
+
+Damage detection and its limits. Each line carries a CRC-32 of its payload. The high-water
+mark in ``log.lock`` is written after the append (and its sync) but not synced itself: after
+a process crash it is exact, so a log cut back to a line boundary (lines lost without a torn
+trace) and a deleted ``log.jsonl`` are detected; after a power cut it may lag behind, which
+only weakens detection. With ``fsync=False`` a power cut can leave the mark ahead of the log:
+the open then reports the lost commits (they were lost). An empty ``log.lock`` (logs made
+before the mark existed) checks nothing. A ``log.lock`` whose mark is damaged is reported;
+emptying it accepts the log as it is. Other files (the header, epoch markers) are checked by
+their own readers; a damaged header is ``CorruptLog`` when ``log.lock`` holds a mark (else
+the file is refused as ``NotALog``, not durable's).
 
 Several processes: every commit takes the lock, first reads the lines other processes
 appended since its last read, then validates against that up-to-date state, so a writer
@@ -37,7 +54,9 @@ import fcntl
 import json
 import os
 import re
+import stat
 import threading
+import warnings
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -58,6 +77,9 @@ HEADER = (encode_json({"format": FORMAT, "schema": SCHEMA_VERSION}) + "\n").enco
 EPOCH_MARKER = re.compile(r"epoch-(\d+)")
 
 _datasync = getattr(os, "fdatasync", os.fsync)
+_MARK = re.compile(rb"(\d{20}) (\d{20}) ([0-9a-f]{8})\n")
+#: A run of NULs in a line: unwritten blocks of an unsynced append, never in a record.
+_ZEROS = b"\0" * 8
 
 
 def epoch_marker_name(epoch: int) -> str:
@@ -108,13 +130,38 @@ def _not_a_log(directory: Path, why: str) -> NotALog:
     )
 
 
-def _check_header(directory: Path) -> bool:
-    """Raise ``NotALog`` unless ``log.jsonl`` starts with our header; False when it is missing."""
+def _check_file(path: Path) -> bool:
+    """Tell whether ``path`` exists, refusing what must not be opened: a dangling symlink
+    (``StorageError``), anything but a regular file (``NotALog``: a FIFO would block)."""
     try:
-        with (directory / LOG_NAME).open("rb") as f:
-            first = f.readline(4096)
+        st = path.stat()
     except FileNotFoundError:
+        if path.is_symlink():
+            raise StorageError(
+                f"{path} is a symlink to {os.readlink(path)}, which does not exist; restore "
+                "what it points to, or remove the link"
+            ) from None
         return False
+    if not stat.S_ISREG(st.st_mode):
+        raise _not_a_log(path.parent, f"{path.name} is not a regular file (a FIFO, socket, "
+                                      "device or directory)")
+    return True
+
+
+def _check_header(directory: Path) -> bool:
+    """Raise ``NotALog`` unless ``log.jsonl`` starts with our header (``CorruptLog`` when it
+    is empty: a log is created atomically, never empty); False when it is missing."""
+    path = directory / LOG_NAME
+    if not _check_file(path):
+        return False
+    with path.open("rb") as f:
+        first = f.readline(4096)
+    if not first:
+        raise CorruptLog(
+            f"{path} is empty (0 bytes). durable creates a log atomically with its header, so "
+            f"it was truncated: restore it from a copy, or delete it and {LOCK_NAME} to start a "
+            "new log there; nothing was changed"
+        )
     if first == HEADER:
         return True
     try:
@@ -127,20 +174,44 @@ def _check_header(directory: Path) -> bool:
             f"{LOG_NAME} has schema {header.get('schema')!r} but this code reads schema "
             f"{SCHEMA_VERSION}; upgrade durable to read it",
         )
+    lock = directory / LOCK_NAME
+    if _check_file(lock) and lock.stat().st_size:  # a commit mark: durable wrote this log
+        raise CorruptLog(
+            f"{path} does not start with the durable log header, but {LOCK_NAME} records "
+            "commits made to it: the header was damaged (the disk is failing, or the file was "
+            "edited). Restore it from a copy; nothing was changed"
+        )
     raise _not_a_log(directory, f"{LOG_NAME} does not start with the durable log header")
 
 
 def _check_directory(directory: Path) -> None:
     """Create ``directory`` if missing; refuse a file, or a directory holding foreign names."""
+    if directory.is_symlink() and not directory.exists():
+        raise StorageError(
+            f"{directory} is a symlink to {os.readlink(directory)}, which does not exist; "
+            "restore what it points to, or remove the link"
+        )
     if directory.exists() and not directory.is_dir():
         raise _not_a_log(directory, "it is a file, not a directory")
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        read_only = os.statvfs(directory).f_flag & os.ST_RDONLY
+    except OSError as exc:
+        raise StorageError(f"could not create or inspect {directory} ({exc}); check that its "
+                           "parent exists and is writable") from exc
+    if read_only:
+        raise StorageError(
+            f"{directory} is on a read-only filesystem; a JSONL log takes its commit lock and "
+            "repairs torn writes in place. Remount it read-write, or copy the log to a "
+            "writable place"
+        )
     ours = {LOG_NAME, LOCK_NAME, _TMP_NAME}
     foreign = sorted(
         n for n in os.listdir(directory) if n not in ours and not EPOCH_MARKER.fullmatch(n)
     )
     if foreign:
         raise _not_a_log(directory, f"it holds files that are not part of a log: {foreign[:5]}")
+    _check_file(directory / LOCK_NAME)
     _check_header(directory)
 
 
@@ -172,6 +243,12 @@ class JsonlStorage:
             )
             with self._flock():
                 if not _check_header(self.directory):
+                    if self._read_mark() is not None:
+                        raise CorruptLog(
+                            f"{self.path} is missing, but {self.directory / LOCK_NAME} records "
+                            "commits made to it: restore it from a copy, or delete "
+                            f"{LOCK_NAME} to start a new log there; nothing was changed"
+                        )
                     self._create_log()
                 self._log_fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
                 self._offset, self._lines = len(HEADER), 1
@@ -240,15 +317,41 @@ class JsonlStorage:
         os.replace(tmp, self.path)
         fsync_dir(self.directory)
 
+    def _read_mark(self) -> tuple[int, int] | None:
+        """(bytes, lines) committed, from ``log.lock``; None when it holds no mark."""
+        assert self._lock_fd is not None
+        data = os.pread(self._lock_fd, 128, 0)
+        if not data:
+            return None
+        m = _MARK.fullmatch(data)
+        if m is None or int(m[3], 16) != zlib.crc32(m[1] + b" " + m[2]):
+            raise CorruptLog(
+                f"{self.directory / LOCK_NAME}, the commit high-water mark of {self.path}, is "
+                "damaged, so lost lines cannot be ruled out. If the log is intact, empty "
+                f"{LOCK_NAME} (it is rewritten on the next commit); nothing was changed"
+            )
+        return int(m[1]), int(m[2])
+
+    def _write_mark(self) -> None:
+        """Record the committed size in ``log.lock`` (unsynced: see the module docstring)."""
+        assert self._lock_fd is not None
+        mark = b"%020d %020d" % (self._offset, self._lines)
+        os.pwrite(self._lock_fd, mark + b" %08x\n" % zlib.crc32(mark), 0)
+
     def _catch_up(self) -> None:
-        """Replay the lines appended since the last read (under the lock). A torn or corrupt
-        final line is truncated away; a bad line followed by others raises ``CorruptLog``."""
+        """Replay the lines appended since the last read (under the lock). A torn final line
+        is truncated away; any other bad line raises ``CorruptLog`` (see the module
+        docstring)."""
         assert self._log_fd is not None
         size = os.fstat(self._log_fd).st_size
-        if size < self._offset:
+        mark = self._read_mark()
+        committed = 0 if mark is None else mark[0]
+        if size < max(self._offset, committed):
             raise CorruptLog(
-                f"{self.path} shrank to {size} bytes below the {self._offset} already read: "
-                "something outside durable truncated it. Restore it from a copy"
+                f"{self.path} is {size} bytes but {max(self._offset, committed)} bytes of "
+                "commits were written to it: something outside durable truncated it. Restore "
+                f"it from a copy (or, to accept the loss, empty {LOCK_NAME}); nothing was "
+                "changed"
             )
         start = self._offset
         data = _read_exactly(self._log_fd, start, size - start)
@@ -257,14 +360,19 @@ class JsonlStorage:
             end = data.find(b"\n", pos)
             batch = None if end == -1 else _decode(data[pos:end])
             if batch is None:
-                if end == -1 or end + 1 == len(data):
+                final = end == -1 or end + 1 == len(data)
+                tail = data[pos:] if end == -1 else data[pos:end]
+                if final and start + pos >= committed and _torn(tail, complete=end != -1):
                     os.ftruncate(self._log_fd, self._offset)
                     _datasync(self._log_fd)
                     return
+                why = "lines follow it" if not final else (
+                    "it was committed before" if start + pos < committed
+                    else "it is complete, so it is not a torn write")
                 raise CorruptLog(
                     f"{self.path} line {self._lines + 1} is not a valid record (bad checksum or "
-                    "JSON) and lines follow it, so it is not a torn write: the file was edited "
-                    "or the disk is failing. Restore it from a copy; nothing was changed"
+                    f"JSON) and {why}: the file was edited or the disk is failing. Restore it "
+                    "from a copy; nothing was changed"
                 )
             try:
                 self._state.commit(batch)
@@ -289,6 +397,16 @@ class JsonlStorage:
             raise self._uncertain(f"only {written} of {len(line)} bytes were written")
         self._offset += len(line)
         self._lines += 1
+        try:
+            self._write_mark()
+        except OSError as exc:  # the line landed; only the loss detection is behind
+            warnings.warn(
+                f"could not update the commit mark in {self.directory / LOCK_NAME} ({exc}): "
+                "the commit landed, but a later loss of lines may go undetected; check the "
+                "directory",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
     def _uncertain(self, why: str) -> StorageUncertain:
         self.close()
@@ -296,6 +414,15 @@ class JsonlStorage:
             f"appending to {self.path} failed ({why}); the commit may or may not have landed "
             "and this storage closed itself: reopen the log to see what landed"
         )
+
+
+def _torn(tail: bytes, *, complete: bool) -> bool:
+    """Whether a bad final line (``tail``, without its newline) is what a crash leaves of an
+    append that never returned: an unterminated prefix, or NUL-filled blocks. Not a record
+    whose newline alone was damaged: that one was complete."""
+    if complete:
+        return _ZEROS in tail
+    return _ZEROS in tail or _decode(tail[:-1]) is None
 
 
 def _read_exactly(fd: int, offset: int, size: int) -> bytes:
