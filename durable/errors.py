@@ -37,11 +37,13 @@ class NotALog(StorageError):
 
 
 class CorruptLog(StorageError):
-    """A log record could not be decoded somewhere other than the torn final line.
+    """A log is damaged: a record that fails its checksum or cannot be decoded anywhere but
+    in a torn final write, fewer commits than its commit mark says (a lost SQLite ``-wal``,
+    a cut JSONL file), or an existing empty file where a log should be.
 
-    A torn *final* line of a JSONL log is expected after a crash and removed on reopen; a bad
-    line in the middle means the file was edited or the disk is failing. Restore it from a
-    copy; nothing was changed."""
+    A torn *final* write of a JSONL log is expected after a crash and removed on reopen;
+    anything else means the file was edited, copied without its companions or the disk is
+    failing. Restore it from a copy (the message says which file); nothing was changed."""
 
 
 class LogConflict(StorageError):
