@@ -2,7 +2,9 @@
 
     python -m spacesd --root DIR --state DIR [--host 127.0.0.1] [--port 0]
                       (--token-file F | --token-env VAR) [--port-file F] [--pid-file F]
-                      [--max-body BYTES] [--daemonize] [--verbose]
+                      [--max-body BYTES] [--body-budget BYTES] [--max-requests N]
+                      [--max-connections N] [--header-timeout SECONDS]
+                      [--busy-wait SECONDS] [--daemonize] [--verbose]
                       [--containment {auto,cgroup,sandbox,subreaper}] [--cgroup-root DIR]
 
 Once listening it writes the bound port to ``--port-file`` and ``<pid> <start time>`` to
@@ -38,6 +40,7 @@ from .daemon import Daemon
 from .epoch_fence import DamagedFloor
 from .failpoints import ENV_VAR as FAILPOINTS_ENV
 from .journal import DamagedJournal
+from .protocol import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_REQUESTS
 from .server import SpacesServer
 
 
@@ -53,6 +56,16 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--port-file", help="where to write the bound port once listening")
     p.add_argument("--pid-file", help="where to write '<pid> <start time>' once listening")
     p.add_argument("--max-body", type=int, default=None, help="request body limit in bytes")
+    p.add_argument("--body-budget", type=int, default=None,
+                   help="bytes of JSON bodies held at once (default: 2 x the body limit)")
+    p.add_argument("--max-requests", type=int, default=None,
+                   help=f"requests handled at once (default: {DEFAULT_MAX_REQUESTS})")
+    p.add_argument("--max-connections", type=int, default=None,
+                   help=f"connections open at once (default: {DEFAULT_MAX_CONNECTIONS})")
+    p.add_argument("--header-timeout", type=float, default=None,
+                   help="seconds a connection has to send its request line and headers")
+    p.add_argument("--busy-wait", type=float, default=None,
+                   help="seconds a request waits for room before its 503")
     p.add_argument("--daemonize", action="store_true", help="fork into a new session")
     p.add_argument("--verbose", action="store_true", help="log every request to stderr")
     p.add_argument("--containment", choices=MODES, default="auto",
@@ -107,7 +120,10 @@ def main(argv: list[str] | None = None) -> int:
                         containment=containment)
     except (DamagedFloor, DamagedJournal) as exc:
         raise SystemExit(f"spacesd: damaged state: {exc}") from None
-    kwargs = {"max_body": args.max_body} if args.max_body else {}
+    limits = {"max_body": args.max_body, "body_budget": args.body_budget,
+              "max_requests": args.max_requests, "max_connections": args.max_connections,
+              "header_timeout": args.header_timeout, "busy_wait": args.busy_wait}
+    kwargs = {k: v for k, v in limits.items() if v}
     server = SpacesServer((args.host, args.port), daemon, token, verbose=args.verbose, **kwargs)
     port = server.server_address[1]
     for path, text in ((args.port_file, f"{port}\n"),

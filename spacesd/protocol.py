@@ -202,6 +202,42 @@ ERROR_STATUS: dict[str, int] = {
 #: Default limit of a JSON request body (file writes travel base64-encoded inside it).
 DEFAULT_MAX_BODY = 64 * 1024 * 1024
 
+# ---------------------------------------------------------------- the daemon's resource limits
+#
+# A JSON body costs the daemon about twice its size while it is parsed and handled (the
+# decoded text, then the parsed strings; a file write adds its decoded bytes), so memory is
+# bounded by a byte budget across the bodies in flight, not by their number alone.
+
+#: Default byte budget of the JSON bodies held at once: two maximum-size bodies, or many
+#: small ones. A request whose body does not fit waits (``BUSY_WAIT_SECONDS``), then 503.
+DEFAULT_BODY_BUDGET = 2 * DEFAULT_MAX_BODY
+#: Default number of requests handled at once (``exec_wait`` holds one up to 30 s, so this
+#: is not small); beyond it a request waits (``BUSY_WAIT_SECONDS``), then gets 503.
+DEFAULT_MAX_REQUESTS = 64
+#: Default number of open connections (one thread each); beyond it a connection gets 503 at
+#: once and is closed.
+DEFAULT_MAX_CONNECTIONS = 256
+#: Seconds a new connection has to send its request line and headers (an idle keep-alive
+#: connection of an authenticated client gets the handler's idle timeout instead).
+HEADER_TIMEOUT_SECONDS = 10.0
+#: Seconds a request waits for a free slot or room in the body budget before its 503.
+BUSY_WAIT_SECONDS = 10.0
+#: HTTP status and error code of a request refused because the daemon is at its limits
+#: (not in ``ERROR_STATUS``: clients see an ordinary error with this code; retry later).
+BUSY_STATUS = 503
+ERR_BUSY = "busy"
+#: Deepest JSON nesting a request body may have (request fields are flat: strings, numbers,
+#: lists of strings, objects of strings).
+MAX_JSON_DEPTH = 32
+#: Largest integer a request field may hold (a signed 64-bit file offset).
+MAX_INT = 2**63 - 1
+#: Longest name (path component) and path, in UTF-8 bytes, a request may name (Linux's
+#: NAME_MAX and PATH_MAX - 1).
+MAX_NAME_BYTES = 255
+MAX_PATH_BYTES = 4095
+#: Largest ``limit`` of one ``read_file`` (the daemon allocates it before reading).
+MAX_READ_LIMIT = 256 * 1024 * 1024
+
 #: How long the daemon holds one ``exec_wait`` request open waiting for output or an exit.
 EXEC_WAIT_SECONDS = 0.2
 

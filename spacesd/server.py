@@ -5,18 +5,37 @@ server: malformed JSON, unknown operations and wrong types get a 4xx JSON error 
 was wrong; anything unexpected gets a 500 with the exception's text (and a traceback in the
 daemon's log), and the next request is served as usual.
 
-A refused request's body is still read and discarded (up to ``_MAX_DRAIN``) before the
-answer: a client that is still sending when the server closes would see a broken pipe
-instead of the 401 or 413 meant for it.
+A refused request's body is still read and discarded (up to ``_MAX_DRAIN``; up to
+``_MAX_UNAUTH_DRAIN`` for a request without the token) before the answer: a client that is
+still sending when the server closes would see a broken pipe instead of the 401 or 413
+meant for it.
+
+Resource limits (defaults in ``protocol``), so that no client can exhaust the host:
+- connections: at most ``max_connections`` open (one thread each); beyond that a new
+  connection gets a 503 at once and is closed;
+- headers: a connection has ``header_timeout`` seconds to send its request line and headers
+  (a watchdog thread shuts the reading side of a late one: a client that sends nothing, or
+  a byte now and then, holds a thread for seconds, not minutes); only a connection that
+  made an authenticated request gets the longer keep-alive idle time for its next one;
+- authentication is checked on the headers, before any of the body is read;
+- requests: at most ``max_requests`` handled at once, and the JSON bodies held at once fit a
+  byte budget (``body_budget``, at least ``max_body``). A request waits up to ``busy_wait``
+  seconds for both, then gets 503 ``busy`` with a message (and ``Retry-After``);
+- bodies are parsed from text that is dropped before the operation runs, and a body nested
+  deeper than ``protocol.MAX_JSON_DEPTH`` is refused.
 """
 
 from __future__ import annotations
 
 import hmac
 import json
+import socket
 import sys
+import threading
 import time
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, NoReturn
 from urllib.parse import parse_qsl, urlsplit
@@ -26,9 +45,93 @@ from .daemon import Daemon, Encoded
 from .errors import BadRequest, NotFound, OpError, TooLarge, Unauthorized
 
 _MAX_DRAIN = 1024 * 1024 * 1024
+#: The most of an unauthenticated request's body read before its 401 (beyond: closed).
+_MAX_UNAUTH_DRAIN = 64 * 1024
 _CHUNK = 1024 * 1024
 #: Default limit of a checkpoint_import body (streamed to disk, never held in memory).
 DEFAULT_MAX_IMPORT = 64 * 1024 * 1024 * 1024
+_BUSY_RESPONSE = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                  b"Connection: close\r\nRetry-After: 1\r\nContent-Length: %d\r\n\r\n%s")
+
+
+class Busy(OpError):
+    """The daemon is at one of its limits; the request was not run: retry later."""
+
+    code = protocol.ERR_BUSY
+    status = protocol.BUSY_STATUS  # type: ignore[assignment]
+
+
+class _Budget:
+    """A byte budget: ``take(n)`` waits until ``n`` bytes are free (or gives up)."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.free = total
+        self._cond = threading.Condition()
+
+    def take(self, n: int, deadline: float) -> bool:
+        with self._cond:
+            while self.free < n:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+            self.free -= n
+            return True
+
+    def give(self, n: int) -> None:
+        with self._cond:
+            self.free += n
+            self._cond.notify_all()
+
+
+class _Watchdog:
+    """Shuts the reading side of connections whose deadline passed (one thread for all).
+
+    ``arm`` returns a ticket; ``disarm`` returns False if the deadline had already passed
+    (the connection's reads then see end-of-file, and it must be closed)."""
+
+    def __init__(self, tick: float = 0.2) -> None:
+        self._tick = tick
+        self._lock = threading.Lock()
+        self._armed: dict[int, tuple[float, socket.socket]] = {}
+        self._fired: set[int] = set()
+        self._next = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="spacesd-watchdog", daemon=True)
+        self._thread.start()
+
+    def arm(self, sock: socket.socket, seconds: float) -> int:
+        with self._lock:
+            self._next += 1
+            self._armed[self._next] = (time.monotonic() + seconds, sock)
+            return self._next
+
+    def disarm(self, ticket: int) -> bool:
+        with self._lock:
+            self._armed.pop(ticket, None)
+            if ticket in self._fired:
+                self._fired.discard(ticket)
+                return False
+            return True
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._tick):
+            now = time.monotonic()
+            # Under the lock: a handler closes its socket only after ``disarm``, so the
+            # socket shut here is still the connection's own.
+            with self._lock:
+                late = [t for t, (when, _) in self._armed.items() if when <= now]
+                for t in late:
+                    sock = self._armed.pop(t)[1]
+                    self._fired.add(t)
+                    try:
+                        sock.shutdown(socket.SHUT_RD)
+                    except OSError:
+                        pass  # already closed by its peer
 
 
 class SpacesServer(ThreadingHTTPServer):
@@ -37,7 +140,12 @@ class SpacesServer(ThreadingHTTPServer):
 
     def __init__(self, address: tuple[str, int], daemon: Daemon, token: str, *,
                  max_body: int = protocol.DEFAULT_MAX_BODY,
-                 max_import: int = DEFAULT_MAX_IMPORT, verbose: bool = False) -> None:
+                 max_import: int = DEFAULT_MAX_IMPORT, verbose: bool = False,
+                 max_requests: int = protocol.DEFAULT_MAX_REQUESTS,
+                 body_budget: int = protocol.DEFAULT_BODY_BUDGET,
+                 max_connections: int = protocol.DEFAULT_MAX_CONNECTIONS,
+                 header_timeout: float = protocol.HEADER_TIMEOUT_SECONDS,
+                 busy_wait: float = protocol.BUSY_WAIT_SECONDS) -> None:
         super().__init__(address, Handler)
         self.daemon = daemon
         self.token = token
@@ -45,6 +153,52 @@ class SpacesServer(ThreadingHTTPServer):
         self.max_import = max_import
         self.verbose = verbose
         self.started_ms = int(time.time() * 1000)
+        self.max_requests = max_requests
+        self.slots = threading.BoundedSemaphore(max_requests)
+        self.budget = _Budget(max(body_budget, max_body))
+        self.max_connections = max_connections
+        self.header_timeout = header_timeout
+        self.busy_wait = busy_wait
+        self.watchdog = _Watchdog(min(0.2, header_timeout / 4))
+        self._conn_lock = threading.Lock()
+        self.connections = 0
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._conn_lock:
+            full = self.connections >= self.max_connections
+            if not full:
+                self.connections += 1
+        if full:
+            body = json.dumps({"error": {
+                "code": protocol.ERR_BUSY,
+                "message": f"this daemon has {self.max_connections} connections open, its "
+                           "limit; retry shortly"}}).encode()
+            try:
+                request.settimeout(1.0)
+                request.sendall(_BUSY_RESPONSE % (len(body), body))
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._connection_done()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._connection_done()
+
+    def _connection_done(self) -> None:
+        with self._conn_lock:
+            self.connections -= 1
+
+    def server_close(self) -> None:
+        self.watchdog.close()
+        super().server_close()
 
 
 class _BodyReader:
@@ -88,10 +242,31 @@ class _ChunkedWriter:
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: SpacesServer
-    #: Idle keep-alive connections are dropped after this many seconds.
+    #: Idle keep-alive connections (after an authenticated request) are dropped after this
+    #: many seconds; it is also the longest wait for one read of a body.
     timeout = 120
+    #: Whether this connection made an authenticated request (it then gets ``timeout`` for
+    #: its next request's headers rather than the server's ``header_timeout``).
+    _trusted = False
+    _ticket = 0
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib name
+    def handle_one_request(self) -> None:
+        wait = self.timeout if self._trusted else self.server.header_timeout
+        self._ticket = self.server.watchdog.arm(self.connection, wait)
+        try:
+            super().handle_one_request()
+        finally:
+            self.server.watchdog.disarm(self._ticket)
+
+    def parse_request(self) -> bool:
+        ok = super().parse_request()
+        if not self.server.watchdog.disarm(self._ticket):
+            # The request line and headers did not arrive in time: the reading side is shut.
+            self.close_connection = True
+            return False
+        return ok
+
+    def log_message(self, format: str, *args: Any) -> None:
         if self.server.verbose:
             super().log_message(format, *args)
 
@@ -111,6 +286,11 @@ class Handler(BaseHTTPRequestHandler):
             fn()
         except OpError as exc:
             self._send_json(exc.status, exc.to_json())
+        except MemoryError:
+            self.close_connection = True
+            self._send_json(protocol.BUSY_STATUS, Busy(
+                "the daemon ran out of memory for this request; retry later, or send less "
+                "per request").to_json())
         except Exception as exc:  # noqa: BLE001 - keep serving, report it
             traceback.print_exc(file=sys.stderr)
             self._send_json(500, {"error": {"code": protocol.ERR_INTERNAL,
@@ -132,20 +312,76 @@ class Handler(BaseHTTPRequestHandler):
             raise BadRequest(f"bad Content-Length {raw!r}") from None
         return length
 
-    def _drain(self, length: int) -> None:
-        """Read and drop the body, or give up on the connection if it is absurdly large."""
-        if length > _MAX_DRAIN:
+    def _drain(self, length: int, most: int = _MAX_DRAIN) -> None:
+        """Read and drop the body, or give up on the connection if it is too large."""
+        if length > most:
             self.close_connection = True
             return
-        while length > 0:
-            got = self.rfile.read(min(length, _CHUNK))
-            if not got:
-                break
-            length -= len(got)
+        try:
+            while length > 0:
+                got = self.rfile.read(min(length, _CHUNK))
+                if not got:
+                    break
+                length -= len(got)
+        except OSError:
+            self.close_connection = True
+        if length > 0:
+            self.close_connection = True
 
-    def _refuse(self, exc: OpError, length: int = 0) -> NoReturn:
-        self._drain(length)
+    def _refuse(self, exc: OpError, length: int = 0, most: int = _MAX_DRAIN) -> NoReturn:
+        self._drain(length, most)
         raise exc
+
+    @contextmanager
+    def _admitted(self, op: str, length: int, body_bytes: int) -> Iterator[None]:
+        """Hold a request slot and ``body_bytes`` of the body budget, or refuse with 503."""
+        server = self.server
+        deadline = time.monotonic() + server.busy_wait
+        if not server.slots.acquire(timeout=server.busy_wait):
+            self._refuse(Busy(f"{op}: this daemon is handling {server.max_requests} requests, "
+                              f"its limit, and none ended within {server.busy_wait:g} s; "
+                              "retry shortly", retry_after=1), length)
+        if body_bytes and not server.budget.take(body_bytes, deadline):
+            server.slots.release()  # before the drain: a refused body holds nothing
+            self._refuse(Busy(f"{op}: the request bodies in progress fill this daemon's "
+                              f"budget of {server.budget.total} bytes and no room for "
+                              f"{body_bytes} more was made within {server.busy_wait:g} s; "
+                              "retry shortly, or send less per request", retry_after=1), length)
+        try:
+            yield
+        finally:
+            if body_bytes:
+                server.budget.give(body_bytes)
+            server.slots.release()
+
+    def _read_json(self, op: str, length: int) -> Any:
+        """The body parsed; the raw bytes and the text are dropped before it returns."""
+        try:
+            raw: bytes | None = self.rfile.read(length) if length else b""
+        except OSError:  # a read timed out, or the connection broke
+            raw = None
+        if raw is None or len(raw) != length:
+            self.close_connection = True
+            raise BadRequest(f"{op}: the request body ended (or stalled) before its "
+                             "Content-Length; send the whole body")
+        if not raw:
+            return {}
+        try:
+            text = raw.decode(json.detect_encoding(raw), "surrogatepass")
+            del raw
+            body = json.loads(text)
+        except ValueError as exc:
+            raise BadRequest(f"{op}: the request body is not valid JSON ({exc})") from None
+        except RecursionError:
+            body = None
+            depth = protocol.MAX_JSON_DEPTH + 1
+        else:
+            del text
+            depth = _depth(body)
+        if depth > protocol.MAX_JSON_DEPTH:
+            raise BadRequest(f"{op}: the request body nests deeper than "
+                             f"{protocol.MAX_JSON_DEPTH} levels; request fields are flat")
+        return body
 
     def _authorized(self) -> bool:
         given = self.headers.get("Authorization", "")
@@ -156,28 +392,30 @@ class Handler(BaseHTTPRequestHandler):
         length = self._length()
         if not self._authorized():
             self._refuse(Unauthorized("missing or wrong bearer token: send 'Authorization: "
-                                      "Bearer <token>' with this Space's token"), length)
+                                      "Bearer <token>' with this Space's token"), length,
+                         _MAX_UNAUTH_DRAIN)
+        self._trusted = True
         if not url.path.startswith(protocol.API_PREFIX):
             self._refuse(NotFound(f"no such path {url.path!r}; operations are POST "
                                   f"{protocol.API_PREFIX}<op>"), length)
         op = url.path[len(protocol.API_PREFIX):]
         if op == protocol.OP_CHECKPOINT_IMPORT:
-            self._import(dict(parse_qsl(url.query)), length)
+            with self._admitted(op, length, 0):  # streamed to disk: no body budget
+                self._import(dict(parse_qsl(url.query)), length)
             return
         if length > self.server.max_body:
             self._refuse(TooLarge(f"request body of {length} bytes is over this daemon's limit "
                                   f"of {self.server.max_body} bytes; send less per request "
                                   "(e.g. write a large file in parts)",
                                   limit=self.server.max_body), length)
-        raw = self.rfile.read(length)
-        try:
-            body = json.loads(raw) if raw else {}
-        except ValueError as exc:
-            raise BadRequest(f"{op}: the request body is not valid JSON ({exc})") from None
-        if op == protocol.OP_CHECKPOINT_EXPORT:
-            self._export(body)
-        else:
-            self._send_json(200, self.server.daemon.call(op, body))
+        with self._admitted(op, length, length):
+            body = self._read_json(op, length)
+            if op == protocol.OP_CHECKPOINT_EXPORT:
+                self._export(body)
+            else:
+                result = self.server.daemon.call(op, body)
+                del body
+                self._send_json(200, result)
 
     def _import(self, query: dict[str, str], length: int) -> None:
         if length > self.server.max_import:
@@ -199,7 +437,7 @@ class Handler(BaseHTTPRequestHandler):
         out = _ChunkedWriter(self.wfile)
         try:
             self.server.daemon.checkpoints.export(manifest, out)  # type: ignore[arg-type]
-        except Exception:
+        except Exception:  # noqa: BLE001 - reported below
             # Headers are gone: the only way left to say "failed" is to cut the stream
             # short, which the client sees as an incomplete read.
             self.close_connection = True
@@ -212,7 +450,24 @@ class Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        if status == protocol.BUSY_STATUS:
+            self.send_header("Retry-After", "1")
         if self.close_connection:
             self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(data)
+
+
+def _depth(value: Any) -> int:
+    """How deep ``value`` nests (a scalar: 0), without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, dict):
+            v = list(v.values())
+        if isinstance(v, list):
+            deepest = max(deepest, d)
+            if d > protocol.MAX_JSON_DEPTH:
+                break
+            stack.extend((x, d + 1) for x in v if isinstance(x, (list, dict)))
+    return deepest

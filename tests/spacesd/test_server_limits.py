@@ -1,0 +1,220 @@
+"""The daemon's resource limits, against real ``python -m spacesd`` processes.
+
+- 50 parallel maximum-size requests: the daemon's peak RSS stays bounded (printed) and it
+  keeps serving; the requests beyond its limits get 503 ``busy`` with a message.
+- A client that connects and sends nothing, or trickles its headers, is cut off after the
+  header timeout, and the connection limit answers 503 rather than starting threads.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from spacesd import protocol
+
+ROOT = str(Path(__file__).resolve().parents[2])
+TOKEN = "limits-token"
+MiB = 1024 * 1024
+
+
+class Daemon:
+    def __init__(self, port: int, proc: subprocess.Popen, work: Path) -> None:
+        self.port = port
+        self.proc = proc
+        self.work = work
+
+    def send(self, op: str, body: bytes, timeout: float = 120) -> tuple[int, dict]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            conn.request("POST", f"/v1/{op}", body=body,
+                         headers={"Authorization": f"Bearer {TOKEN}"})
+            resp = conn.getresponse()
+            return resp.status, json.loads(resp.read())
+        finally:
+            conn.close()
+
+    def serving(self) -> bool:
+        return self.send("capabilities", json.dumps({"epoch": 0}).encode())[0] == 200
+
+    def peak_rss(self) -> int:
+        """The daemon's peak resident set (``VmHWM``), in bytes."""
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+        raise AssertionError("no VmHWM in /proc/<pid>/status")
+
+
+@contextmanager
+def running(tmp: Path, *args: str) -> Iterator[Daemon]:
+    work, port_file = tmp / "work", tmp / "port"
+    work.mkdir()
+    env = {**os.environ, "PYTHONPATH": ROOT, "SPACESD_TEST_TOKEN": TOKEN}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "spacesd", "--root", str(work), "--state", str(tmp / "st"),
+         "--token-env", "SPACESD_TEST_TOKEN", "--port-file", str(port_file), *args],
+        env=env, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 30
+        while not port_file.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "spacesd did not start"
+            time.sleep(0.02)
+        yield Daemon(int(port_file.read_text()), proc, work)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def test_fifty_parallel_maximum_size_requests_keep_memory_bounded(tmp_path) -> None:
+    """Peak RSS bound: the body budget (default 2 maximum-size bodies, 128 MiB) times the
+    cost of a body while it is handled (its text, then the parsed string, then the decoded
+    file data: under 3x), plus the interpreter and the refused requests' 1 MiB drain
+    buffers: about 500 MiB. 1 GiB leaves room for allocator slack. Without the limits,
+    50 such requests held at once cost 50 x over 100 MB: several GB."""
+    with running(tmp_path, "--busy-wait", "5") as daemon:
+        # The largest write_file whose JSON body fits DEFAULT_MAX_BODY.
+        raw_size = (protocol.DEFAULT_MAX_BODY - 200) // 4 * 3
+        data = base64.b64encode(b"\xab" * raw_size).decode()
+        results: list[tuple[int, str]] = []
+        errors: list[BaseException] = []
+        lock = threading.Lock()
+
+        def one(n: int) -> None:
+            body = json.dumps({"epoch": 0, "path": f"big{n % 4}", "data": data}).encode()
+            assert len(body) <= protocol.DEFAULT_MAX_BODY
+            try:
+                status, res = daemon.send("write_file", body, timeout=300)
+                with lock:
+                    results.append((status, res.get("error", {}).get("code", "")))
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                with lock:
+                    errors.append(exc)
+
+        threads = [threading.Thread(target=one, args=(n,)) for n in range(50)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        peak = daemon.peak_rss()
+        ok = sum(1 for s, _ in results if s == 200)
+        busy = sum(1 for s, c in results if (s, c) == (protocol.BUSY_STATUS, protocol.ERR_BUSY))
+        print(f"\nspacesd peak RSS after 50 parallel {protocol.DEFAULT_MAX_BODY // MiB} MiB "
+              f"requests: {peak / MiB:.0f} MiB ({ok} written, {busy} refused busy)")
+        assert errors == []
+        assert ok + busy == 50, results
+        assert ok >= 1
+        assert daemon.serving()
+        assert peak < 1024 * MiB
+
+
+def _closed_within(sock: socket.socket, seconds: float) -> bool:
+    """Whether the daemon closes ``sock`` (recv sees EOF, or a reset) within ``seconds``
+    (a liveness bound, far above the header timeout, not a timing assertion)."""
+    sock.settimeout(seconds)
+    try:
+        while sock.recv(4096):
+            pass
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except TimeoutError:
+        return False
+    return True
+
+
+def test_a_silent_or_slow_unauthenticated_client_is_cut_off(tmp_path) -> None:
+    with running(tmp_path, "--header-timeout", "1") as daemon:
+        silent = socket.create_connection(("127.0.0.1", daemon.port))
+        trickle = socket.create_connection(("127.0.0.1", daemon.port))
+        try:
+            trickle.sendall(b"POST /v1/capabilities HTTP/1.1\r\n")
+            stop = threading.Event()
+
+            def drip() -> None:  # one header byte now and then: each read alone is quick
+                try:
+                    while not stop.wait(0.2):
+                        trickle.sendall(b"X")
+                except OSError:
+                    pass
+
+            dripper = threading.Thread(target=drip)
+            dripper.start()
+            assert daemon.serving()  # others are served meanwhile
+            assert _closed_within(silent, 60)
+            assert _closed_within(trickle, 60)
+            stop.set()
+            dripper.join()
+            assert daemon.serving()
+        finally:
+            silent.close()
+            trickle.close()
+
+
+def test_connections_beyond_the_limit_get_503_and_the_daemon_recovers(tmp_path) -> None:
+    with running(tmp_path, "--header-timeout", "2", "--max-connections", "8") as daemon:
+        idle = [socket.create_connection(("127.0.0.1", daemon.port)) for _ in range(8)]
+        try:
+            time.sleep(0.2)  # let the server accept them all
+            extra = socket.create_connection(("127.0.0.1", daemon.port))
+            extra.settimeout(30)
+            answer = b""
+            while chunk := extra.recv(4096):
+                answer += chunk
+            extra.close()
+            assert answer.startswith(b"HTTP/1.1 503"), answer
+            assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "busy"
+            for sock in idle:  # the header timeout frees their threads
+                assert _closed_within(sock, 60)
+            assert daemon.serving()
+        finally:
+            for sock in idle:
+                sock.close()
+
+
+def test_an_authenticated_client_keeps_its_connection_between_requests(tmp_path) -> None:
+    """The header timeout is for new connections; one that made an authenticated request
+    gets the keep-alive idle time for its next request."""
+    with running(tmp_path, "--header-timeout", "0.5") as daemon:
+        conn = http.client.HTTPConnection("127.0.0.1", daemon.port, timeout=30)
+        try:
+            for _ in range(2):
+                conn.request("POST", "/v1/capabilities", body=b'{"epoch": 0}',
+                             headers={"Authorization": f"Bearer {TOKEN}"})
+                resp = conn.getresponse()
+                assert resp.status == 200
+                resp.read()
+                time.sleep(1.5)  # longer than the header timeout
+        finally:
+            conn.close()
+
+
+def test_an_unauthenticated_large_body_is_not_read(tmp_path) -> None:
+    """A request without the token is refused on its headers: the daemon does not read
+    (or wait for) a large body it announces."""
+    with running(tmp_path) as daemon:
+        sock = socket.create_connection(("127.0.0.1", daemon.port))
+        try:
+            sock.sendall(b"POST /v1/write_file HTTP/1.1\r\nHost: x\r\n"
+                         b"Content-Length: 60000000\r\n\r\n")
+            sock.settimeout(60)
+            answer = b""
+            while chunk := sock.recv(4096):
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 401"), answer
+        finally:
+            sock.close()
+        assert daemon.serving()
