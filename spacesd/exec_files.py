@@ -94,9 +94,20 @@ def claim_lost(path: str) -> Claim | str:
 
 
 def read_exit(path: str) -> ExitStatus | None:
+    """The shim's exit record, or None if there is none *or it is damaged*: written
+    atomically and fsynced, a damaged one is the disk's doing, and its status cannot be
+    trusted; without one a dead command reads as ``lost`` (outcome unknown), never as an
+    exit status it may not have had."""
     try:
-        with open(path) as f:
-            raw = json.load(f)
+        with open(path, "rb") as f:
+            raw = json.loads(f.read())
+        status = ExitStatus(raw["exit_code"], raw["signal"], raw["ended_ms"])
     except FileNotFoundError:
         return None
-    return ExitStatus(raw["exit_code"], raw["signal"], raw["ended_ms"])
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        return None
+    if not all(isinstance(v, int | None) and not isinstance(v, bool)
+               for v in (status.exit_code, status.signal)) or \
+            not isinstance(status.ended_ms, int) or isinstance(status.ended_ms, bool):
+        return None
+    return status

@@ -101,8 +101,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "exhaustive-daemon", "G1", "restored: a command's new file left behind"),
     Mutant(
         "restore-ignores-modes", "spacesd/checkpoints.py",
-        (("                same = (stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == f.mode",
-          "                same = (stat.S_ISREG(st.st_mode)"),),
+        (("                    same = (stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == mode",
+          "                    same = (stat.S_ISREG(st.st_mode)"),),
         "a restore leaves a file whose content is right but whose mode changed",
         "exhaustive-daemon", "G1", "restored bash daemon_lost after the chmod's shim died"),
     # ---------------------------------------------------------------- the fenced log

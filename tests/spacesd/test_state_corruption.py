@@ -45,6 +45,35 @@ def test_a_damaged_claim_makes_its_key_lost_never_a_500(spaces: LocalSpaces, spa
     assert (space.work / "runs.txt").read_text() == "ran\n"  # never twice
 
 
+@pytest.mark.parametrize("content", [b"", b"{\"exit_code\": 0", b"[]", b"\xff\xfe",
+                                     b'{"exit_code": "0", "signal": null, "ended_ms": 1}'])
+def test_a_damaged_exit_record_makes_its_key_lost_never_a_500(spaces: LocalSpaces,
+                                                             space: LocalSpace,
+                                                             client: SpaceClient,
+                                                             content: bytes) -> None:
+    _ran(client, "k@1", "echo ran >> runs.txt; exit 3")
+    _claim(space, "k@1").with_suffix(".exit").write_bytes(content)
+    spaces.restart(space.name)
+    info = client.exec_status("k@1")
+    assert info.state == "lost" and info.exit_code is None, info  # never a made-up status
+    assert client.scan().entries is not None
+    assert (space.work / "runs.txt").read_text() == "ran\n"
+
+
+def test_a_damaged_fence_journal_stops_the_daemon(spaces: LocalSpaces, space: LocalSpace,
+                                                  client: SpaceClient) -> None:
+    client.with_epoch(2).advance_epoch(2)
+    client.with_epoch(3).advance_epoch(3)
+    journal = space.state / "fences.jsonl"
+    lines = journal.read_bytes().splitlines(keepends=True)
+    lines[0] = lines[0].replace(b'"floor"', b'"flour"')  # still JSON: only the CRC tells
+    journal.write_bytes(b"".join(lines))
+    before = journal.read_bytes()
+    with pytest.raises(SpaceUnavailable, match="fails its checksum"):
+        spaces.restart(space.name)
+    assert journal.read_bytes() == before
+
+
 @pytest.mark.parametrize("content", [b"", b"\n", b"seven\n", b"-3\n", b"\xff\xfe"])
 def test_a_damaged_floor_stops_the_daemon_from_starting(spaces: LocalSpaces,
                                                         space: LocalSpace,
