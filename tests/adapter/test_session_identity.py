@@ -32,6 +32,7 @@ from durable.fences import open_fenced_sqlite
 from durable.harness import Harness, Submission
 from durable.models import PlannedCall, ScriptedModel
 from durable.tools import ToolRegistry
+from tests.escapes import read_pid
 
 #: The same calls (same ids, same commands) in every session: only identity tells them apart.
 PLAN = [PlannedCall(0, "bash", {"command": "echo ran >> who.txt; cat who.txt"}),
@@ -131,11 +132,7 @@ def test_a_space_raised_to_the_drivers_epoch_by_another_log_is_run_above_it(
     other = local_spaces.connect(name, epoch=3)
     other.advance_epoch(3, owner="the-other-log")
     other.exec_start("s:1:0.0:1@3", "echo $$ > other.pid; exec sleep 300")
-    deadline = time.monotonic() + 30
-    while not (local_spaces.get(name).work / "other.pid").exists():
-        assert time.monotonic() < deadline, "the other log's command never started"
-        time.sleep(0.02)
-    pid = int((local_spaces.get(name).work / "other.pid").read_text())
+    pid = read_pid(local_spaces.get(name).work / "other.pid")
     assert start_time(pid) is not None
 
     code, out = _drive(tmp_path, local_spaces, _driver_env(tmp_path, "3"))

@@ -11,12 +11,8 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
@@ -24,7 +20,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-ROOT = str(Path(__file__).resolve().parents[2])
+from tests.direct_spacesd import direct_spacesd
+
 TOKEN = "fuzz-token"
 #: Every request's epoch: high, so that a fuzzed ``advance_epoch`` below it is refused and
 #: the floor never climbs over the other operations' epoch.
@@ -51,31 +48,13 @@ class Daemon:
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory) -> Iterator[Daemon]:
     tmp = tmp_path_factory.mktemp("fuzz")
-    work, port_file = tmp / "work", tmp / "port"
+    work = tmp / "work"
     work.mkdir()
     (work / "f.txt").write_text("hello world\n")
     (work / "d").mkdir()
-    env = {**os.environ, "PYTHONPATH": ROOT, "SPACESD_TEST_TOKEN": TOKEN}
-    log = open(tmp / "daemon.log", "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "spacesd", "--root", str(work), "--state", str(tmp / "st"),
-         "--token-env", "SPACESD_TEST_TOKEN", "--port-file", str(port_file),
-         "--max-body", "1000000"],
-        env=env, stdin=subprocess.DEVNULL, stderr=log, cwd=ROOT)
-    try:
-        deadline = time.monotonic() + 30
-        while not port_file.exists():
-            assert proc.poll() is None and time.monotonic() < deadline, "spacesd did not start"
-            time.sleep(0.02)
-        yield Daemon(int(port_file.read_text()), proc)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+    with open(tmp / "daemon.log", "wb") as log, \
+            direct_spacesd(tmp, TOKEN, "--max-body", "1000000", stderr=log) as (port, proc, _):
+        yield Daemon(port, proc)
 
 
 # ---------------------------------------------------------------- the schema

@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
-import subprocess
-import sys
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from backends.space_client import Endpoint, SpaceClient
+from tests.direct_spacesd import direct_spacesd
 
-ROOT = str(Path(__file__).resolve().parents[2])
 TOKEN = "test-token"
 MAX_BODY = 100_000
 
@@ -53,27 +49,8 @@ class Daemon:
 @pytest.fixture
 def daemon(tmp_path) -> Iterator[Daemon]:
     """``python -m spacesd`` run directly: token from the environment, a small body limit."""
-    work, port_file = tmp_path / "work", tmp_path / "port"
-    work.mkdir()
-    env = {**os.environ, "PYTHONPATH": ROOT, "SPACESD_TEST_TOKEN": TOKEN}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "spacesd", "--root", str(work), "--state", str(tmp_path / "st"),
-         "--token-env", "SPACESD_TEST_TOKEN", "--port-file", str(port_file),
-         "--max-body", str(MAX_BODY)],
-        env=env, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 30
-        while not port_file.exists():
-            assert proc.poll() is None and time.monotonic() < deadline, "spacesd did not start"
-            time.sleep(0.02)
-        yield Daemon(int(port_file.read_text()), work)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with direct_spacesd(tmp_path, TOKEN, "--max-body", str(MAX_BODY)) as (port, _, work):
+        yield Daemon(port, work)
 
 
 def test_health_needs_no_token_everything_else_does(daemon: Daemon) -> None:

@@ -11,10 +11,8 @@ from __future__ import annotations
 import base64
 import http.client
 import json
-import os
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -22,8 +20,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from spacesd import protocol
+from tests.direct_spacesd import direct_spacesd
 
-ROOT = str(Path(__file__).resolve().parents[2])
 TOKEN = "limits-token"
 MiB = 1024 * 1024
 
@@ -58,26 +56,8 @@ class Daemon:
 
 @contextmanager
 def running(tmp: Path, *args: str) -> Iterator[Daemon]:
-    work, port_file = tmp / "work", tmp / "port"
-    work.mkdir()
-    env = {**os.environ, "PYTHONPATH": ROOT, "SPACESD_TEST_TOKEN": TOKEN}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "spacesd", "--root", str(work), "--state", str(tmp / "st"),
-         "--token-env", "SPACESD_TEST_TOKEN", "--port-file", str(port_file), *args],
-        env=env, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
-    try:
-        deadline = time.monotonic() + 30
-        while not port_file.exists():
-            assert proc.poll() is None and time.monotonic() < deadline, "spacesd did not start"
-            time.sleep(0.02)
-        yield Daemon(int(port_file.read_text()), proc, work)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with direct_spacesd(tmp, TOKEN, *args) as (port, proc, work):
+        yield Daemon(port, proc, work)
 
 
 def test_fifty_parallel_maximum_size_requests_keep_memory_bounded(tmp_path) -> None:
