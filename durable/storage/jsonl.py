@@ -64,6 +64,7 @@ from pathlib import Path
 
 from ..errors import CorruptLog, NotALog, StorageClosed, StorageError, StorageUncertain
 from ..fence import Fence
+from . import commit_mark
 from .base import MemoryStorage
 from .records import Batch, Snapshot, encode_json
 
@@ -77,7 +78,6 @@ HEADER = (encode_json({"format": FORMAT, "schema": SCHEMA_VERSION}) + "\n").enco
 EPOCH_MARKER = re.compile(r"epoch-(\d+)")
 
 _datasync = getattr(os, "fdatasync", os.fsync)
-_MARK = re.compile(rb"(\d{20}) (\d{20}) ([0-9a-f]{8})\n")
 #: A run of NULs in a line: unwritten blocks of an unsynced append, never in a record.
 _ZEROS = b"\0" * 8
 
@@ -323,20 +323,15 @@ class JsonlStorage:
         data = os.pread(self._lock_fd, 128, 0)
         if not data:
             return None
-        m = _MARK.fullmatch(data)
-        if m is None or int(m[3], 16) != zlib.crc32(m[1] + b" " + m[2]):
-            raise CorruptLog(
-                f"{self.directory / LOCK_NAME}, the commit high-water mark of {self.path}, is "
-                "damaged, so lost lines cannot be ruled out. If the log is intact, empty "
-                f"{LOCK_NAME} (it is rewritten on the next commit); nothing was changed"
-            )
-        return int(m[1]), int(m[2])
+        size, lines = commit_mark.decode(
+            data, mark=self.directory / LOCK_NAME, log=self.path, unseen="lost lines",
+            remedy=f"If the log is intact, empty {LOCK_NAME}")
+        return int(size), lines
 
     def _write_mark(self) -> None:
         """Record the committed size in ``log.lock`` (unsynced: see the module docstring)."""
         assert self._lock_fd is not None
-        mark = b"%020d %020d" % (self._offset, self._lines)
-        os.pwrite(self._lock_fd, mark + b" %08x\n" % zlib.crc32(mark), 0)
+        os.pwrite(self._lock_fd, commit_mark.encode(f"{self._offset:020d}", self._lines), 0)
 
     def _catch_up(self) -> None:
         """Replay the lines appended since the last read (under the lock). A torn final line

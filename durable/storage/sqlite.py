@@ -68,7 +68,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import re
 import sqlite3
 import stat
 import threading
@@ -82,6 +81,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import CorruptLog, NotALog, StorageClosed, StorageError, StorageUncertain
+from . import commit_mark
 from .base import validate_batch
 from .epochs import EpochGuard
 from .records import (
@@ -166,7 +166,6 @@ _CHECKED: dict[str, tuple[str, str]] = {
 }
 #: SQLite result codes that mean "the file is damaged" once its header was recognised.
 _DAMAGED = {sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB}
-_MARK = re.compile(rb"([0-9a-f]{32}) (\d{20}) ([0-9a-f]{8})\n")
 
 
 def _row_crc(table: str, values: Sequence[Any]) -> int:
@@ -658,27 +657,21 @@ class SqliteStorage:
             return None
         if not data:
             return None
-        m = _MARK.fullmatch(data)
-        if m is None or int(m[3], 16) != zlib.crc32(m[1] + b" " + m[2]):
-            raise CorruptLog(
-                f"{self.mark_path}, the commit high-water mark of {self.path}, is damaged, so "
-                "a lost -wal cannot be ruled out. If the log and its -wal are intact, delete "
-                "the mark file (it is rewritten on the next commit); nothing was modified"
-            )
-        return m[1].decode(), int(m[2])
+        return commit_mark.decode(
+            data, mark=self.mark_path, log=self.path, unseen="a lost -wal",
+            remedy="If the log and its -wal are intact, delete the mark file")
 
     def _raise_mark(self, digest: _Digest) -> None:
         """Record that ``digest.commits`` commits landed, unless the mark is already higher
         (another process committed later). Written after COMMIT, without fsync (see the
         module docstring). A failure only weakens detection, so it warns and goes on."""
-        line = b"%s %020d" % (digest.log_id.encode(), digest.commits)
-        line += b" %08x\n" % zlib.crc32(line)
+        line = commit_mark.encode(digest.log_id, digest.commits)
         try:
             fd = os.open(self.mark_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
-                m = _MARK.fullmatch(os.pread(fd, 128, 0))
-                if m is None or m[1].decode() != digest.log_id or int(m[2]) < digest.commits:
+                old = commit_mark.parse(os.pread(fd, 128, 0))
+                if old is None or old[0] != digest.log_id or old[1] < digest.commits:
                     os.pwrite(fd, line, 0)
                     os.ftruncate(fd, len(line))
             finally:
