@@ -13,13 +13,15 @@ pid and start time) → ``running``; otherwise ``lost``. That is what makes a re
 daemon harmless: the new daemon reads the same files and gets the same answers (and so
 does ``audit``, which reads them with no daemon, through ``replay`` and ``recorded_end``).
 
-Output: the command's stdout and stderr append to ``exec/<id>.out``. Readers get bytes from
-an offset; once a key has ended, only its last ``OUTPUT_TAIL_BYTES`` are replayed.
+Output: the shim relays the command's stdout and stderr into ``exec/<id>.out``, keeping at
+most a window of it on disk (``shim.Output``). Readers get bytes from an offset, skipping
+what was punched out; once a key has ended, only its last ``OUTPUT_TAIL_BYTES`` are replayed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import threading
@@ -37,6 +39,16 @@ from .protocol import OUTPUT_TAIL_BYTES, STATE_EXEC_DIR, STATE_LEDGER, ExecInfo
 
 #: The most output one read returns (a client that fell far behind reads in several steps).
 MAX_READ = 1024 * 1024
+
+
+def _next_data(fd: int, offset: int, size: int) -> int:
+    """The first offset at or after ``offset`` that holds data rather than a punched hole."""
+    if offset >= size:
+        return offset
+    try:
+        return os.lseek(fd, offset, os.SEEK_DATA)
+    except OSError as exc:  # ENXIO: holes up to the end
+        return size if exc.errno == errno.ENXIO else offset
 
 
 def _now_ms() -> int:
@@ -204,7 +216,8 @@ class ExecLedger:
 
         A running command's read stops before a split UTF-8 character (the rest comes with
         the next read); an ended command's read starts at most ``OUTPUT_TAIL_BYTES`` before
-        the end, on a character boundary.
+        the end, and any read after the part the shim punched out (``shim.Output``), on a
+        character boundary.
         """
         try:
             with open(self._path(rec, ".out"), "rb") as f:
@@ -214,6 +227,9 @@ class ExecLedger:
                 moved = ended and start < tail_start
                 if moved:
                     start = tail_start
+                held = _next_data(f.fileno(), start, size)
+                if held > start:  # the shim punched out output older than its window
+                    moved, start = True, held
                 f.seek(start)
                 data = f.read(MAX_READ)
         except FileNotFoundError:

@@ -23,6 +23,17 @@ left: while the shim lives, they are its descendants). A shim that cannot enter 
 run the command: it writes why to the output and exits 127. The daemon always gives
 ``CONTAIN``; a shim run by hand without it enters none.
 
+Output: the command's stdout and stderr are a pipe the shim relays into the output file
+(its own stdout), so the state disk holds a bounded amount per key however much a command
+writes: once more than ``OUTPUT_WINDOW_BYTES`` wait past the part already punched out, the
+oldest whole blocks are punched out of the file (``fallocate(PUNCH_HOLE)``: the file keeps
+its size, so byte offsets stay valid, and readers skip the hole with ``SEEK_DATA``). Once
+the exit record is written only the replayed tail (``OUTPUT_TAIL_BYTES``) is kept. All the
+command wrote before it exited is in the file before its exit record; orphans that still
+hold the pipe are relayed until they close it. A filesystem that cannot punch holes gets
+the first ``OUTPUT_WINDOW_BYTES`` and a line saying the rest was dropped; a full state disk
+drops output, never the command.
+
 Run as ``python3 -I -S shim.py BASH CLAIM EXIT CWD COMMAND [CONTAIN]``: by path, without the
 site module, importing only built-in modules (and ``ctypes``, for ``prctl``, in subreaper
 mode), because its start-up is on the path of every command. Hence ``_signal`` (the C
@@ -37,6 +48,7 @@ exited it imports ``spacesd.failpoints`` (with socket and json) to report
 
 import _signal
 import os
+import select
 import sys
 import time
 
@@ -59,6 +71,109 @@ RESET_SIGNALS = (
     _signal.SIGHUP,
     _signal.SIGQUIT,
 )
+
+
+#: Output kept on the state disk for a key while its command runs (see the module docstring).
+OUTPUT_WINDOW_BYTES = 8 * 1024 * 1024
+#: Output kept for a key once its exit is recorded: what a replay returns. Equal to
+#: ``protocol.OUTPUT_TAIL_BYTES`` (the shim imports nothing of the package).
+ENDED_KEEP_BYTES = 64 * 1024
+_BLOCK = 4096
+_FALLOC_FL_KEEP_SIZE = 1
+_FALLOC_FL_PUNCH_HOLE = 2
+
+
+class Output:
+    """The output file (an ``O_APPEND`` descriptor), bounded by punching out its oldest
+    blocks; write errors drop output and never reach the command."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.size = os.fstat(fd).st_size
+        self.punched = 0
+        self.keep = OUTPUT_WINDOW_BYTES
+        self.dropping = False
+
+    def write(self, data: bytes) -> None:
+        if self.dropping:
+            return
+        try:
+            while data:
+                n = os.write(self.fd, data)
+                self.size += n
+                data = data[n:]
+        except OSError:  # a full or failing state disk: the output is lost, not the command
+            self.dropping = True
+            return
+        if self.size - self.punched > self.keep:
+            self.trim()
+
+    def ended(self) -> None:
+        """From now on keep only what a replay returns."""
+        self.keep = ENDED_KEEP_BYTES
+        self.trim()
+
+    def trim(self) -> None:
+        """Punch out whole blocks up to ``keep`` bytes before the end."""
+        end = max(0, self.size - self.keep) // _BLOCK * _BLOCK
+        if end <= self.punched:
+            return
+        import ctypes  # only for outputs past the window: its import costs milliseconds
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long)
+        if libc.fallocate(self.fd, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE,
+                          self.punched, end - self.punched):
+            self.write(f"\nspacesd: output past {self.size} bytes dropped: the state "
+                       f"filesystem cannot punch holes ({os.strerror(ctypes.get_errno())})\n"
+                       .encode())
+            self.dropping = True
+            return
+        self.punched = end
+
+
+def relay(pipe: int, out: Output, child: int) -> int:
+    """Copy ``pipe`` into ``out`` until ``child`` exits and all it wrote is copied; return
+    its wait status. The pipe stays open if orphans hold it (see ``drain``)."""
+    pidfd = os.pidfd_open(child)
+    poller = select.poll()
+    poller.register(pipe, select.POLLIN)
+    poller.register(pidfd, select.POLLIN)
+    open_pipe = True
+    while True:
+        for fd, _ in poller.poll():
+            if fd == pidfd:
+                os.close(pidfd)
+                status = _wait_for(child)
+                if open_pipe:
+                    os.set_blocking(pipe, False)
+                    try:  # what the command wrote before it exited is in the pipe already
+                        while data := os.read(pipe, 65536):
+                            out.write(data)
+                    except BlockingIOError:
+                        pass
+                    os.set_blocking(pipe, True)
+                return status
+            data = os.read(pipe, 65536)
+            if data:
+                out.write(data)
+            else:
+                poller.unregister(pipe)
+                open_pipe = False
+
+
+def drain(pipe: int, out: Output) -> None:
+    """Relay what orphans of the command still write, until the last closes the pipe."""
+    while data := os.read(pipe, 65536):
+        out.write(data)
+
+
+def _wait_for(child: int) -> int:
+    """The wait status of ``child``; a subreaper also reaps the orphans that died first."""
+    while True:
+        pid, status = os.waitpid(-1, 0)
+        if pid == child:
+            return status
 
 
 def publish(path: str, text: str) -> bool:
@@ -142,26 +257,30 @@ def _main(argv: list) -> None:
                  .encode())
         _write_exit(exit_path, 127 << 8, failpoints)  # the wait status of "exit 127"
         return
+    pipe, writer = os.pipe()
     child = os.fork()
     if child == 0:
         try:
             for sig in RESET_SIGNALS:
                 _signal.signal(sig, _signal.SIG_DFL)
+            os.dup2(writer, 1)
+            os.dup2(writer, 2)
             os.chdir(cwd)
             os.execv(bash, ["bash", "-c", command])
         except BaseException as exc:  # noqa: BLE001 - report anything, then exit as sh does
             os.write(2, f"spacesd: cannot run the command: {exc}\n".encode())
         os._exit(127)
+    os.close(writer)
     # Survive a SIGTERM/SIGINT/SIGHUP sent to the whole group, so that the command's death
     # by that signal is recorded. SIGKILL still ends the shim; the daemon records the kills
     # it makes itself.
     for sig in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP, _signal.SIGQUIT):
         _signal.signal(sig, _signal.SIG_IGN)
-    while True:  # a subreaper also reaps the orphans that died before the command
-        pid, status = os.waitpid(-1, 0)
-        if pid == child:
-            break
+    out = Output(1)
+    status = relay(pipe, out, child)
     _write_exit(exit_path, status, failpoints)
+    out.ended()
+    drain(pipe, out)
     if contain == SUBREAPER:
         _reap_all()
 
