@@ -12,7 +12,11 @@ because a restarted daemon listens on a new port. Retries are careful about effe
   idempotent (all are except ``edit_file`` and ``checkpoint_import``), else
   ``SpaceUnavailable``: its outcome is unknown;
 - 401: the port may now belong to another Space's daemon; resolve again and retry once if
-  the address changed.
+  the address changed;
+- 503 ``busy``: the daemon refused the request before it took effect (its request or body
+  limits were full for ``protocol.BUSY_WAIT_SECONDS``), so any operation is sent again, after
+  the ``Retry-After`` it gave, until ``busy_for`` seconds have passed; then the ``busy``
+  ``SpaceError``. A body that cannot be rewound (a stream) is not sent again.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import base64
 import dataclasses
 import http.client
 import json
+import random
 import shutil
 import tempfile
 import time
@@ -52,21 +57,41 @@ class Endpoint:
 Resolver = Callable[[], Endpoint]
 
 
+def _busy_wait(resp: http.client.HTTPResponse, data: bytes) -> float | None:
+    """Seconds to wait before sending a request refused ``busy`` again (its ``Retry-After``,
+    from 0.05 to 5 s, with jitter so refused clients do not return together); None when the
+    503 is not ``busy``."""
+    try:
+        if json.loads(data)["error"]["code"] != protocol.ERR_BUSY:
+            return None
+    except (ValueError, KeyError, TypeError):
+        return None
+    try:
+        after = float(resp.getheader("Retry-After") or 1)
+    except ValueError:
+        after = 1.0
+    return min(max(after, 0.05), 5.0) * random.uniform(0.5, 1.0)
+
+
 class SpaceClient:
     def __init__(self, name: str, epoch: int, resolver: Resolver, *, timeout: float = 60.0,
-                 retry_for: float = 5.0, long_timeout: float = 900.0) -> None:
+                 retry_for: float = 5.0, long_timeout: float = 900.0,
+                 busy_for: float = 120.0) -> None:
         self.name = name
         self.epoch = epoch
         self._resolver = resolver
         self._endpoint: Endpoint | None = None
         self.timeout = timeout
         self.retry_for = retry_for
+        #: How long requests refused ``busy`` are sent again (see the module docstring).
+        self.busy_for = busy_for
         #: For checkpoints and their transfers, which may take long on big workspaces.
         self.long_timeout = long_timeout
 
     def with_epoch(self, epoch: int) -> SpaceClient:
         other = SpaceClient(self.name, epoch, self._resolver, timeout=self.timeout,
-                            retry_for=self.retry_for, long_timeout=self.long_timeout)
+                            retry_for=self.retry_for, long_timeout=self.long_timeout,
+                            busy_for=self.busy_for)
         other._endpoint = self._endpoint
         return other
 
@@ -91,6 +116,9 @@ class SpaceClient:
         """Send one request and return the connection and its response (the caller reads
         the response and closes the connection)."""
         deadline = time.monotonic() + self.retry_for
+        busy_deadline = time.monotonic() + self.busy_for
+        rewind = body.tell() if body is not None and not isinstance(body, bytes) and \
+            body.seekable() else None
         resent = reauthorized = False
         while True:
             ep = self._endpoint or self._resolve(deadline)
@@ -127,6 +155,26 @@ class SpaceClient:
                 if self._resolve(deadline) != ep:
                     continue
                 self._fail(401, data)
+            if resp.status == protocol.BUSY_STATUS and (body is None or isinstance(body, bytes)
+                                                        or rewind is not None):
+                data = resp.read()
+                conn.close()
+                wait, left = _busy_wait(resp, data), busy_deadline - time.monotonic()
+                if wait is not None and left > 0:
+                    time.sleep(min(wait, left))
+                    if rewind is not None:
+                        assert body is not None and not isinstance(body, bytes)
+                        body.seek(rewind)
+                    continue
+                try:
+                    self._fail(resp.status, data)
+                except SpaceError as exc:
+                    if wait is None:
+                        raise
+                    raise SpaceError(f"{exc} (this client sent it again for {self.busy_for:g} "
+                                     "s: the daemon is overloaded; send fewer requests at once "
+                                     "or raise busy_for)", code=exc.code,
+                                     status=exc.status) from None
             return conn, resp
 
     def _fail(self, status: int, data: bytes, epoch: int | None = None) -> None:

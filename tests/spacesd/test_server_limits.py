@@ -19,6 +19,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
+
+from backends.space_client import Endpoint, SpaceClient
+from durable.errors import SpaceError
 from spacesd import protocol
 from tests.direct_spacesd import direct_spacesd
 
@@ -198,3 +202,33 @@ def test_an_unauthenticated_large_body_is_not_read(tmp_path) -> None:
         finally:
             sock.close()
         assert daemon.serving()
+
+
+def test_the_client_sends_a_busy_request_again_until_it_gets_through(tmp_path) -> None:
+    """503 ``busy`` means the request never took effect: the host client waits its
+    ``Retry-After`` and sends it again, and gives up with the ``busy`` error only after
+    ``busy_for`` seconds."""
+    with running(tmp_path, "--max-requests", "1", "--busy-wait", "0.2") as daemon:
+        def resolver() -> Endpoint:
+            return Endpoint("127.0.0.1", daemon.port, TOKEN)
+
+        client = SpaceClient("limits", 0, resolver)
+        client.exec_start("hold", "until [ -f go ]; do sleep 0.02; done")
+        wait = json.dumps({"epoch": 0, "key": "hold", "wait": 30}).encode()
+        holder = threading.Thread(target=daemon.send, args=("exec_wait", wait))
+        holder.start()  # a long poll that holds the one request slot until "go"
+        try:
+            time.sleep(0.5)
+            impatient = SpaceClient("limits", 0, resolver, busy_for=1.0)
+            started = time.monotonic()
+            with pytest.raises(SpaceError) as refused:
+                impatient.write_file("refused", b"x")
+            assert refused.value.code == protocol.ERR_BUSY
+            assert time.monotonic() - started >= 1.0  # sent again until busy_for was over
+            assert not (daemon.work / "refused").exists()
+            threading.Timer(1.5, (daemon.work / "go").touch).start()
+            client.write_file("through", b"y")  # refused while held, then sent again
+            assert (daemon.work / "through").read_bytes() == b"y"
+        finally:
+            (daemon.work / "go").touch()
+            holder.join(60)
