@@ -136,16 +136,55 @@ def space_cgroup_name(state_dir: str) -> str:
 
 
 def space_cgroup(state_dir: str) -> str | None:
-    """The cgroup recorded in ``state_dir`` by a daemon in cgroup mode, if it exists (and
-    carries this Space's name: the file cannot point a provider at another cgroup)."""
+    """The cgroup of the Space whose state directory is ``state_dir``, if it exists: the one
+    ``containment.json`` records (only if it carries this Space's name: the file cannot
+    point a provider at another cgroup), else, when the file is missing, damaged or names
+    another, found by its name in the mounted hierarchies (``find_cgroup``), so a damaged
+    file never hides a Space's processes from the provider that must kill them."""
+    name = space_cgroup_name(state_dir)
     try:
-        with open(os.path.join(state_dir, STATE_FILE)) as f:
-            path = json.load(f).get("cgroup")
-    except (FileNotFoundError, ValueError):
+        with open(os.path.join(state_dir, STATE_FILE), "rb") as f:
+            recorded = json.loads(f.read()).get("cgroup")
+    except (OSError, ValueError, AttributeError):
+        recorded = None
+    if isinstance(recorded, str) and os.path.basename(recorded) == name and \
+            os.path.isfile(os.path.join(recorded, "cgroup.procs")):
+        return recorded
+    return find_cgroup(name)
+
+
+#: How deep below a hierarchy's root ``find_cgroup`` looks, and how many directories at most.
+_FIND_DEPTH = 4
+_FIND_MOST = 20000
+
+
+def find_cgroup(name: str) -> str | None:
+    """A cgroup directory called ``name`` in a usable hierarchy (breadth first, at most
+    ``_FIND_DEPTH`` levels down), or None. Names made by ``space_cgroup_name`` hold a hash
+    of the state directory's path, so another Space's cgroup never matches."""
+    try:
+        mounts = _mounts()
+    except OSError:
         return None
-    if not isinstance(path, str) or os.path.basename(path) != space_cgroup_name(state_dir):
-        return None
-    return path if os.path.isfile(os.path.join(path, "cgroup.procs")) else None
+    level = [m.point for m in mounts if m.cgroup_version is not None]
+    seen = 0
+    for _ in range(_FIND_DEPTH + 1):
+        below: list[str] = []
+        for directory in level:
+            candidate = os.path.join(directory, name)
+            if os.path.isfile(os.path.join(candidate, "cgroup.procs")):
+                return candidate
+            try:
+                with os.scandir(directory) as entries:
+                    below += [e.path for e in entries
+                              if e.is_dir(follow_symlinks=False) and e.name != name]
+            except OSError:
+                continue
+            seen += 1
+            if seen >= _FIND_MOST:
+                return None
+        level = below
+    return None
 
 
 def cgroup_pids(path: str) -> list[int]:

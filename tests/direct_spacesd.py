@@ -11,6 +11,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
+from backends.local.procs import kill_space_processes
+
 ROOT = str(Path(__file__).resolve().parents[1])
 TOKEN_ENV = "SPACESD_TEST_TOKEN"
 
@@ -21,7 +23,8 @@ def direct_spacesd(tmp: Path, token: str, *args: str,
                    ) -> Iterator[tuple[int, subprocess.Popen[bytes], Path]]:
     """A daemon on ``tmp/work`` (created if missing) whose token comes from the
     environment, with ``args`` added; yields its port, its process and its workspace, and
-    ends it by its pid (SIGTERM, then SIGKILL)."""
+    ends it by its pid (SIGTERM, then SIGKILL), then its commands and its cgroup (the local
+    provider's ``kill_space_processes``)."""
     work, port_file = tmp / "work", tmp / "port"
     work.mkdir(exist_ok=True)
     proc = subprocess.Popen(
@@ -42,3 +45,4 @@ def direct_spacesd(tmp: Path, token: str, *args: str,
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        kill_space_processes(str(tmp / "st"))

@@ -80,11 +80,21 @@ def test_kill_process_accepts_an_escapee_without_the_marker(spaces: LocalSpaces,
     assert gone((pid, started), timeout=0)
 
 
-def test_the_cgroup_finds_an_escapee_whose_every_ancestor_died(tmp_path: Path,
-                                                               escapees: list) -> None:
+#: What a power cut or a hand may leave of ``containment.json`` while the daemon is down.
+DAMAGE = {
+    "empty": b"",
+    "garbage": b"\x00\x17{not json",
+    "another": b'{"mode": "cgroup", "cgroup": "/sys/fs/cgroup/spacesd-another-0123456789abcdef"}',
+}
+
+
+@pytest.mark.parametrize("damage", [None, *DAMAGE])
+def test_the_cgroup_finds_an_escapee_whose_every_ancestor_died(
+        tmp_path: Path, escapees: list, damage: str | None) -> None:
     """Shim killed, daemon killed: nothing with the marker is left above the ``env -i``
     escapee (init adopted it); only the Space's cgroup still finds it, for ``restart`` and
-    then for ``delete``."""
+    then for ``delete``, also when the dead daemon's ``containment.json`` is damaged (the
+    provider then finds the cgroup by its name)."""
     root = cgroup_v2_root()
     if root is None:
         pytest.skip("no writable cgroup v2 hierarchy here (root needed)")
@@ -103,6 +113,8 @@ def test_the_cgroup_finds_an_escapee_whose_every_ancestor_died(tmp_path: Path,
             read_pid(space.work / f"{key}.sh")
             spaces.kill_process("s", shim)
             spaces.kill_daemon("s")
+            if damage is not None:
+                (space.state / containment.STATE_FILE).write_bytes(DAMAGE[damage])
             (space.work / f"{key}.go").touch()
             pid = read_pid(space.work / f"{key}.pid")
             started = procfs.start_time(pid)

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from backends.local.procs import kill_space_processes
 from backends.space_client import Endpoint, SpaceClient
 from spacesd import procfs
 
@@ -40,6 +41,7 @@ def supervisor(tmp: Path, *extra: str, token: str = TOKEN) -> Iterator[subproces
         daemon = read_pid(tmp)
         if daemon and procfs.is_alive(*daemon):
             os.kill(daemon[0], signal.SIGKILL)
+        kill_space_processes(str(tmp / "state"))  # its commands, and its cgroup
 
 
 def read_pid(tmp: Path) -> tuple[int, int] | None:
