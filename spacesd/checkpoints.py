@@ -4,6 +4,13 @@ Layout under ``<state>/checkpoints``: ``objects/<sha[:2]>/<sha>`` holds each dis
 content once (a file already stored costs nothing in the next checkpoint: the stat cache
 gives its digest without reading it, and its object exists), ``manifests/<id>.json`` lists
 the files (digest, size, mode), symlinks (target) and directories (mode) of one checkpoint.
+
+Damage: a manifest carries a SHA-256 of its own content (``checksum``; manifests of older
+daemons have none and are read as they are), and restore checks each object it copies back
+against its digest before the copy replaces anything. A manifest that does not parse or
+match, or an object that is missing or does not match, is ``Damaged``: never restored, never
+listed as if it were fine, and while any manifest is damaged the garbage collector keeps
+every object.
 Objects are copies, never hard links, because a hard link would change when a command
 appends to the workspace file in place.
 
@@ -46,7 +53,7 @@ from dataclasses import asdict, dataclass, field
 from typing import IO, Any, Protocol, cast
 
 from . import paths
-from .errors import BadRequest, NotFound, OutsideRoot
+from .errors import BadRequest, Damaged, NotFound, OutsideRoot
 from .failpoints import Channel
 from .file_ops import PERMISSION_BITS, Workspace
 from .protocol import CheckpointInfo
@@ -208,16 +215,29 @@ class Checkpoints:
         return os.path.join(self._manifests, check_id(checkpoint_id) + ".json")
 
     def load(self, checkpoint_id: str) -> Manifest:
+        """A stored manifest; ``NotFound``, or ``Damaged`` when it fails its checks."""
+        path = self._manifest_path(checkpoint_id)
         try:
-            with open(self._manifest_path(checkpoint_id), "rb") as f:
-                return Manifest.from_json(json.load(f), checkpoint_id)
+            with open(path, "rb") as f:
+                data = f.read()
         except FileNotFoundError:
             raise NotFound(f"no checkpoint {checkpoint_id!r}; checkpoint_list shows the "
                            "existing ones") from None
+        try:
+            raw = json.loads(data)
+            claimed = raw.pop("checksum", None) if isinstance(raw, dict) else None
+            if claimed is not None and claimed != _checksum(raw):
+                raise ValueError("its content does not match its checksum")
+            return Manifest.from_json(raw, checkpoint_id)
+        except (ValueError, BadRequest) as exc:
+            raise Damaged(f"checkpoint {checkpoint_id!r}: its manifest {path} is damaged "
+                          f"({exc}); it cannot be restored. Delete the checkpoint "
+                          "(checkpoint_delete) and make a new one") from None
 
     def _save(self, m: Manifest) -> None:
-        data = json.dumps(m.to_json(), separators=(",", ":")).encode()
-        self._ws.writer.write(self._manifest_path(m.id), [data], mode=0o600)
+        body = m.to_json()
+        data = json.dumps({**body, "checksum": _checksum(body)}, separators=(",", ":"))
+        self._ws.writer.write(self._manifest_path(m.id), [data.encode()], mode=0o600)
 
     # ---------------------------------------------------------------- operations
 
@@ -295,7 +315,7 @@ class Checkpoints:
                 except FileNotFoundError:
                     same = False
                 if not same:
-                    ws.writer.write(w.name, _read_chunks(self._object(f.sha256)), mode=mode,
+                    ws.writer.write(w.name, self._verified(m.id, f), mode=mode,
                                     sync_dir=False, dir_fd=w.fd)
                     touched.add(_parent(f.path))
         # 4. Symlinks (an imported checkpoint's checked like the symlink op's).
@@ -319,14 +339,40 @@ class Checkpoints:
                     _opened(w.name, _DIR_FLAGS, w.fd) as fd:
                 os.fsync(fd)
 
+    def _verified(self, checkpoint_id: str, f: FileRec) -> Iterator[bytes]:
+        """The chunks of ``f``'s object; ``Damaged`` after the last one (so before the
+        writer replaces anything) when the object is missing or not what ``f`` says."""
+        h = hashlib.sha256()
+        size = 0
+        try:
+            for chunk in _read_chunks(self._object(f.sha256)):
+                h.update(chunk)
+                size += len(chunk)
+                yield chunk
+        except FileNotFoundError:
+            problem = "is missing"
+        else:
+            if h.hexdigest() == f.sha256 and size == f.size:
+                return
+            problem = f"holds {size} bytes of digest {h.hexdigest()}"
+        raise Damaged(f"checkpoint {checkpoint_id!r}: the object of {f.path!r} "
+                      f"({self._object(f.sha256)}, {f.size} bytes) {problem}; the restore "
+                      "stopped before copying it back. Delete the checkpoint "
+                      "(checkpoint_delete) and make a new one")
+
+    def _ids(self) -> list[str]:
+        """The ids of the stored manifests (names that are not ids are not ours)."""
+        return [name[:-5] for name in sorted(os.listdir(self._manifests))
+                if name.endswith(".json") and _ID.fullmatch(name[:-5])]
+
     def list(self) -> list[CheckpointInfo]:
+        """Every checkpoint; ``Damaged`` if one of them is."""
         out = []
-        for name in sorted(os.listdir(self._manifests)):
-            if name.endswith(".json"):
-                try:
-                    out.append(self.load(name[:-5]).info())
-                except (NotFound, BadRequest):
-                    continue  # deleted meanwhile, or not ours
+        for checkpoint_id in self._ids():
+            try:
+                out.append(self.load(checkpoint_id).info())
+            except NotFound:
+                continue  # deleted meanwhile
         return out
 
     def delete(self, checkpoint_id: str) -> bool:
@@ -340,7 +386,14 @@ class Checkpoints:
             return True
 
     def _collect_garbage(self) -> None:
-        used = {f.sha256 for info in self.list() for f in self.load(info.id).files}
+        used: set[str] = set()
+        for checkpoint_id in self._ids():
+            try:
+                used.update(f.sha256 for f in self.load(checkpoint_id).files)
+            except NotFound:
+                continue
+            except Damaged:
+                return  # its objects are unknown: keep them all
         for prefix in os.listdir(self._objects):
             for sha in os.listdir(os.path.join(self._objects, prefix)):
                 if sha not in used:
@@ -405,6 +458,12 @@ def _chunks_of(f: IO[bytes]) -> Iterator[bytes]:
 def _read_chunks(path: str) -> Iterator[bytes]:
     with open(path, "rb") as f:
         yield from _chunks_of(f)
+
+
+def _checksum(body: dict[str, Any]) -> str:
+    """The SHA-256 of a manifest's JSON, keys sorted, without its ``checksum``."""
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":"))
+                          .encode()).hexdigest()
 
 
 def _parent(rel: str) -> str:

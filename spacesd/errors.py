@@ -90,5 +90,11 @@ class EpochTaken(OpError):
         )
 
 
+class Damaged(OpError):
+    """State the daemon stored is damaged (see ``protocol.ERR_DAMAGED``)."""
+
+    code = protocol.ERR_DAMAGED
+
+
 class TooLarge(OpError):
     code = protocol.ERR_TOO_LARGE

@@ -22,7 +22,7 @@ CAP_FS = "fs"
 CAP_SCAN = "workspace.scan"
 CAP_CHECKPOINT = "workspace.checkpoint"
 
-#: Size of the output tail the ledger keeps per command.
+#: Size of the output tail the ledger keeps per ended command (``shim.ENDED_KEEP_BYTES``).
 OUTPUT_TAIL_BYTES = 64 * 1024
 
 ExecState = Literal["started", "running", "exited", "lost", "unknown"]
@@ -37,6 +37,9 @@ ERR_OUTSIDE_ROOT = "outside_root"
 ERR_TOO_LARGE = "too_large"
 ERR_CONFLICT = "conflict"
 ERR_EPOCH_TAKEN = "epoch_taken"
+#: The daemon's own stored state needed for the request is damaged (a checkpoint's manifest
+#: or object): nothing was changed from it; the message names the file.
+ERR_DAMAGED = "damaged"
 ERR_INTERNAL = "internal"
 
 
@@ -196,6 +199,7 @@ ERROR_STATUS: dict[str, int] = {
     ERR_EPOCH_TAKEN: 409,
     ERR_STALE_EPOCH: 412,
     ERR_TOO_LARGE: 413,
+    ERR_DAMAGED: 500,
     ERR_INTERNAL: 500,
 }
 

@@ -3,7 +3,9 @@ files damaged the way a power cut or a failing disk leaves them.
 
 A damaged claim file makes its key ``lost`` (it may have run), never a 500 and never "not
 started"; a damaged floor or a damaged complete ledger record stops the daemon from starting
-with a message naming the file, and the file is left as it was."""
+with a message naming the file, and the file is left as it was. A damaged checkpoint
+(manifest or object) is refused as ``damaged``: never restored, its objects never collected.
+(``containment.json``: ``tests/backends/test_local_escape.py``.)"""
 
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ import pytest
 
 from backends.local import LocalSpace, LocalSpaces
 from backends.space_client import SpaceClient
-from durable.errors import SpaceUnavailable
+from durable.errors import SpaceError, SpaceUnavailable
+from spacesd import protocol
 
 
 def _ran(client: SpaceClient, key: str, command: str) -> None:
@@ -137,3 +140,98 @@ def test_a_torn_last_record_is_still_only_a_torn_write(spaces: LocalSpaces, spac
     spaces.restart(space.name)
     assert client.exec_status("b@1").state == "exited"
     assert not ledger.read_bytes().endswith(b"half")
+
+
+# ---------------------------------------------------------------- checkpoints
+
+
+def _checkpointed(client: SpaceClient, space: LocalSpace) -> Path:
+    """Checkpoint ``c1`` of a small workspace, then change it; returns the store."""
+    client.write_file("a.txt", b"alpha\n" * 100, mode=0o640)
+    client.mkdir("d")
+    client.write_file("d/b.bin", bytes(range(256)) * 10)
+    client.checkpoint_create("c1")
+    client.write_file("a.txt", b"changed since\n")
+    client.remove("d", recursive=True)
+    return space.state / "checkpoints"
+
+
+def _refused_as_damaged(client: SpaceClient, space: LocalSpace, call, what: str) -> None:
+    before = sorted((p.relative_to(space.work), p.read_bytes() if p.is_file() else None)
+                    for p in space.work.rglob("*"))
+    with pytest.raises(SpaceError) as refused:
+        call()
+    assert refused.value.code == protocol.ERR_DAMAGED, refused.value
+    assert what in str(refused.value) and "checkpoint_delete" in str(refused.value)
+    after = sorted((p.relative_to(space.work), p.read_bytes() if p.is_file() else None)
+                   for p in space.work.rglob("*"))
+    assert after == before  # nothing restored from it
+
+
+def _flip_a_digit(data: bytes, field: bytes) -> bytes:
+    """``data`` with the first digit after ``field`` changed: still valid JSON."""
+    at = data.index(field) + len(field)
+    while not data[at:at + 1].isdigit():
+        at += 1
+    return data[:at] + bytes([ord("0") + (data[at] - ord("0") + 1) % 10]) + data[at + 1:]
+
+
+@pytest.mark.parametrize("damage", ["mode-flipped", "digest-flipped", "truncated", "empty",
+                                    "garbage", "fields-missing"])
+def test_a_damaged_manifest_is_refused_and_keeps_its_objects(client: SpaceClient,
+                                                            space: LocalSpace,
+                                                            damage: str) -> None:
+    store = _checkpointed(client, space)
+    client.checkpoint_create("c2")
+    manifest = store / "manifests" / "c1.json"
+    data = manifest.read_bytes()
+    damaged = {
+        "mode-flipped": lambda: _flip_a_digit(data, b'"mode":'),
+        "digest-flipped": lambda: _flip_a_digit(data, b'"sha256":"'),
+        "truncated": lambda: data[: len(data) // 2],
+        "empty": lambda: b"",
+        "garbage": lambda: b"\x00\xff{]",
+        "fields-missing": lambda: json.dumps({"id": "c1", "checksum": "0" * 64}).encode(),
+    }[damage]()
+    assert damaged != data
+    manifest.write_bytes(damaged)
+    objects = sorted(p.name for p in (store / "objects").rglob("*") if p.is_file())
+    _refused_as_damaged(client, space, lambda: client.checkpoint_restore("c1"), "c1.json")
+    _refused_as_damaged(client, space, client.checkpoint_list, "c1.json")
+    client.checkpoint_delete("c2")  # the garbage collector must not take c1's objects
+    assert sorted(p.name for p in (store / "objects").rglob("*") if p.is_file()) == objects
+    assert manifest.read_bytes() == damaged  # left as it was
+    client.checkpoint_delete("c1")  # the way out the message names
+    assert client.checkpoint_list() == []
+
+
+@pytest.mark.parametrize("damage", ["flipped", "truncated", "missing"])
+def test_a_damaged_object_is_never_copied_back(client: SpaceClient, space: LocalSpace,
+                                              damage: str) -> None:
+    store = _checkpointed(client, space)
+    target = max((p for p in (store / "objects").rglob("*") if p.is_file()),
+                 key=lambda p: p.stat().st_size)  # d/b.bin's
+    target.chmod(0o600)
+    data = target.read_bytes()
+    if damage == "flipped":
+        target.write_bytes(data[:100] + bytes([data[100] ^ 0x04]) + data[101:])
+    elif damage == "truncated":
+        target.write_bytes(data[:-1])
+    else:
+        target.unlink()
+    with pytest.raises(SpaceError) as refused:
+        client.checkpoint_restore("c1")
+    assert refused.value.code == protocol.ERR_DAMAGED and "d/b.bin" in str(refused.value)
+    assert not (space.work / "d" / "b.bin").exists()  # never a wrong copy
+
+
+def test_a_manifest_from_before_checksums_still_restores(client: SpaceClient,
+                                                         space: LocalSpace) -> None:
+    store = _checkpointed(client, space)
+    manifest = store / "manifests" / "c1.json"
+    raw = json.loads(manifest.read_bytes())
+    del raw["checksum"]
+    manifest.write_text(json.dumps(raw))
+    client.checkpoint_restore("c1")
+    assert (space.work / "a.txt").read_bytes() == b"alpha\n" * 100
+    assert (space.work / "d" / "b.bin").read_bytes() == bytes(range(256)) * 10
