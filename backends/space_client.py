@@ -283,8 +283,22 @@ class SpaceClient:
     # ---------------------------------------------------------------- files
 
     def read_file(self, path: str, *, offset: int = 0, limit: int | None = None) -> bytes:
-        res = self._call("read_file", path=path, offset=offset, limit=limit)
-        return base64.b64decode(res["data"])
+        """``limit`` bytes from ``offset`` (all the rest without one), read in parts of at
+        most ``protocol.MAX_READ_LIMIT``, one answer's most; a part shorter than asked is
+        the end of the file."""
+        parts: list[bytes] = []
+        while limit is None or limit > 0:
+            want = protocol.MAX_READ_LIMIT if limit is None else \
+                min(limit, protocol.MAX_READ_LIMIT)
+            part = base64.b64decode(self._call("read_file", path=path, offset=offset,
+                                               limit=want)["data"])
+            parts.append(part)
+            if len(part) < want:
+                break
+            offset += len(part)
+            if limit is not None:
+                limit -= len(part)
+        return b"".join(parts)
 
     def write_file(self, path: str, data: bytes, *, mode: int | None = None) -> None:
         self._call("write_file", path=path, data=base64.b64encode(data).decode("ascii"),

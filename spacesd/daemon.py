@@ -231,6 +231,19 @@ class Daemon:
     def _exec_kill(self, key: str) -> dict[str, Any]:
         return self.ledger.kill(key).to_json()
 
+    def answer_bytes(self, op: str, body: Any) -> int:
+        """What the answer to this request will cost in memory at its peak, if it can be
+        large (``read_file``); the server holds that much of its body budget meanwhile. A
+        request ``call`` will refuse costs 0."""
+        if op != "read_file" or not isinstance(body, dict):
+            return 0
+        path, offset, limit = body.get("path"), body.get("offset", 0), body.get("limit")
+        if not isinstance(path, str) or type(offset) is not int or offset < 0 or \
+                not (limit is None or type(limit) is int):
+            return 0
+        size = self.workspace.read_size(path, offset, limit)
+        return size * protocol.READ_ANSWER_COST
+
     def _read_file(self, path: str, offset: int, limit: int | None) -> dict[str, Any]:
         data = self.workspace.read(path, offset, limit)
         return {"data": base64.b64encode(data).decode("ascii")}

@@ -36,8 +36,9 @@ from contextlib import contextmanager
 from typing import Any
 
 from . import paths
-from .errors import BadRequest, Conflict, NotFound, OutsideRoot
+from .errors import BadRequest, Conflict, NotFound, OpError, OutsideRoot, TooLarge
 from .fsio import AtomicWriter
+from .protocol import MAX_READ_LIMIT
 
 DEFAULT_FILE_MODE = 0o644
 #: The mode bits spacesd applies: set-user-id, set-group-id and sticky are stripped.
@@ -117,12 +118,30 @@ class Workspace:
     # ---------------------------------------------------------------- operations
 
     def read(self, path: str, offset: int = 0, limit: int | None = None) -> bytes:
+        """Up to ``limit`` bytes from ``offset``; without a limit, the rest of the file,
+        refused (``TooLarge``) when that is more than one answer carries."""
         with self._open(path, os.O_RDONLY | os.O_NONBLOCK) as fd, os_errors(path):
             _regular(path, fd)
             os.set_blocking(fd, True)
+            if limit is None:
+                rest = os.fstat(fd).st_size - offset
+                if rest > MAX_READ_LIMIT:
+                    raise TooLarge(f"read_file: {path!r} has {rest} bytes from offset {offset}, "
+                                   f"more than one answer carries ({MAX_READ_LIMIT}); read it "
+                                   "in parts with offset and limit", limit=MAX_READ_LIMIT)
+                limit = MAX_READ_LIMIT
             with open(fd, "rb", closefd=False) as f:
                 f.seek(offset)
-                return f.read() if limit is None else f.read(limit)
+                return f.read(limit)
+
+    def read_size(self, path: str, offset: int, limit: int | None) -> int:
+        """How many bytes ``read`` would answer with (0 if it would refuse)."""
+        try:
+            with self._open(path, os.O_RDONLY | os.O_NONBLOCK) as fd:
+                rest = max(0, os.fstat(fd).st_size - offset)
+        except (OpError, OSError):
+            return 0
+        return min(rest, MAX_READ_LIMIT if limit is None else limit)
 
     def write(self, path: str, data: bytes, mode: int | None = None) -> None:
         """Replace the file at ``path`` (made, with its parents, if missing). ``mode``: its

@@ -239,8 +239,13 @@ MAX_INT = 2**63 - 1
 #: NAME_MAX and PATH_MAX - 1).
 MAX_NAME_BYTES = 255
 MAX_PATH_BYTES = 4095
-#: Largest ``limit`` of one ``read_file`` (the daemon allocates it before reading).
-MAX_READ_LIMIT = 256 * 1024 * 1024
+#: Most bytes one ``read_file`` answer carries: the largest ``limit``, and a read without one
+#: of a file with more from ``offset`` is refused ``too_large`` (read it in parts). The
+#: answer's memory (the bytes, their base64, the JSON) is held in the body budget while it is
+#: built and sent.
+MAX_READ_LIMIT = 16 * 1024 * 1024
+#: What an answer of n read bytes costs the daemon at its peak, in bytes, per byte read.
+READ_ANSWER_COST = 5
 
 #: How long the daemon holds one ``exec_wait`` request open waiting for output or an exit.
 EXEC_WAIT_SECONDS = 0.2

@@ -354,6 +354,23 @@ class Handler(BaseHTTPRequestHandler):
                 server.budget.give(body_bytes)
             server.slots.release()
 
+    @contextmanager
+    def _answer_room(self, op: str, cost: int) -> Iterator[None]:
+        """Hold ``cost`` bytes of the body budget (at most all of it) while a large answer
+        is built and sent, or refuse with 503."""
+        budget = self.server.budget
+        cost = min(cost, budget.total)
+        if cost and not budget.take(cost, time.monotonic() + self.server.busy_wait):
+            raise Busy(f"{op}: the requests and answers in progress fill this daemon's budget "
+                       f"of {budget.total} bytes and no room for this answer ({cost} bytes) "
+                       f"was made within {self.server.busy_wait:g} s; retry shortly, or read "
+                       "less per request", retry_after=1)
+        try:
+            yield
+        finally:
+            if cost:
+                budget.give(cost)
+
     def _read_json(self, op: str, length: int) -> Any:
         """The body parsed; the raw bytes and the text are dropped before it returns."""
         try:
@@ -413,9 +430,11 @@ class Handler(BaseHTTPRequestHandler):
             if op == protocol.OP_CHECKPOINT_EXPORT:
                 self._export(body)
             else:
-                result = self.server.daemon.call(op, body)
-                del body
-                self._send_json(200, result)
+                with self._answer_room(op, self.server.daemon.answer_bytes(op, body)):
+                    result = self.server.daemon.call(op, body)
+                    del body
+                    self._send_json(200, result)
+                    del result
 
     def _import(self, query: dict[str, str], length: int) -> None:
         if length > self.server.max_import:

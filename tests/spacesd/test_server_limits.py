@@ -15,7 +15,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -74,36 +74,75 @@ def test_fifty_parallel_maximum_size_requests_keep_memory_bounded(tmp_path) -> N
         # The largest write_file whose JSON body fits DEFAULT_MAX_BODY.
         raw_size = (protocol.DEFAULT_MAX_BODY - 200) // 4 * 3
         data = base64.b64encode(b"\xab" * raw_size).decode()
-        results: list[tuple[int, str]] = []
-        errors: list[BaseException] = []
-        lock = threading.Lock()
 
-        def one(n: int) -> None:
-            body = json.dumps({"epoch": 0, "path": f"big{n % 4}", "data": data}).encode()
-            assert len(body) <= protocol.DEFAULT_MAX_BODY
-            try:
-                status, res = daemon.send("write_file", body, timeout=300)
-                with lock:
-                    results.append((status, res.get("error", {}).get("code", "")))
-            except BaseException as exc:  # noqa: BLE001 - reported below
-                with lock:
-                    errors.append(exc)
+        def body(n: int) -> bytes:
+            out = json.dumps({"epoch": 0, "path": f"big{n % 4}", "data": data}).encode()
+            assert len(out) <= protocol.DEFAULT_MAX_BODY
+            return out
 
-        threads = [threading.Thread(target=one, args=(n,)) for n in range(50)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        peak = daemon.peak_rss()
-        ok = sum(1 for s, _ in results if s == 200)
-        busy = sum(1 for s, c in results if (s, c) == (protocol.BUSY_STATUS, protocol.ERR_BUSY))
+        ok, peak = _fifty_at_once(daemon, "write_file", body)
         print(f"\nspacesd peak RSS after 50 parallel {protocol.DEFAULT_MAX_BODY // MiB} MiB "
-              f"requests: {peak / MiB:.0f} MiB ({ok} written, {busy} refused busy)")
-        assert errors == []
-        assert ok + busy == 50, results
+              f"requests: {peak / MiB:.0f} MiB ({ok} written, {50 - ok} refused busy)")
         assert ok >= 1
         assert daemon.serving()
         assert peak < 1024 * MiB
+
+
+def _fifty_at_once(daemon: Daemon, op: str, body: Callable[[int], bytes]) -> tuple[int, int]:
+    """Send ``op`` with ``body(n)`` for n < 50 from 50 threads at once; each must succeed or
+    be refused ``busy``. Returns (successes, the daemon's peak RSS)."""
+    results: list[tuple[int, str]] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def one(n: int) -> None:
+        try:
+            status, res = daemon.send(op, body(n), timeout=300)
+            with lock:
+                results.append((status, res.get("error", {}).get("code", "")))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            with lock:
+                errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in range(50)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    busy = sum(1 for s, c in results if (s, c) == (protocol.BUSY_STATUS, protocol.ERR_BUSY))
+    ok = sum(1 for s, _ in results if s == 200)
+    assert ok + busy == 50, results
+    return ok, daemon.peak_rss()
+
+
+def test_fifty_parallel_maximum_size_reads_keep_memory_bounded(tmp_path) -> None:
+    """A read's answer holds its share of the body budget while it is built and sent, so
+    50 reads of the most one answer carries cost what the budget allows, not 50 answers."""
+    with running(tmp_path, "--busy-wait", "30") as daemon:
+        (daemon.work / "big").write_bytes(b"\xcd" * protocol.MAX_READ_LIMIT)
+        ok, peak = _fifty_at_once(daemon, "read_file", lambda n: json.dumps(
+            {"epoch": 0, "path": "big", "limit": protocol.MAX_READ_LIMIT}).encode())
+        print(f"\nspacesd peak RSS after 50 parallel {protocol.MAX_READ_LIMIT // MiB} MiB "
+              f"reads: {peak / MiB:.0f} MiB ({ok} answered, {50 - ok} refused busy)")
+        assert ok >= 1
+        assert peak < 1024 * MiB
+
+
+def test_a_read_past_one_answer_is_refused_and_the_client_reads_in_parts(tmp_path) -> None:
+    with running(tmp_path) as daemon:
+        data = bytes(range(256)) * (protocol.MAX_READ_LIMIT // 256 * 2 + 3)  # 2 parts + 768
+        (daemon.work / "huge").write_bytes(data)
+        status, res = daemon.send("read_file", json.dumps({"epoch": 0, "path": "huge"})
+                                  .encode())
+        assert (status, res["error"]["code"]) == (413, protocol.ERR_TOO_LARGE)
+        assert "read it in parts with offset and limit" in res["error"]["message"]
+        client = SpaceClient("limits", 0, lambda: Endpoint("127.0.0.1", daemon.port, TOKEN))
+        assert client.read_file("huge") == data
+        assert client.read_file("huge", offset=5, limit=len(data)) == data[5:]
+        assert client.read_file("huge", offset=7, limit=protocol.MAX_READ_LIMIT + 9) == \
+            data[7:7 + protocol.MAX_READ_LIMIT + 9]
+        assert client.read_file("huge", offset=len(data)) == b""
 
 
 def _closed_within(sock: socket.socket, seconds: float) -> bool:
