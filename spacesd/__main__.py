@@ -22,6 +22,10 @@ logs its choice. An explicit choice that cannot work here refuses to start, with
 naming what is missing. ``--cgroup-root``: where the Space's cgroup goes (default: the first
 writable cgroup hierarchy).
 
+One daemon per state directory: it holds an exclusive lock on ``<state>/daemon.lock`` for
+its life (not inherited by commands), and a second daemon on the same state refuses to
+start, naming the first one's pid: two would each run a key's command.
+
 The umask is set to 022 at start-up, whoever started the daemon: the files and directories
 commands create are 0644 and 0755 (unless they ask otherwise), the same in every Space.
 """
@@ -29,6 +33,7 @@ commands create are 0644 and 0755 (unless they ask otherwise), the same in every
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import signal
@@ -98,6 +103,24 @@ def _daemonize() -> int:
     return write_end
 
 
+def _lock_state(state: str) -> int:
+    """Hold ``<state>/daemon.lock`` (see the module docstring); returns its descriptor,
+    close-on-exec, kept open for the daemon's life."""
+    os.makedirs(state, exist_ok=True)
+    fd = os.open(os.path.join(state, "daemon.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+        raise SystemExit(f"spacesd: another daemon (pid {holder}) serves {state}, and two "
+                         "would each run a command; stop that one first, or give this one "
+                         "another --state") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     os.umask(0o022)
@@ -109,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     # orphans when we run as PID 1 in a container), so no zombie ever lingers.
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     state = os.path.abspath(args.state)
+    _lock_state(state)
     try:  # after the fork: a subreaper is one process, not its parent
         containment = select(args.containment, state, cgroup_root=args.cgroup_root)
     except Unavailable as exc:

@@ -47,6 +47,22 @@ def kill_process(pid: int, started: int, *, timeout: float = 10.0) -> None:
         time.sleep(0.005)
 
 
+def find_daemon(state_dir: str) -> tuple[int, int] | None:
+    """``(pid, start time)`` of a live spacesd serving ``state_dir``, found without its pid
+    file: a process with the Space's marker whose command line is ``-m spacesd ... --state
+    <state_dir>`` (the provider starts it that way)."""
+    marker = os.path.realpath(state_dir)
+    for proc in psutil.process_iter(["environ", "cmdline"]):
+        env, argv = proc.info["environ"] or {}, proc.info["cmdline"] or []
+        if env.get(ENV_SPACE_STATE) != marker or argv[1:3] != ["-m", "spacesd"]:
+            continue
+        state = argv[argv.index("--state") + 1] if "--state" in argv[:-1] else None
+        started = start_time(proc.pid)
+        if state is not None and os.path.realpath(state) == marker and started is not None:
+            return proc.pid, started
+    return None
+
+
 def _running(proc: psutil.Process) -> bool:
     try:
         return proc.status() != psutil.STATUS_ZOMBIE

@@ -35,6 +35,7 @@ from backends.space_client import Endpoint, SpaceClient
 from durable.errors import SpaceError, SpaceNotFound, SpaceUnavailable
 from spacesd.failpoints import ENV_VAR as FAILPOINTS_ENV
 from spacesd.protocol import (
+    ENV_SPACE_STATE,
     ERR_BAD_REQUEST,
     STATE_EXEC_DIR,
     STATE_LEDGER,
@@ -42,6 +43,8 @@ from spacesd.protocol import (
 )
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+#: What a token file holds (``_ensure_token`` writes a new one over anything else).
+_TOKEN = re.compile(r"[0-9a-f]{64}\n?")
 #: Where ``python -m spacesd`` is importable from (the parent of the spacesd package).
 _SPACESD_PATH = str(Path(spacesd.protocol.__file__).resolve().parent.parent)
 #: The variables of the creator's environment that a Space's daemon (and so its commands)
@@ -91,12 +94,17 @@ class LocalSpace:
         return self.state / "daemon.log"
 
     def daemon(self) -> tuple[int, int] | None:
-        """``(pid, start time)`` of the running daemon, or None."""
+        """``(pid, start time)`` of the running daemon, or None. From its pid file; when
+        that is missing or damaged, found by its environment marker and command line, so
+        a damaged pid file never hides a live daemon (and a second one is never started
+        beside it: spacesd would refuse, see ``spacesd.__main__``)."""
         try:
             pid, started = map(int, self.pid_file.read_text().split())
+            if procs.start_time(pid) == started:
+                return pid, started
         except (FileNotFoundError, ValueError):
-            return None
-        return (pid, started) if procs.start_time(pid) == started else None
+            pass
+        return procs.find_daemon(str(self.state))
 
     def endpoint(self) -> Endpoint:
         if not self.token_file.exists():
@@ -105,8 +113,9 @@ class LocalSpace:
             port = int(self.port_file.read_text())
             token = self.token_file.read_text().strip()
         except (FileNotFoundError, ValueError):
-            raise SpaceUnavailable(f"Space {self.name!r}: its daemon is not up "
-                                   f"(no port file; see {self.log_file})") from None
+            raise SpaceUnavailable(f"Space {self.name!r}: its daemon is not up (its port or "
+                                   f"token file is missing or unreadable; see {self.log_file}"
+                                   "; restart the Space)") from None
         return Endpoint("127.0.0.1", port, token)
 
 
@@ -153,21 +162,6 @@ class LocalSpaces:
                 return
             space.work.mkdir(parents=True, exist_ok=True)
             space.state.mkdir(parents=True, exist_ok=True)
-            if not space.token_file.exists():
-                # 0600 from the first byte: created with that mode (O_EXCL on a fresh temp
-                # name, never through a link), written, then renamed into place.
-                tmp = space.state / f"token.tmp.{secrets.token_hex(8)}"
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                             | os.O_CLOEXEC, 0o600)
-                try:
-                    with open(fd, "w") as f:
-                        f.write(secrets.token_hex(32) + "\n")
-                        f.flush()
-                        os.fsync(f.fileno())
-                    tmp.replace(space.token_file)
-                except BaseException:
-                    tmp.unlink(missing_ok=True)
-                    raise
             self._kill_daemon(space)  # a hung one, if any
             self._start_daemon(space)
 
@@ -254,14 +248,41 @@ class LocalSpaces:
         if running:
             procs.kill_process(*running)
 
+    @staticmethod
+    def _ensure_token(space: LocalSpace) -> None:
+        """A token file holding a token: a new one if it is missing or damaged (the daemon
+        about to start is the only one that uses it, and clients resolve it again)."""
+        try:
+            if _TOKEN.fullmatch(space.token_file.read_text()):
+                return
+        except (FileNotFoundError, UnicodeDecodeError):
+            pass
+        # 0600 from the first byte: created with that mode (O_EXCL on a fresh temp name,
+        # never through a link), written, then renamed into place.
+        tmp = space.state / f"token.tmp.{secrets.token_hex(8)}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+        try:
+            with open(fd, "w") as f:
+                f.write(secrets.token_hex(32) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            tmp.replace(space.token_file)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
     def _start_daemon(self, space: LocalSpace) -> None:
-        """Start spacesd detached and wait until it answers ``health``."""
+        """Start spacesd detached and wait until it answers ``health``. It carries the
+        Space's environment marker, like its commands, so ``procs`` finds it by that too."""
+        self._ensure_token(space)
         for stale in (space.port_file, space.pid_file):
             stale.unlink(missing_ok=True)
         # A Space's commands inherit the daemon's environment: give it the basics of a
         # login, not the creator's (a driver's failpoint channel must not leak into them).
         env = {k: v for k, v in os.environ.items() if k in _KEPT_ENV}
         env["PYTHONPATH"] = _SPACESD_PATH
+        env[ENV_SPACE_STATE] = os.path.realpath(space.state)
         if self.failpoints:
             env[FAILPOINTS_ENV] = self.failpoints
         argv = [sys.executable, "-m", "spacesd", "--root", str(space.work),

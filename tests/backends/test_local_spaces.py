@@ -142,11 +142,11 @@ def test_a_daemon_that_cannot_start_is_reported_with_its_log(spaces: LocalSpaces
     spaces.create("s")
     space = spaces.get("s")
     kill_process(*space.daemon())
-    space.token_file.write_text("")
+    (space.state / "epoch").write_text("")  # a damaged floor stops spacesd from starting
     started = time.monotonic()
     with pytest.raises(SpaceUnavailable) as exc:
         spaces.create("s")
-    assert "the token is empty" in str(exc.value)
+    assert "spacesd: damaged state" in str(exc.value) and str(space.log_file) in str(exc.value)
     assert time.monotonic() - started < 10
 
 

@@ -10,6 +10,9 @@ with a message naming the file, and the file is left as it was. A damaged checkp
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +20,7 @@ import pytest
 from backends.local import LocalSpace, LocalSpaces
 from backends.space_client import SpaceClient
 from durable.errors import SpaceError, SpaceUnavailable
-from spacesd import protocol
+from spacesd import procfs, protocol
 
 
 def _ran(client: SpaceClient, key: str, command: str) -> None:
@@ -235,3 +238,43 @@ def test_a_manifest_from_before_checksums_still_restores(client: SpaceClient,
     client.checkpoint_restore("c1")
     assert (space.work / "a.txt").read_bytes() == b"alpha\n" * 100
     assert (space.work / "d" / "b.bin").read_bytes() == bytes(range(256)) * 10
+
+
+# ---------------------------------------------------------------- the provider's files
+
+
+@pytest.mark.parametrize("name", ["daemon.pid", "token", "port"])
+@pytest.mark.parametrize("content", [b"", b"\x00\xffgarbage", b"99999 1\n"])
+def test_a_damaged_provider_file_never_leaves_two_daemons(spaces: LocalSpaces,
+                                                          space: LocalSpace, client: SpaceClient,
+                                                          name: str, content: bytes) -> None:
+    """A damaged pid file must not hide the live daemon (a restart would start a second
+    one on the same ledger); a damaged token or port file is replaced on restart."""
+    _ran(client, "k@1", "echo ran >> runs.txt")
+    first = space.daemon()
+    assert first is not None
+    (space.state / name).write_bytes(content)
+    assert space.daemon() == first  # found by its marker when the pid file cannot say
+    spaces.restart(space.name)
+    assert not procfs.is_alive(*first)
+    assert spaces.connect(space.name, epoch=1).exec_status("k@1").state == "exited"
+    second = space.daemon()
+    assert second is not None and second != first
+    assert (space.work / "runs.txt").read_text() == "ran\n"
+    spaces.delete(space.name)
+    assert not procfs.is_alive(*second)
+
+
+def test_a_second_daemon_on_the_same_state_refuses_to_start(space: LocalSpace,
+                                                            tmp_path: Path) -> None:
+    first = space.daemon()
+    assert first is not None
+    second = subprocess.run(
+        [sys.executable, "-m", "spacesd", "--root", str(space.work), "--state",
+         str(space.state), "--token-file", str(space.token_file)],
+        check=False, capture_output=True, text=True, timeout=60, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    assert second.returncode != 0
+    assert f"another daemon (pid {first[0]}) serves" in second.stderr, second.stderr
+    assert "Traceback" not in second.stderr
+    assert space.daemon() == first
