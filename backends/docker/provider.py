@@ -47,7 +47,8 @@ import secrets
 import socket
 import tarfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -88,6 +89,26 @@ WORKSPACE = "/home/cua/work"
 _SCOPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,62}")  # no '.': it separates scope and name
 #: Errors of the engine's API and of the HTTP connection to it.
 _ENGINE_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException)
+
+
+def _no_image(image: str) -> DockerUnavailable:
+    return DockerUnavailable(f"the Space image {image!r} is not in the engine; build it with "
+                             "`python -m chaos image build` (or ci/build-images.sh)")
+
+
+@contextmanager
+def _engine(failed: str, *, gone: str | None = None) -> Iterator[None]:
+    """Translate the engine's errors in the block: the container not found becomes
+    ``SpaceNotFound(gone)`` (when ``gone`` is given), any other engine or connection error
+    ``SpaceUnavailable`` saying ``failed`` and why."""
+    try:
+        yield
+    except docker.errors.NotFound:
+        if gone is None:
+            raise
+        raise SpaceNotFound(gone) from None
+    except _ENGINE_ERRORS as exc:
+        raise SpaceUnavailable(f"{failed} ({exc})") from exc
 
 
 @dataclass(frozen=True)
@@ -206,9 +227,7 @@ class DockerSpaces:
             self._api.inspect_image(image)
         except docker.errors.ImageNotFound:
             self.close()
-            raise DockerUnavailable(
-                f"the Space image {image!r} is not in the engine; build it with "
-                "`python -m chaos image build` (or ci/build-images.sh)") from None
+            raise _no_image(image) from None
         except _ENGINE_ERRORS as exc:
             self.close()
             raise DockerUnavailable(f"the Docker engine did not answer ({exc})") from None
@@ -239,14 +258,10 @@ class DockerSpaces:
     def _inspect(self, name: str) -> dict[str, Any]:
         """The container's inspect data; ``SpaceNotFound`` if it is not one of our Spaces."""
         cname = self.container_name(name)
-        try:
+        with _engine(f"Space {name!r}: the Docker engine did not answer",
+                     gone=f"no Space {name!r} (container {cname}) in scope {self.scope!r}; "
+                          "create it first"):
             attrs = self._api.inspect_container(cname)
-        except docker.errors.NotFound:
-            raise SpaceNotFound(f"no Space {name!r} (container {cname}) in scope "
-                                f"{self.scope!r}; create it first") from None
-        except _ENGINE_ERRORS as exc:
-            raise SpaceUnavailable(f"Space {name!r}: the Docker engine did not answer "
-                                   f"({exc})") from exc
         labels = attrs["Config"].get("Labels") or {}
         if labels.get(LABEL_NAME) != name or labels.get(LABEL_SCOPE) != self.scope:
             raise SpaceNotFound(f"container {cname} exists but is not Space {name!r} of scope "
@@ -312,9 +327,7 @@ class DockerSpaces:
                 labels={LABEL: "1", LABEL_SCOPE: self.scope, LABEL_NAME: name},
                 use_config_proxy=False)
         except docker.errors.ImageNotFound:
-            raise DockerUnavailable(
-                f"the Space image {self.image!r} is not in the engine; build it with "
-                "`python -m chaos image build` (or ci/build-images.sh)") from None
+            raise _no_image(self.image) from None
         except docker.errors.APIError as exc:
             if exc.status_code != 409:  # 409: another process created it first; use that
                 raise SpaceUnavailable(f"Space {name!r}: docker create failed ({exc})") from exc
@@ -330,13 +343,9 @@ class DockerSpaces:
         return {directory: {"bind": FAILPOINTS_MOUNT, "mode": "rw"}}
 
     def _start(self, name: str) -> None:
-        try:
+        with _engine(f"Space {name!r}: docker start failed",
+                     gone=f"Space {name!r} was removed while it was being started"):
             self._api.start(self.container_name(name))
-        except docker.errors.NotFound:
-            raise SpaceNotFound(f"Space {name!r} was removed while it was being started") \
-                from None
-        except _ENGINE_ERRORS as exc:
-            raise SpaceUnavailable(f"Space {name!r}: docker start failed ({exc})") from exc
 
     def exists(self, name: str) -> bool:
         try:
@@ -378,12 +387,9 @@ class DockerSpaces:
         back (on a new host port) healthy before this returns."""
         cname = self.container_name(name)
         self._inspect(name)
-        try:
+        with _engine(f"Space {name!r}: docker restart failed",
+                     gone=f"Space {name!r} was removed during its restart"):
             self._api.restart(cname, timeout=0)
-        except docker.errors.NotFound:
-            raise SpaceNotFound(f"Space {name!r} was removed during its restart") from None
-        except _ENGINE_ERRORS as exc:
-            raise SpaceUnavailable(f"Space {name!r}: docker restart failed ({exc})") from exc
         self._wait_healthy(name)
 
     def kill_daemon(self, name: str) -> None:
@@ -410,15 +416,11 @@ class DockerSpaces:
         tests and debugging); returns the exit code and the output (stdout and stderr)."""
         cname = self.container_name(name)
         self._inspect(name)
-        try:
+        with _engine(f"Space {name!r}: docker exec {argv[0]} failed",
+                     gone=f"Space {name!r} was removed during docker exec"):
             ex = self._api.exec_create(cname, argv)
             out = self._api.exec_start(ex["Id"]).decode(errors="replace")
             code = self._api.exec_inspect(ex["Id"])["ExitCode"]
-        except docker.errors.NotFound:
-            raise SpaceNotFound(f"Space {name!r} was removed during docker exec") from None
-        except _ENGINE_ERRORS as exc:
-            raise SpaceUnavailable(f"Space {name!r}: docker exec {argv[0]} failed "
-                                   f"({exc})") from exc
         return code, out
 
     def save_state(self, name: str, dest: Path) -> None:
@@ -463,11 +465,8 @@ class DockerSpaces:
 
     def _containers(self, scope: str | None) -> list[dict[str, Any]]:
         labels = [f"{LABEL}=1"] + ([f"{LABEL_SCOPE}={scope}"] if scope else [])
-        try:
+        with _engine("the Docker engine did not list containers"):
             found = self._api.containers(all=True, filters={"label": labels})
-        except _ENGINE_ERRORS as exc:
-            raise SpaceUnavailable(f"the Docker engine did not list containers ({exc})") \
-                from exc
         return [c for c in found if LABEL_NAME in (c.get("Labels") or {})]
 
     @classmethod
