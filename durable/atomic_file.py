@@ -27,8 +27,13 @@ def write_atomic(path: Path, chunks: Iterable[bytes] | bytes | str) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    dirfd = os.open(path.parent, os.O_RDONLY)
+    fsync_dir(path.parent)
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make the directory's entries (a created or renamed file) durable."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        os.fsync(dirfd)
+        os.fsync(fd)
     finally:
-        os.close(dirfd)
+        os.close(fd)

@@ -26,8 +26,9 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
+from .atomic_file import fsync_dir
 from .storage.epochs import EpochGuard
-from .storage.jsonl import EPOCH_MARKER, JsonlStorage, epoch_marker_name, fsync_dir
+from .storage.jsonl import EPOCH_MARKER, JsonlStorage, epoch_marker_name
 from .storage.sqlite import SqliteStorage
 
 __all__ = ["FencedFileSystem", "FileFence", "SqliteFence", "open_fenced_sqlite"]

@@ -62,6 +62,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from ..atomic_file import fsync_dir
 from ..errors import CorruptLog, NotALog, StorageClosed, StorageError, StorageUncertain
 from ..fence import Fence
 from . import commit_mark
@@ -84,15 +85,6 @@ _ZEROS = b"\0" * 8
 
 def epoch_marker_name(epoch: int) -> str:
     return f"epoch-{epoch:08d}"
-
-
-def fsync_dir(directory: Path) -> None:
-    """Make the directory's entries (a created or renamed file) durable."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _encode(batch: Batch) -> tuple[bytes, Batch]:
