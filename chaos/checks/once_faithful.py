@@ -22,13 +22,13 @@ import re
 from collections import Counter
 from typing import TYPE_CHECKING
 
+from durable.adapter import WRAPPED
 from scenarios.steps import APPENDING
 
 if TYPE_CHECKING:
     from . import CheckInput
 
 MARKER = re.compile(r"^step-\d+$")
-WRAPPED = ("bash", "write", "edit")
 
 
 def check(inp: CheckInput) -> list[str]:

@@ -1,6 +1,8 @@
-"""The Space adapter: keeps a conversation's Space consistent with the log across crashes."""
+"""The Space adapter: keeps a conversation's Space consistent with the log across crashes
+(``facade`` says how the parts fit)."""
 
-from .core import DurableSpaces, TransactionalLimits, durable_spaces
+from .facade import WRAPPED, DurableSpaces, SpacesExtension, durable_spaces
+from .image import TransactionalLimits
 from .snapshots import (
     CheckpointRef,
     CheckpointStore,
@@ -14,12 +16,14 @@ __all__ = [
     "CALL_DOC",
     "IMAGE_DOC",
     "SPACE_DOC",
+    "WRAPPED",
     "CheckpointRef",
     "CheckpointStore",
     "DirectoryCheckpointStore",
     "DurableSpaces",
     "RecoveryEvent",
     "SnapshotProvider",
+    "SpacesExtension",
     "TransactionalLimits",
     "WorkspaceSnapshots",
     "durable_spaces",

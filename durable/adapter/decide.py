@@ -1,10 +1,10 @@
 """The adapter's recovery decisions, as pure functions of what the log and the ledger say.
 
-Before, ``DurableSpaces._recover`` read the log, asked the ledger and acted in one pass, so
-the rules (module docstring of ``core``) could only be tested by crashing real drivers.
-Here they are a table: ``decide(Facts) -> Decision`` for an interrupted wrapped call, and
-``decide_rebuild(RebuildFacts) -> RebuildDecision`` for a Space rebuilt after it was lost.
-No I/O, no log, no Space: ``core`` gathers the facts, calls these and carries the decision
+Before, one method read the log, asked the ledger and acted in one pass, so the rules
+(module docstring of ``recovery``) could only be tested by crashing real drivers.
+Here they are a table: ``decide(Facts) -> Decision`` for an interrupted wrapped call
+(``rebuild.decide_rebuild`` is the table of a Space rebuilt after it was lost). No I/O, no
+log, no Space: ``recovery`` gathers the facts, calls ``decide`` and carries the decision
 out. A test enumerates every fact in milliseconds.
 
 The ledger is asked only for a bash call whose start mark (with its key) is in the log and
@@ -15,8 +15,9 @@ answer it needs and ignores one it does not).
 Every decision is recorded as ``RecoveryEvent``s (``Decision.events``), each carrying its
 ``cause``. A *cell* is (mode, event kind, tool kind, cause): ``cell_of`` maps a recorded
 event to its cell and ``REACHABLE_CELLS`` is the set a crash campaign with the coding tools
-can reach, derived from this table minus the combinations that cannot happen (each with
-its reason), so a campaign can say which rows it exercised (``cells=K/N``).
+can reach, derived from this table and the rebuild table minus the combinations that
+cannot happen (each with its reason), so a campaign can say which rows it exercised
+(``cells=K/N``).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from typing import Any, Literal, get_args
 from spacesd.protocol import ExecInfo
 
 from ..tools import Replay
-from .state import EventKind, Mode
+from .rebuild import all_rebuild_facts, decide_rebuild
+from .state import Cause, EventKind, Mode
 
 ToolKind = Literal["bash", "file"]
 LedgerState = Literal["running", "exited", "fenced", "lost", "unknown"]
@@ -37,26 +39,6 @@ LedgerState = Literal["running", "exited", "fenced", "lost", "unknown"]
 CheckpointFact = Literal["none", "earlier", "this_call"]
 Action = Literal["adopt", "reattach", "replay", "run", "revert", "restore_rerun",
                  "restore_interrupt"]
-#: Why a decision was taken: what recovery found.
-Cause = Literal[
-    # the outcome is known, or nothing happened yet
-    "outcome_recorded",  # the outcome was committed before the crash (checkpoint mode)
-    "running",           # the ledger says the command is still running
-    "exited",            # the ledger recorded the command's own exit
-    "no_start_mark",     # the call's start mark is not in the log: it never reached the Space
-    "no_key",            # a bash start mark without a command key: nothing was started
-    "key_unknown",       # the ledger never saw the key: it never reached the Space
-    # the outcome is unknown: revert or restore
-    "daemon_lost",       # the ledger says lost: gone with its daemon, without an exit status
-    "fenced",            # the command was killed by a newer epoch's advance
-    "space_lost",        # the Space generation changed (also a rebuilt Space's: it was lost)
-    "file_cut",          # a write or edit cut off: it may have partly changed the workspace
-    # a rebuilt Space's only
-    "unfinished",        # a rebuild a crash cut short (same generation)
-    "new_space",         # the conversation's first Space of its own (new, or a fork's)
-]
-#: Why ``auto`` switched a conversation to checkpoint mode (``mode`` events; not cells).
-ModeCause = Literal["over_limits", "image_stale", "process_running"]
 #: (mode, event kind, tool kind, cause): one row of the recovery table as events record it.
 Cell = tuple[str, str, str, str]
 
@@ -137,7 +119,7 @@ def ledger_state(info: ExecInfo) -> LedgerState:
 
 
 def decide(facts: Facts) -> Decision:
-    """What to do with an interrupted call, in the order of ``core``'s module docstring."""
+    """What to do with an interrupted call, in the order of ``recovery``'s module docstring."""
     if facts.start_mark and facts.outcome and facts.same_generation:
         return Decision("adopt", "outcome_recorded",
                         take_checkpoint=facts.mode == "checkpoint"
@@ -196,63 +178,6 @@ def all_facts(replays: tuple[Replay, ...] = ("safe", "never")) -> Iterator[Facts
             yield facts
 
 
-# ---------------------------------------------------------------- a rebuilt Space
-
-
-@dataclass(frozen=True)
-class RebuildFacts:
-    """What ``cua.space`` and the provider say when a conversation's Space is not ready."""
-
-    #: The conversation's mode, None before it was decided (no call yet).
-    mode: Mode | None
-    #: Which Space ``cua.space`` names: this conversation's, none, or another's (a fork's
-    #: parent).
-    recorded: Literal["this", "none", "other"]
-    #: The Space exists in the provider.
-    exists: bool
-    #: A checkpoint is recorded.
-    checkpoint: bool
-    #: ... and it lives only inside this Space (no durable ``CheckpointStore``).
-    checkpoint_inside: bool
-
-
-@dataclass(frozen=True)
-class RebuildDecision:
-    #: restore the checkpoint, reimage from the image, or fail (its checkpoint is lost).
-    action: Literal["restore", "reimage", "fail"]
-    cause: Cause
-    #: Commit a new Space generation before creating the Space.
-    new_generation: bool
-
-    @property
-    def events(self) -> tuple[EventKind, ...]:
-        events: dict[str, tuple[EventKind, ...]] = {
-            "restore": ("restored",), "reimage": ("reimaged",), "fail": ()}
-        return events[self.action]
-
-
-def decide_rebuild(facts: RebuildFacts) -> RebuildDecision:
-    """How to bring a Space that is not ready to the log's state."""
-    lost = facts.recorded == "this" and not facts.exists
-    cause: Cause = ("space_lost" if lost else
-                    "unfinished" if facts.recorded == "this" else "new_space")
-    new_generation = lost or facts.recorded != "this"
-    if facts.mode == "checkpoint" and facts.checkpoint:
-        if facts.checkpoint_inside and lost:
-            return RebuildDecision("fail", cause, new_generation)
-        return RebuildDecision("restore", cause, new_generation)
-    return RebuildDecision("reimage", cause, new_generation)
-
-
-def all_rebuild_facts() -> Iterator[RebuildFacts]:
-    """Every consistent ``RebuildFacts`` (a checkpoint inside the Space is a checkpoint)."""
-    records: tuple[Literal["this", "none", "other"], ...] = ("this", "none", "other")
-    for mode, recorded, exists, checkpoint, inside in itertools.product(
-            (None, *get_args(Mode)), records, (True, False), (True, False), (True, False)):
-        if checkpoint or not inside:
-            yield RebuildFacts(mode, recorded, exists, checkpoint, inside)
-
-
 # ---------------------------------------------------------------- cells
 
 
@@ -283,18 +208,18 @@ def table_cells(replays: tuple[Replay, ...] = ("safe", "never")) -> frozenset[Ce
 #: with the reason.
 UNREACHABLE: tuple[tuple[Cell, str], ...] = (
     (("transactional", "adopted", "*", "*"),
-     "transactional mode records no outcome before the result: an outcome is recorded in "
-     "checkpoint mode, or in the same transaction as auto's switch to checkpoint, and a "
-     "conversation never switches back"),
+     ("transactional mode records no outcome before the result: an outcome is recorded in "
+      "checkpoint mode, or in the same transaction as auto's switch to checkpoint, and a "
+      "conversation never switches back")),
     (("*", "ran", "bash", "no_key"),
      "a bash start mark is committed with its command key in the same record"),
     (("undecided", "*", "space", "*"),
-     "the runner seeds conversation 1's Space before the first driver, which adopts it at "
-     "start and records the mode in the same commit; a Space is rebuilt only after that"),
+     ("the runner seeds conversation 1's Space before the first driver, which adopts it at "
+      "start and records the mode in the same commit; a Space is rebuilt only after that")),
     (("*", "*", "space", "new_space"),
-     "the adopted seeded Space is recorded before any fault can land (Space faults arm after "
-     "the adoption) and the scenarios do not fork, so the adapter never builds a "
-     "conversation's first Space"),
+     ("the adopted seeded Space is recorded before any fault can land (Space faults arm "
+      "after the adoption) and the scenarios do not fork, so the adapter never builds a "
+      "conversation's first Space")),
 )
 
 #: Reachable only by a conversation that ``auto`` switched to checkpoint mode: the switch
@@ -320,8 +245,8 @@ def _matches(pattern: Cell, cell: Cell) -> bool:
 #: ``reattached`` is reached in-process only: a new driver advances the epoch before it
 #: asks the ledger, which kills every older command (``fenced``), so only the driver that
 #: started a command finds it running, after its Space's daemon restarted. The client
-#: retries a request through the restart, so that is nearly always ``_await`` noting that
-#: the command outlived the restart; ``_recover``'s own reattach needs the daemon to die
+#: retries a request through the restart, so that is nearly always the runner noting that
+#: the command outlived the restart; recovery's own reattach needs the daemon to die
 #: between an answer's headers and its body. Both record the cell (reattached, running).
 REACHABLE_CELLS: frozenset[Cell] = frozenset(
     c for c in table_cells(("never",))

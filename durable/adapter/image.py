@@ -8,8 +8,8 @@ conversation's history (a fork inherits its parent's entries up to the fork poin
 inherits the image as of the fork for free) gives the table and where each blob is stored.
 Log growth is therefore the changed bytes, never calls times workspace size.
 
-This module is pure: it computes diffs and plans, and reads blobs back from entries. The
-adapter does the I/O against the Space.
+This module is pure: it computes diffs and plans, and reads blobs back from entries.
+``image_keeper`` does the I/O against the Space and the log.
 """
 
 from __future__ import annotations
@@ -111,15 +111,16 @@ def blob_from(entry_data: dict[str, Any], sha: str) -> bytes:
 
 
 @dataclass(frozen=True)
-class Limits:
-    """Bounds under which the workspace is kept as an image in the log."""
+class TransactionalLimits:
+    """Bounds under which the workspace is kept as an image in the log (transactional mode);
+    ``exclude`` names paths the scans leave out."""
 
     max_files: int = 1000
     max_bytes: int = 16 * 1024 * 1024
     exclude: tuple[str, ...] = ()
 
 
-def over_limits(scan: ScanResult, limits: Limits) -> str | None:
+def over_limits(scan: ScanResult, limits: TransactionalLimits) -> str | None:
     """Why the scanned workspace cannot be kept as an image, or ``None`` when it can."""
     if scan.refused:
         return (f"{len(scan.refused)} path(s) with a backslash or newline in the name "

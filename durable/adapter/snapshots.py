@@ -18,9 +18,9 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Literal, Protocol, runtime_checkable
+from typing import IO, Literal, Protocol, runtime_checkable
 
 from ..atomic_file import write_atomic
 from ..errors import PermanentFailure, SpaceError
@@ -30,15 +30,11 @@ from ..spaces import SpaceClient, Spaces
 
 @dataclass(frozen=True)
 class CheckpointRef:
+    """A checkpoint: the Space it was taken in and its id (``state.CheckpointMark`` records
+    one in the log)."""
+
     space: str
     id: str
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> CheckpointRef:
-        return cls(raw["space"], raw["id"])
 
 
 @runtime_checkable

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import durable.failpoints
 from backends.local import LocalSpaces
 from durable.adapter import (
     SPACE_DOC,
@@ -223,6 +224,24 @@ class Crash(DurableError):
     """Stands for a SIGKILL: propagates out of the harness and leaves the call running."""
 
 
+class CrashAt:
+    """A failpoint channel (``durable.failpoints``) that crashes at the ``nth`` hit of
+    ``point``, wherever the point is reached."""
+
+    enabled = True
+
+    def __init__(self, point: str, nth: int = 1) -> None:
+        self.point = point
+        self.nth = nth
+        self.hits = 0
+
+    def report(self, point: str, _info: object) -> None:
+        if point == self.point:
+            self.hits += 1
+            if self.hits == self.nth:
+                raise Crash(f"crashed at {point}")
+
+
 LONG = ("bash", {"command": "sleep 5; printf 'long\\n' >> log.txt"})
 
 
@@ -244,17 +263,8 @@ def test_recovery_events_carry_tool_cause_and_epoch(
     plan = steps(WRITE, call)
     s = open_session(tmp_path, spaces, plan, epoch=1, mode=mode)
     # The first call (a write) reaches every point but the shell command's own.
-    hits = {"n": 0, "crash": 1 if point in ("space.before_spawn", "space.running",
-                                            "space.exited") else 2}
-
-    def crash_at(name: str, **_info: object) -> None:
-        if name == point:
-            hits["n"] += 1
-            if hits["n"] == hits["crash"]:
-                raise Crash(f"crashed at {point}")
-
-    monkeypatch.setattr("durable.adapter.core.failpoint", crash_at)
-    monkeypatch.setattr("durable.harness.failpoint", crash_at)
+    nth = 1 if point in ("space.before_spawn", "space.running", "space.exited") else 2
+    monkeypatch.setattr(durable.failpoints, "_channel", CrashAt(point, nth))
     with pytest.raises(Crash):
         run(s)
     s.harness.close()
@@ -281,12 +291,7 @@ def test_a_call_whose_space_was_lost(tmp_path: Path, spaces: LocalSpaces,
     the Space, then recovers the call; every event says the Space was lost."""
     plan = steps(WRITE, LONG)
     s = open_session(tmp_path, spaces, plan, epoch=1, mode=mode)
-
-    def crash_at(name: str, **_info: object) -> None:
-        if name == "space.running":
-            raise Crash("crashed at space.running")
-
-    monkeypatch.setattr("durable.adapter.core.failpoint", crash_at)
+    monkeypatch.setattr(durable.failpoints, "_channel", CrashAt("space.running"))
     with pytest.raises(Crash):
         run(s)
     s.harness.close()

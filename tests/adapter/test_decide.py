@@ -1,6 +1,6 @@
-"""The adapter's recovery table (``durable.adapter.decide``), without a Space or a log:
-every row crossed with mode and replay rule, properties over all facts, the rebuild
-decision, and the cells a campaign can reach."""
+"""The adapter's recovery table (``durable.adapter.decide``, ``durable.adapter.rebuild``),
+without a Space or a log: every row crossed with mode and replay rule, properties over all
+facts, the rebuild decision, and the cells a campaign can reach."""
 
 from __future__ import annotations
 
@@ -16,22 +16,22 @@ from durable.adapter.decide import (
     AUTO_ONLY,
     REACHABLE_CELLS,
     UNREACHABLE,
+    Action,
     CheckpointFact,
     Decision,
     Facts,
     LedgerState,
-    RebuildDecision,
-    RebuildFacts,
     ToolKind,
     cell_of,
     consistent,
     decide,
-    decide_rebuild,
     ledger_state,
     needs_ledger,
     reachable_cells,
     table_cells,
 )
+from durable.adapter.rebuild import RebuildDecision, RebuildFacts, decide_rebuild
+from durable.adapter.recovery import _EXECUTORS
 from durable.adapter.state import RECOVERY_KEY, Mode, RecoveryEvent
 from spacesd.protocol import ExecInfo
 
@@ -141,6 +141,11 @@ def test_the_table_covers_every_action_and_cause() -> None:
     assert {d.cause for d in decisions} == {
         "outcome_recorded", "running", "exited", "no_start_mark", "no_key", "key_unknown",
         "daemon_lost", "fenced", "space_lost", "file_cut"}
+
+
+def test_every_action_has_one_executor() -> None:
+    """Each decision the table can take is carried out by exactly one executor."""
+    assert set(_EXECUTORS) == set(get_args(Action))
 
 
 def test_a_restore_that_interrupts_records_both_events() -> None:

@@ -16,26 +16,26 @@ import sys
 from typing import Any
 
 from chaos.driver import main
-from durable.adapter.core import DurableSpaces
+from durable.adapter.recovery import Recovery
 from durable.tools import CallContext, ToolResult, interrupted_result
 
-original = DurableSpaces._recover
+original = Recovery.recover
 
 
-def rerun_exited(self: DurableSpaces, tool: str, args: dict[str, Any], ctx: CallContext,
+def rerun_exited(self: Recovery, tool: str, args: dict[str, Any], ctx: CallContext,
                  replay: str) -> ToolResult:
     if tool == "bash":
-        return self._run_call(tool, args, ctx, n=9)
+        return self.runner.run(tool, args, ctx, n=9)
     return original(self, tool, args, ctx, replay)
 
 
-def skip_recovery(self: DurableSpaces, tool: str, args: dict[str, Any], ctx: CallContext,
+def skip_recovery(self: Recovery, tool: str, args: dict[str, Any], ctx: CallContext,
                   replay: str) -> ToolResult:
     return interrupted_result(tool, ctx.slot.progress, "(broken adapter: recovery skipped)")
 
 
 RULES = {"rerun_exited": rerun_exited, "skip_recovery": skip_recovery}
-DurableSpaces._recover = RULES[os.environ.get("BROKEN_RULE", "rerun_exited")]  # type: ignore[method-assign]
+Recovery.recover = RULES[os.environ.get("BROKEN_RULE", "rerun_exited")]  # type: ignore[method-assign]
 
 if __name__ == "__main__":
     sys.exit(main())

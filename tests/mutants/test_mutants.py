@@ -140,37 +140,35 @@ MUTANTS: tuple[Mutant, ...] = (
         "a command killed by a newer epoch's fence is replayed as if it had exited",
         "transactional", "G1", "reverted bash fenced (the ci-long command across a kill)"),
     Mutant(
-        "generation-not-bumped", "durable/adapter/core.py",
-        (("                **d, \"space\": name, \"generation\": d[\"generation\"] + 1, "
-          "\"ready\": False})",
-          "                **d, \"space\": name, \"generation\": d[\"generation\"], "
-          "\"ready\": False})"),),
+        "generation-not-bumped", "durable/adapter/space_keeper.py",
+        (("                s, space=name, generation=s.generation + 1, ready=False))",
+          "                s, space=name, generation=s.generation, ready=False))"),),
         "a rebuilt Space keeps the lost one's generation, so a command started in the lost "
         "Space looks as if it never reached the new one and starts again",
         "targeted", "G2", "restored bash space_lost"),
     Mutant(
-        "revert-skipped", "durable/adapter/core.py",
-        (("        self._reimage(call.ctx.log, call.ctx.conversation, call.st)\n"
-          "        return self._run(call, decision)\n",
+        "revert-skipped", "durable/adapter/recovery.py",
+        ((("        self.image.reimage(call.ctx.log, call.ctx.conversation, call.handle.client)\n"
+           "        return self._run(call, decision)\n"),
           "        return self._run(call, decision)\n"),),
         "transactional recovery reruns an unknown call without reverting the workspace",
         "exhaustive-transactional", "G1", "reverted bash daemon_lost (the append's shim died)"),
     Mutant(
-        "restore-skipped", "durable/adapter/core.py",
-        (("            self.snapshots.restore(call.st.client, ref)\n", ""),),
+        "restore-skipped", "durable/adapter/recovery.py",
+        (("            self.checkpoints.restore(call.handle.client, call.checkpoint)\n", ""),),
         "checkpoint recovery of an unknown call does not restore the checkpoint",
         "exhaustive-daemon", "G1", "restored bash daemon_lost (the append's shim died)"),
     Mutant(
-        "key-without-call", "durable/adapter/core.py",
+        "key-without-call", "durable/adapter/runner.py",
         (("        key = exec_key(self.session, conv, ctx.call_id, n, self.epoch)",
           "        key = exec_key(self.session, conv, \"\", n, self.epoch)"),),
         "the idempotency key leaves out the call, so a driver's second command gets the "
         "first one's recorded result",
         "transactional", "G1", "every run with two commands in one driver"),
     Mutant(
-        "adopt-without-checkpoint", "durable/adapter/core.py",
-        (("        if decision.take_checkpoint:\n"
-          "            self._checkpoint(call.ctx, call.st, call.facts.mode)\n", ""),),
+        "adopt-without-checkpoint", "durable/adapter/recovery.py",
+        ((("        if decision.take_checkpoint:\n"
+           "            self.checkpoints.after_call(call.ctx, call.handle.client)\n"), ""),),
         "an adopted outcome whose checkpoint a crash prevented is never checkpointed, so "
         "a later restore loses the call's effect",
         "targeted", "G1", "adopted bash outcome_recorded, then a restore"),

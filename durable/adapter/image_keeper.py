@@ -1,0 +1,103 @@
+"""The workspace image's I/O (transactional mode): keeping each conversation's image as the
+log holds it, recording a scan's diff with a call, and making a workspace equal to it.
+
+The image (``image.Image``) of a conversation is folded from its history once per process
+and then kept up to date incrementally: the diffs this process records are folded as they
+are staged, and a later catch-up (after a Space was reconnected or rebuilt) folds only the
+entries after the last one folded. Before, every new connection to a Space refolded the
+whole history into an empty image.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+from spacesd.protocol import ScanResult
+
+from ..errors import PermanentFailure
+from ..failpoints import failpoint
+from ..log import Log, Transaction
+from ..spaces import SpaceClient
+from . import image as img
+from .state import IMAGE_STATE, ImageState
+
+
+class ImageKeeper:
+    def __init__(self, limits: img.TransactionalLimits) -> None:
+        self.limits = limits
+        self._images: dict[int, img.Image] = {}
+
+    def image(self, conversation: int) -> img.Image:
+        return self._images.setdefault(conversation, img.Image())
+
+    def catch_up(self, log: Log, conversation: int) -> None:
+        """Fold the conversation's image entries after the last one folded."""
+        image = self.image(conversation)
+        history = log.entries(conversation)
+        for e in history[bisect.bisect_right(history, image.upto, key=lambda e: e.id):]:
+            if e.kind == "system" and img.IMAGE_KEY in e.data:
+                image.fold(e.id, e.data[img.IMAGE_KEY])
+
+    def scan(self, client: SpaceClient) -> ScanResult:
+        return client.scan(exclude=list(self.limits.exclude))
+
+    def over_limits(self, scan: ScanResult) -> str | None:
+        return img.over_limits(scan, self.limits)
+
+    def reimage(self, log: Log, conversation: int, client: SpaceClient) -> None:
+        """Make the workspace equal to the image: write back what is missing or differs,
+        delete what the image lacks."""
+        failpoint("recovery.reimage", space=client.name)
+        stale = IMAGE_STATE.read(log, conversation).stale
+        if stale:
+            raise PermanentFailure(
+                f"the workspace image of conversation {conversation} is stale ({stale}), so "
+                "the Space cannot be rebuilt from the log; use checkpoint mode with a "
+                "CheckpointStore for workspaces this large")
+        image = self.image(conversation)
+        scan = self.scan(client)
+        have = {e.path: e for e in scan.entries}
+        rows = img.tracked_rows(scan)
+        for path in sorted((p for p in have if p not in image.table
+                            and not any(q.startswith(p + "/") for q in image.table)),
+                           reverse=True):
+            if have[path].kind == "dir" or rows.get(path) is not None:
+                client.remove(path, recursive=True)
+        for path, row in sorted(image.table.items()):
+            if rows.get(path) == row:
+                continue
+            kind, mode, ident = row
+            if path in have and have[path].kind == "dir":
+                client.remove(path, recursive=True)
+            elif path in have and (have[path].kind == "symlink" or kind == "symlink"):
+                client.remove(path)
+            if kind == "symlink":
+                client.symlink(path, ident)
+            else:
+                entry = log.entry(image.blobs[ident])
+                client.write_file(path, img.blob_from(entry.data, ident), mode=mode)
+
+    def stage(self, tx: Transaction, conversation: int, client: SpaceClient, scan: ScanResult,
+              call_id: str | None) -> None:
+        """Record in ``tx`` the diff from the image to ``scan`` (with the bytes of contents
+        the log does not hold yet, read from the Space) and fold it in."""
+        image = self.image(conversation)
+        d = img.diff(image, img.tracked_rows(scan))
+        if not d:
+            return
+        blobs: dict[str, bytes] = {}
+        for sha in d.new_blobs(image):
+            path = next(p for p, (k, _m, ident) in d.set.items() if k == "file" and ident == sha)
+            blobs[sha] = client.read_file(path)
+        data = img.payload(d, blobs, call_id=call_id)
+        entry = tx.append(conversation, "system", data)
+        files = [e for e in scan.entries if e.kind in ("file", "symlink")]
+        IMAGE_STATE.write(tx, conversation, ImageState(
+            None, len(files), sum(e.size for e in files if e.kind == "file")))
+        image.fold(entry, data[img.IMAGE_KEY])
+
+    @staticmethod
+    def mark_stale(tx: Transaction, conversation: int, problem: str) -> None:
+        """Record in ``tx`` that the image no longer follows the workspace, and why."""
+        state = IMAGE_STATE.read_in(tx, conversation)
+        IMAGE_STATE.write(tx, conversation, ImageState(problem, state.files, state.bytes))
