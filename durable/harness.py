@@ -174,10 +174,7 @@ class Harness:
     # ------------------------------------------------------------------ the loop
 
     def _last_assistant(self, conversation: int) -> EntryRecord | None:
-        for e in reversed(self.log.entries(conversation)):
-            if e.kind == "assistant":
-                return e
-        return None
+        return self.log.last_entry(conversation, lambda e: e.kind == "assistant")
 
     def _open_slots(self, conversation: int) -> list[SlotRecord]:
         last = self._last_assistant(conversation)
@@ -194,11 +191,8 @@ class Harness:
         """``calls`` (open slots), ``model`` (a turn is due), or ``idle``."""
         if self._open_slots(conversation):
             return "calls"
-        visible = [e for e in self.log.entries(conversation) if e.kind != "system"]
-        if not visible:
-            return "idle"
-        last = visible[-1]
-        if last.kind in ("input", "tool_result"):
+        last = self.log.last_entry(conversation, lambda e: e.kind != "system")
+        if last is not None and last.kind in ("input", "tool_result"):
             return "model"
         return "idle"
 

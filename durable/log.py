@@ -300,6 +300,23 @@ class Log:
                 out = [e for e in out if e.id <= upto]
             return out
 
+    def last_entry(self, conversation: int,
+                   where: Callable[[EntryRecord], bool]) -> EntryRecord | None:
+        """The newest entry of ``conversation``'s history (as ``entries`` gives it) for which
+        ``where`` holds, found walking back from the end: a step of the loop costs what it
+        looks at, not the length of the session."""
+        with self._lock:
+            c = self.conversation(conversation)
+            upto: int | None = None
+            while True:
+                for e in reversed(self._entries.get(c.id, [])):
+                    if (upto is None or e.id <= upto) and where(e):
+                        return e
+                if c.parent_conversation is None:
+                    return None
+                upto = c.parent_entry
+                c = self.conversation(c.parent_conversation)
+
     def slot(self, conversation: int, call_id: str) -> SlotRecord | None:
         return self._slots.get(conversation, {}).get(call_id)
 

@@ -83,6 +83,16 @@ def test_rewindable_as_of_and_fork(open_storage: Callable[[], Storage]) -> None:
         mine = tx.append(child, "input", {"content": "child"})
     assert [e.id for e in log.entries(child)] == [*marks[:2], mine]
     assert mine not in [e.id for e in log.entries(root)]
+    # last_entry walks the same history back: the child's own, then its parent's up to the
+    # fork point (never the parent's later entries), as entries() gives it.
+    for conv in (root, child):
+        for where in (lambda e: True, lambda e: e.kind == "input",
+                      lambda e: e.data.get("content") != "child", lambda e: e.id < marks[1],
+                      lambda e: e.kind == "assistant"):
+            expected = [e for e in log.entries(conv) if where(e)]
+            found = log.last_entry(conv, where)
+            assert found == (expected[-1] if expected else None)
+    assert log.last_entry(child, lambda e: e.id > marks[1] and e.id != mine) is None
     log.close()
     # reopen: the same history, ids keep growing
     log = Log.open(open_storage())
