@@ -22,7 +22,7 @@ from durable.adapter import (
 )
 from durable.coding_tools import coding_tools
 from durable.driver import Session, SessionEnv, run_durable_session
-from durable.fence import Fence
+from durable.fence_contract import Fence
 from durable.harness import Submission
 from durable.tools import ToolRegistry
 from scenarios import generate, load

@@ -37,7 +37,7 @@ from pathlib import Path
 from .adapter import DurableSpaces
 from .errors import EpochTaken, HaltError, PermanentFailure, StaleEpochError
 from .failpoints import failpoint
-from .fence import Fence
+from .fence_contract import Fence
 from .harness import Harness, Submission
 from .log import Log
 from .models import Model
@@ -152,7 +152,7 @@ def run_durable_session(
     except PermanentFailure as exc:
         return _exit(EXIT_PERMANENT, f"bad environment: {exc}")
     if open_log is None:
-        from .fences import open_fenced_sqlite
+        from .storage_fences import open_fenced_sqlite
 
         def open_log(state: Path, epoch: int) -> tuple[Storage, Fence]:
             state.mkdir(parents=True, exist_ok=True)

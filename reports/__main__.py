@@ -22,7 +22,7 @@ from typing import NoReturn
 
 from chaos.backends import BACKENDS, BackendUnavailable
 
-from . import bench, cost, html, latency
+from . import cost, cost_bench, html, latency
 from .errors import ReportsError
 from .results import load_all
 
@@ -60,9 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="backends to measure (local, docker, microvm); one that cannot be "
                    "had is skipped with its reason")
     c.add_argument("--repeat", type=_positive, default=20, help="timed calls per cell and kind")
-    c.add_argument("--sizes", type=_positive, nargs="+", default=list(bench.SIZES),
+    c.add_argument("--sizes", type=_positive, nargs="+", default=list(cost_bench.SIZES),
                    help="workspace sizes in files of 4 KiB (default 10 100 1000)")
-    c.add_argument("--modes", nargs="+", choices=bench.MODES, default=list(bench.MODES))
+    c.add_argument("--modes", nargs="+", choices=cost_bench.MODES, default=list(cost_bench.MODES))
     c.add_argument("--out", type=Path, default=None,
                    help="output directory (default results/cost-<timestamp>)")
     lat = sub.add_parser("latency", help="recovery latency tables and plots from campaigns")
@@ -85,7 +85,7 @@ def _run(args: argparse.Namespace) -> int:
         backends = list(dict.fromkeys(b for group in args.backend for b in group))
         out = args.out or Path("results") / f"cost-{time.strftime('%Y%m%dT%H%M%S')}"
         print(cost.run(backends, args.repeat, tuple(sorted(set(args.sizes))),
-                       tuple(m for m in bench.MODES if m in args.modes), out))
+                       tuple(m for m in cost_bench.MODES if m in args.modes), out))
         print(f"cost report: {out}")
         return 0
     campaigns = load_all(args.results)

@@ -1,6 +1,6 @@
 """The cost report: per-call cost of the adapter per mode, call kind and workspace size.
 
-``run`` measures (``bench``) and ``write`` turns the samples into what is published: a CSV
+``run`` measures (``cost_bench``) and ``write`` turns the samples into what is published: a CSV
 of every sample, one Markdown table per backend and workspace size (one row per mode, one
 column per call kind, as the seed document's cost tables), the fitted growth per mode, and
 two plots per backend: cost against workspace size (log-log) and log growth against the
@@ -28,7 +28,7 @@ from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from chaos.backends import BackendUnavailable
 
-from . import bench
+from . import cost_bench
 from .errors import NoBackend
 from .figures import Figure, plt, save
 from .markdown import table
@@ -49,14 +49,14 @@ def run(backends: list[str], repeat: int, sizes: tuple[int, ...], modes: tuple[s
         for backend in backends:
             work = Path(tmp) / backend
             try:
-                spaces = bench.backend_spaces(backend, work)
+                spaces = cost_bench.backend_spaces(backend, work)
             except BackendUnavailable as exc:
                 print(f"cost: skipping backend {backend}: {exc}", file=sys.stderr)
                 continue
             print(f"cost: {backend}: {len(modes)} modes x {len(sizes)} sizes x "
-                  f"{len(bench.KINDS)} kinds, {repeat} rounds", file=sys.stderr)
-            with bench.open_cells(backend, spaces, modes, sizes, work) as cells:
-                samples += bench.measure(cells, repeat)
+                  f"{len(cost_bench.KINDS)} kinds, {repeat} rounds", file=sys.stderr)
+            with cost_bench.open_cells(backend, spaces, modes, sizes, work) as cells:
+                samples += cost_bench.measure(cells, repeat)
     if not samples:
         raise NoBackend(f"no backend could be measured (asked for {', '.join(backends)}); "
                         "the reasons are printed above")
@@ -75,18 +75,18 @@ def cells(samples: pd.DataFrame) -> pd.DataFrame:
 
 def _ordered_modes(frame: pd.DataFrame) -> list[str]:
     present = set(frame["mode"])
-    return [m for m in bench.MODES if m in present]
+    return [m for m in cost_bench.MODES if m in present]
 
 
 def tables(stats: pd.DataFrame, repeat: int) -> list[str]:
     """One Markdown table per backend and workspace size."""
     out = []
     for (backend, files), part in stats.groupby(["backend", "files"], sort=True):
-        kinds = [k for k in bench.KINDS if k in set(part["kind"])]
+        kinds = [k for k in cost_bench.KINDS if k in set(part["kind"])]
         rows = []
         for mode in _ordered_modes(part):
             cell = part[part["mode"] == mode].set_index("kind")
-            modes = set(", ".join(cell["runs_as"]).split(", ")) - {bench.ADAPTER_MODE[mode]}
+            modes = set(", ".join(cell["runs_as"]).split(", ")) - {cost_bench.ADAPTER_MODE[mode]}
             runs_as = ", ".join(sorted(modes))
             rows.append([f"{mode} (runs as {runs_as})" if runs_as else mode,
                          *(f"{cell.loc[k, 'median_ms']:.1f} / {cell.loc[k, 'p95_ms']:.1f}"
@@ -111,7 +111,7 @@ def growth(stats: pd.DataFrame) -> list[str]:
             for kind, rows in part[part["mode"] == mode].groupby("kind", sort=False):
                 per_kind[kind] = 100 * np.polyfit(rows["files"], rows["median_ms"], 1)[0]
             log_slope = 100 * np.polyfit(*_mean_log(part[part["mode"] == mode]), 1)[0]
-            kinds = ", ".join(f"{KIND_LABEL[k]} {_signed(per_kind[k], 1)}" for k in bench.KINDS
+            kinds = ", ".join(f"{KIND_LABEL[k]} {_signed(per_kind[k], 1)}" for k in cost_bench.KINDS
                               if k in per_kind)
             lines.append(f"{backend} {mode}: {_signed(np.mean(list(per_kind.values())), 1)} ms "
                          f"per 100 files ({kinds}); log {_signed(log_slope, 0)} B per call per "
@@ -153,7 +153,7 @@ def _legend(fig: Figure, ax: Axes) -> None:
 
 def plot_cost_vs_size(stats: pd.DataFrame, backend: str, out: Path) -> Path:
     part = stats[stats["backend"] == backend]
-    kinds = [k for k in bench.KINDS if k in set(part["kind"])]
+    kinds = [k for k in cost_bench.KINDS if k in set(part["kind"])]
     fig, axes = plt.subplots(1, len(kinds), figsize=(4.2 * len(kinds), 4), sharey=True,
                              squeeze=False)
     for ax, kind in zip(axes[0], kinds):

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import HaltError, SpaceUnavailable, StaleEpochError
-from ..fence import Fence
+from ..fence_contract import Fence
 from ..log import Log
 from ..spaces import SpaceClient, Spaces
 from ..tools import CallContext, Tool, ToolResult

@@ -22,7 +22,7 @@ from spacesd.protocol import ExecInfo
 from ..coding_tools import apply_edits, bash_result
 from ..errors import SpaceError, SpaceUnavailable
 from ..failpoints import failpoint
-from ..fence import Fence
+from ..fence_contract import Fence
 from ..log import Transaction
 from ..spaces import SpaceClient
 from ..tools import CallContext, ToolResult

@@ -11,7 +11,7 @@ The directory holds:
 - ``log.lock``: the commit lock (``fcntl.flock``, exclusive). Its content is the commit
   high-water mark: ``<bytes committed> <lines committed> <crc32>``, rewritten in place after
   each append.
-- ``epoch-NNNNNNNN``: epoch markers of ``durable.fences.FencedFileSystem``.
+- ``epoch-NNNNNNNN``: epoch markers of ``durable.storage_fences.FencedFileSystem``.
 
 Any other name in the directory, or a ``log.jsonl`` without the header, raises ``NotALog``
 and nothing is changed.
@@ -64,7 +64,7 @@ from pathlib import Path
 
 from ..atomic_file import fsync_dir
 from ..errors import CorruptLog, NotALog, StorageClosed, StorageError, StorageUncertain
-from ..fence import Fence
+from ..fence_contract import Fence
 from . import commit_mark
 from .base import MemoryStorage
 from .records import Batch, Snapshot, encode_json
@@ -211,7 +211,7 @@ class JsonlStorage:
     """A log in the directory ``directory`` (created if missing); see the module docstring.
 
     ``fsync=False`` skips the sync after each append: a commit then survives a crash of the
-    process but not of the machine. ``fence`` (see ``durable.fences.FencedFileSystem``) is
+    process but not of the machine. ``fence`` (see ``durable.storage_fences.FencedFileSystem``) is
     checked under the commit lock before every commit.
     """
 

@@ -20,7 +20,7 @@ commit reads the floor inside its own transaction before writing anything: a flo
 epoch rolls back with ``StaleEpochError``. Because the floor read and the writes share one
 transaction under the write lock, an older writer cannot land anything after a newer one's
 open returned. The read costs one indexed single-row SELECT inside a transaction that already
-pays an fsync. ``durable.fences.open_fenced_sqlite`` wraps this with a ``Fence`` view.
+pays an fsync. ``durable.storage_fences.open_fenced_sqlite`` wraps this with a ``Fence`` view.
 
 Epoch history. A fenced writer stamps every entry it commits with its epoch, and each raise
 of the floor is recorded (``fence_raises``: the new epoch and the first entry id it governs),
@@ -370,7 +370,7 @@ def _rows(batch: Batch) -> dict[str, list[tuple[Any, ...]]]:
 class SqliteStorage:
     """A log in the SQLite file at ``path`` (created if missing); see the module docstring.
 
-    ``epoch`` makes it fenced (``durable.fences.open_fenced_sqlite`` is the usual way in).
+    ``epoch`` makes it fenced (``durable.storage_fences.open_fenced_sqlite`` is the usual way in).
     ``busy_timeout`` (seconds) is how long a commit waits for another process's write lock
     before giving up with ``StorageError``. One connection per object, guarded by a lock, so
     threads of one process may share it.

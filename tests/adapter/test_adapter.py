@@ -24,9 +24,9 @@ from durable.adapter.decide import cell_of, reachable_cells
 from durable.adapter.image import IMAGE_KEY, Image
 from durable.coding_tools import coding_tools
 from durable.errors import DurableError, PermanentFailure, StaleEpochError
-from durable.fences import open_fenced_sqlite
 from durable.harness import Harness
 from durable.models import PlannedCall, ScriptedModel
+from durable.storage_fences import open_fenced_sqlite
 from durable.tools import ToolRegistry
 from spacesd.protocol import workspace_hash
 

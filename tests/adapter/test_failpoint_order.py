@@ -36,9 +36,9 @@ from durable.adapter import (
 )
 from durable.coding_tools import coding_tools
 from durable.errors import DurableError
-from durable.fences import open_fenced_sqlite
 from durable.harness import Harness
 from durable.models import PlannedCall, ScriptedModel
+from durable.storage_fences import open_fenced_sqlite
 from durable.tools import ToolRegistry
 
 GOLDEN = Path(__file__).with_name("failpoint_order.json")

@@ -27,10 +27,10 @@ from durable.driver import (
     run_durable_session,
 )
 from durable.errors import EpochTaken, StaleEpochError
-from durable.fence import Fence
-from durable.fences import open_fenced_sqlite
+from durable.fence_contract import Fence
 from durable.harness import Harness, Submission
 from durable.models import PlannedCall, ScriptedModel
+from durable.storage_fences import open_fenced_sqlite
 from durable.tools import ToolRegistry
 from tests.escapes import read_pid
 

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from durable.bench import main
+from durable.log_bench import main
 
 
 @pytest.mark.bench

@@ -22,7 +22,6 @@ from pathlib import Path
 import pytest
 
 from durable.errors import CorruptLog, NotALog, StorageError
-from durable.fences import open_fenced_sqlite
 from durable.storage import (
     Batch,
     ConversationRecord,
@@ -34,6 +33,7 @@ from durable.storage import (
     Snapshot,
     SqliteStorage,
 )
+from durable.storage_fences import open_fenced_sqlite
 
 REPO = Path(__file__).resolve().parents[2]
 Storage = SqliteStorage | JsonlStorage

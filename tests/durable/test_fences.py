@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from durable.errors import NotALog, StaleEpochError, StorageClosed
-from durable.fence import Fence
-from durable.fences import FencedFileSystem, FileFence, SqliteFence, open_fenced_sqlite
+from durable.fence_contract import Fence
 from durable.storage import (
     Batch,
     ConversationRecord,
@@ -23,6 +22,12 @@ from durable.storage import (
     SlotRecord,
     SqliteStorage,
     Storage,
+)
+from durable.storage_fences import (
+    FencedFileSystem,
+    FileFence,
+    SqliteFence,
+    open_fenced_sqlite,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -189,7 +194,7 @@ WRITER = f"""
 import sys
 import time
 from durable.errors import StaleEpochError
-from durable.fences import FencedFileSystem, open_fenced_sqlite
+from durable.storage_fences import FencedFileSystem, open_fenced_sqlite
 from durable.storage import Batch, EntryRecord
 kind, path = sys.argv[1], sys.argv[2]
 storage, fence = open_fenced_sqlite(path, 1) if kind == "sqlite" else FencedFileSystem(path).open(1)

@@ -25,7 +25,14 @@ from durable.models import (
 )
 from durable.storage import SqliteStorage
 from durable.storage.records import Batch, EntryRecord
-from durable.tools import CallContext, Tool, ToolRegistry, ToolResult, doc_tools, host_tool
+from durable.tools import (
+    CallContext,
+    Tool,
+    ToolRegistry,
+    ToolResult,
+    doc_tools,
+    host_tool,
+)
 
 TASKS = define_doc("test.tasks", 1, [])
 

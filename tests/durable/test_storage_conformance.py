@@ -16,7 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from durable.errors import DocConflict, DuplicateRequest, LogConflict, StorageClosed, StorageError
+from durable.errors import (
+    DocConflict,
+    DuplicateRequest,
+    LogConflict,
+    StorageClosed,
+    StorageError,
+)
 from durable.storage import (
     Batch,
     ConversationRecord,

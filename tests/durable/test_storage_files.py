@@ -18,8 +18,14 @@ from durable.errors import (
     StorageError,
     StorageUncertain,
 )
-from durable.storage import Batch, ConversationRecord, EntryRecord, JsonlStorage, SqliteStorage
-from durable.storage import jsonl
+from durable.storage import (
+    Batch,
+    ConversationRecord,
+    EntryRecord,
+    JsonlStorage,
+    SqliteStorage,
+    jsonl,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from reports.bench import KINDS, MODES
+from reports.cost_bench import KINDS, MODES
 
 
 @pytest.mark.bench

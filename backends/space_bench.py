@@ -1,4 +1,4 @@
-"""``python -m backends.bench``: what a local Space costs. Prints numbers, asserts nothing.
+"""``python -m backends.space_bench``: what a local Space costs. Prints numbers, asserts nothing.
 
 One ``BENCH`` line per measurement, ``key=value`` pairs, medians over several rounds (the
 setup line gives the load average: on a shared machine other processes inflate the short
@@ -102,7 +102,7 @@ def bench_checkpoint(client: SpaceClient, work: Path, count: int, rounds: int) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m backends.bench", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m backends.space_bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--small", action="store_true", help="few rounds (a smoke run)")
     args = parser.parse_args(argv)

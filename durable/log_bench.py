@@ -1,4 +1,4 @@
-"""What a commit costs on each persistent storage: ``python -m durable.bench [--commits N]``.
+"""What a commit costs on each persistent storage: ``python -m durable.log_bench [--commits N]``.
 
 Measures SQLite unfenced and fenced, JSONL with and without fsync, on the batch a tool call
 commits (one entry with ~500 bytes of data, one slot upsert, one document write), and prints
@@ -22,7 +22,6 @@ from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 
-from .fences import open_fenced_sqlite
 from .storage import (
     Batch,
     ConversationRecord,
@@ -33,6 +32,7 @@ from .storage import (
     SqliteStorage,
     Storage,
 )
+from .storage_fences import open_fenced_sqlite
 
 KINDS: dict[str, Callable[[Path], Storage]] = {
     "sqlite": lambda d: SqliteStorage(d / "unfenced.sqlite"),
@@ -98,7 +98,7 @@ def report(latencies: dict[str, list[float]]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m durable.bench", description=__doc__.split("\n")[0]
+        prog="python -m durable.log_bench", description=__doc__.split("\n")[0]
     )
     parser.add_argument(
         "--commits", type=int, default=300, help="commits per storage (default 300)"
@@ -112,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.commits < 1:
         parser.error(f"--commits must be >= 1, got {args.commits}")
     with tempfile.TemporaryDirectory(prefix="durable-bench-", dir=args.dir) as tmp:
-        print(f"durable.bench: {args.commits} commits per storage, interleaved, in {tmp}")
+        print(f"durable.log_bench: {args.commits} commits per storage, interleaved, in {tmp}")
         for line in report(run(args.commits, Path(tmp))):
             print(line)
     return 0
