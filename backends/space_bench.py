@@ -27,7 +27,7 @@ from functools import partial
 from pathlib import Path
 
 from backends.local import LocalSpaces
-from backends.space_client import SpaceClient
+from backends.space_client import HttpSpaceClient
 from spacesd.workspace_scan import RACY_NS
 
 FILE_SIZE = 4096
@@ -55,7 +55,7 @@ def _settle() -> None:
     time.sleep(RACY_NS / 1e9 * 2)
 
 
-def bench_exec(client: SpaceClient, rounds: int) -> None:
+def bench_exec(client: HttpSpaceClient, rounds: int) -> None:
     ledger, plain = [], []
     def noop(key: str) -> None:
         client.exec_start(key, "true")
@@ -68,7 +68,7 @@ def bench_exec(client: SpaceClient, rounds: int) -> None:
           f"ratio={statistics.median(ledger) / statistics.median(plain):.1f} rounds={rounds}")
 
 
-def bench_scan(client: SpaceClient, work: Path, count: int, rounds: int) -> None:
+def bench_scan(client: HttpSpaceClient, work: Path, count: int, rounds: int) -> None:
     first, rescan = [], []
     for r in range(rounds):
         shutil.rmtree(work / "scan", ignore_errors=True)
@@ -84,7 +84,7 @@ def bench_scan(client: SpaceClient, work: Path, count: int, rounds: int) -> None
     shutil.rmtree(work / "scan")
 
 
-def bench_checkpoint(client: SpaceClient, work: Path, count: int, rounds: int) -> None:
+def bench_checkpoint(client: HttpSpaceClient, work: Path, count: int, rounds: int) -> None:
     create, again, restore = [], [], []
     for r in range(rounds):
         shutil.rmtree(work / "cp", ignore_errors=True)

@@ -73,7 +73,7 @@ def _busy_wait(resp: http.client.HTTPResponse, data: bytes) -> float | None:
     return min(max(after, 0.05), 5.0) * random.uniform(0.5, 1.0)
 
 
-class SpaceClient:
+class HttpSpaceClient:
     def __init__(self, name: str, epoch: int, resolver: Resolver, *, timeout: float = 60.0,
                  retry_for: float = 5.0, long_timeout: float = 900.0,
                  busy_for: float = 120.0) -> None:
@@ -88,15 +88,15 @@ class SpaceClient:
         #: For checkpoints and their transfers, which may take long on big workspaces.
         self.long_timeout = long_timeout
 
-    def with_epoch(self, epoch: int) -> SpaceClient:
-        other = SpaceClient(self.name, epoch, self._resolver, timeout=self.timeout,
+    def with_epoch(self, epoch: int) -> HttpSpaceClient:
+        other = HttpSpaceClient(self.name, epoch, self._resolver, timeout=self.timeout,
                             retry_for=self.retry_for, long_timeout=self.long_timeout,
                             busy_for=self.busy_for)
         other._endpoint = self._endpoint
         return other
 
     def __repr__(self) -> str:
-        return f"SpaceClient({self.name!r}, epoch={self.epoch})"
+        return f"HttpSpaceClient({self.name!r}, epoch={self.epoch})"
 
     # ---------------------------------------------------------------- transport
 

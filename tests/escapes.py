@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from backends.local import LocalSpace
-from backends.space_client import SpaceClient
+from backends.space_client import HttpSpaceClient
 from spacesd import procfs
 
 #: Commands that each leave one escapee writing its pid to the file ``{f}``.
@@ -58,7 +58,7 @@ def has_marker(pid: int) -> bool:
         return b"SPACESD_STATE=" in f.read()
 
 
-def start_escapes(client: SpaceClient, space: LocalSpace, found: list[tuple[int, int]],
+def start_escapes(client: HttpSpaceClient, space: LocalSpace, found: list[tuple[int, int]],
                   prefix: str = "") -> dict[str, tuple[int, int]]:
     """One key per way of escaping (``<prefix><kind>``), each leaving one escapee that
     really left its command's group and session (the ``env -i`` one its marker too); the

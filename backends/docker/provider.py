@@ -62,7 +62,7 @@ from docker.types import LogConfig
 
 from backends.docker.errors import DockerUnavailable
 from backends.local.provider import _NAME  # one rule for Space names on every backend
-from backends.space_client import Endpoint, SpaceClient
+from backends.space_client import Endpoint, HttpSpaceClient
 from durable.errors import SpaceError, SpaceNotFound, SpaceUnavailable
 from spacesd.failpoints import ENV_VAR as FAILPOINTS_ENV
 from spacesd.protocol import (
@@ -449,9 +449,9 @@ class DockerSpaces:
                 raise SpaceUnavailable(f"Space {name!r}: copying {STATE_DIR}/{rel} out of the "
                                        f"container failed ({exc}); try again") from exc
 
-    def connect(self, name: str, *, epoch: int) -> SpaceClient:
+    def connect(self, name: str, *, epoch: int) -> HttpSpaceClient:
         self._inspect(name)
-        return SpaceClient(name, epoch, lambda: self._resolver(name))
+        return HttpSpaceClient(name, epoch, lambda: self._resolver(name))
 
     def names(self) -> list[str]:
         return sorted(c["Labels"][LABEL_NAME] for c in self._containers(self.scope))
@@ -490,7 +490,7 @@ class DockerSpaces:
 
     def _healthy(self, name: str) -> bool:
         try:
-            SpaceClient(name, 0, lambda: self._resolver(name), timeout=5.0,
+            HttpSpaceClient(name, 0, lambda: self._resolver(name), timeout=5.0,
                         retry_for=0).health()
             return True
         except SpaceNotFound:

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import spacesd.protocol
 from backends.local import procs
-from backends.space_client import Endpoint, SpaceClient
+from backends.space_client import Endpoint, HttpSpaceClient
 from durable.errors import SpaceError, SpaceNotFound, SpaceUnavailable
 from spacesd.failpoints import ENV_VAR as FAILPOINTS_ENV
 from spacesd.protocol import (
@@ -209,9 +209,9 @@ class LocalSpaces:
             self._kill_daemon(space)
             self._start_daemon(space)
 
-    def connect(self, name: str, *, epoch: int) -> SpaceClient:
+    def connect(self, name: str, *, epoch: int) -> HttpSpaceClient:
         space = self.get(name)
-        return SpaceClient(name, epoch, space.endpoint)
+        return HttpSpaceClient(name, epoch, space.endpoint)
 
     def save_state(self, name: str, dest: Path) -> None:
         """Copy what an audit reads of the daemon's state (ledger, fence journal, epoch,
@@ -303,7 +303,7 @@ class LocalSpaces:
     @staticmethod
     def _healthy(space: LocalSpace) -> bool:
         try:
-            SpaceClient(space.name, 0, space.endpoint, timeout=5.0, retry_for=0).health()
+            HttpSpaceClient(space.name, 0, space.endpoint, timeout=5.0, retry_for=0).health()
             return True
         except SpaceError:
             return False

@@ -15,7 +15,7 @@ import pytest
 
 from backends.local import LocalSpaces
 from backends.local.procs import start_time
-from backends.space_client import SpaceClient
+from backends.space_client import HttpSpaceClient
 from durable.adapter import DurableSpaces, WorkspaceSnapshots, durable_spaces
 from durable.adapter.space_names import session_token, space_name
 from durable.coding_tools import coding_tools
@@ -202,15 +202,15 @@ def test_on_stale_fires_once_per_refusal(tmp_path: Path, local_spaces: LocalSpac
         assert harness.root("a").submit(content="go", request_id="r1").wait().done
     finally:
         harness.close()
-    probe = SpaceClient.capabilities
+    probe = HttpSpaceClient.capabilities
 
-    def probe_then_lose_the_race(client: SpaceClient) -> set[str]:
+    def probe_then_lose_the_race(client: HttpSpaceClient) -> set[str]:
         found = probe(client)
         if client.epoch == 1:
             client.with_epoch(5).advance_epoch(5, owner="newer")
         return found
 
-    monkeypatch.setattr(SpaceClient, "capabilities", probe_then_lose_the_race)
+    monkeypatch.setattr(HttpSpaceClient, "capabilities", probe_then_lose_the_race)
     seen: list[StaleEpochError] = []
     harness, _adapter = open_harness(tmp_path, local_spaces, "s", epoch=1, on_stale=seen.append)
     try:

@@ -6,18 +6,18 @@ import pytest
 
 from backends.local import LocalSpaces
 from backends.local.procs import kill_process
-from backends.space_client import Endpoint, SpaceClient
+from backends.space_client import Endpoint, HttpSpaceClient
 from durable.errors import SpaceError, SpaceNotFound, SpaceUnavailable, StaleEpochError
 from durable.spaces import SpaceClient as SpaceClientProtocol
 
 
 @pytest.fixture
-def client(spaces: LocalSpaces) -> SpaceClient:
+def client(spaces: LocalSpaces) -> HttpSpaceClient:
     spaces.create("s")
     return spaces.connect("s", epoch=1)
 
 
-def test_is_a_space_client_bound_to_an_epoch(client: SpaceClient) -> None:
+def test_is_a_space_client_bound_to_an_epoch(client: HttpSpaceClient) -> None:
     assert isinstance(client, SpaceClientProtocol)
     other = client.with_epoch(2)
     assert (client.epoch, other.epoch, other.name) == (1, 2, "s")
@@ -25,7 +25,7 @@ def test_is_a_space_client_bound_to_an_epoch(client: SpaceClient) -> None:
                                      "workspace.scan", "workspace.checkpoint"}
 
 
-def test_the_client_follows_a_restarted_daemon(spaces: LocalSpaces, client: SpaceClient) -> None:
+def test_the_client_follows_a_restarted_daemon(spaces: LocalSpaces, client: HttpSpaceClient) -> None:
     client.write_file("f", b"1")
     for _ in range(3):
         spaces.kill_daemon("s")
@@ -35,10 +35,10 @@ def test_the_client_follows_a_restarted_daemon(spaces: LocalSpaces, client: Spac
 
 
 def test_a_dead_daemon_is_unavailable_and_a_deleted_space_not_found(
-    spaces: LocalSpaces, client: SpaceClient
+    spaces: LocalSpaces, client: HttpSpaceClient
 ) -> None:
     space = spaces.get("s")
-    quick = SpaceClient("s", 1, space.endpoint, retry_for=0.3)
+    quick = HttpSpaceClient("s", 1, space.endpoint, retry_for=0.3)
     kill_process(*space.daemon())
     with pytest.raises(SpaceUnavailable):
         quick.stat("f")
@@ -47,7 +47,7 @@ def test_a_dead_daemon_is_unavailable_and_a_deleted_space_not_found(
         quick.stat("f")
 
 
-def test_refusals_carry_their_code(client: SpaceClient) -> None:
+def test_refusals_carry_their_code(client: HttpSpaceClient) -> None:
     client.advance_epoch(3)
     with pytest.raises(StaleEpochError) as stale:
         client.stat("f")
@@ -57,13 +57,13 @@ def test_refusals_carry_their_code(client: SpaceClient) -> None:
     assert (exc.value.code, exc.value.status) == ("not_found", 404)
 
 
-def test_a_wrong_token_is_resolved_again_once(spaces: LocalSpaces, client: SpaceClient) -> None:
+def test_a_wrong_token_is_resolved_again_once(spaces: LocalSpaces, client: HttpSpaceClient) -> None:
     """A port reused by another Space's daemon answers 401: the client looks again."""
     right = spaces.get("s").endpoint()
     answers = iter([Endpoint(right.host, right.port, "stale-token"), right])
-    flaky = SpaceClient("s", 1, lambda: next(answers))
+    flaky = HttpSpaceClient("s", 1, lambda: next(answers))
     assert flaky.stat("") is not None
-    wrong = SpaceClient("s", 1, lambda: Endpoint(right.host, right.port, "wrong"))
+    wrong = HttpSpaceClient("s", 1, lambda: Endpoint(right.host, right.port, "wrong"))
     with pytest.raises(SpaceError) as exc:
         wrong.stat("")
     assert exc.value.code == "unauthorized"

@@ -16,7 +16,7 @@ import pytest
 
 from backends.local import LocalSpace, LocalSpaces
 from backends.local.procs import kill_process, start_time
-from backends.space_client import SpaceClient
+from backends.space_client import HttpSpaceClient
 from chaos.rendezvous import Action, Hit, Rendezvous
 
 
@@ -34,7 +34,7 @@ def space(spaces: LocalSpaces) -> LocalSpace:
 
 
 @pytest.fixture
-def client(spaces: LocalSpaces, space: LocalSpace) -> SpaceClient:
+def client(spaces: LocalSpaces, space: LocalSpace) -> HttpSpaceClient:
     return spaces.connect(space.name, epoch=1)
 
 

@@ -9,20 +9,20 @@ import tarfile
 import pytest
 
 from backends.local import LocalSpace, LocalSpaces
-from backends.space_client import SpaceClient
+from backends.space_client import HttpSpaceClient
 from durable.errors import SpaceError
 from spacesd.daemon import Daemon
 from spacesd.protocol import workspace_hash
 
 
-def fill(client: SpaceClient) -> None:
+def fill(client: HttpSpaceClient) -> None:
     client.write_file("src/main.py", b"print(1)\n")
     client.write_file("bin/run", b"#!/bin/sh\n", mode=0o755)
     client.symlink("latest", "src/main.py")
     client.mkdir("empty/dir")
 
 
-def state(client: SpaceClient) -> tuple[str, list]:
+def state(client: HttpSpaceClient) -> tuple[str, list]:
     scan = client.scan()
     return workspace_hash(scan.entries), [(e.path, e.kind) for e in scan.entries]
 
@@ -32,7 +32,7 @@ def objects(space: LocalSpace) -> list[str]:
                   if p.is_file())
 
 
-def test_restore_makes_the_workspace_exactly_equal(client: SpaceClient,
+def test_restore_makes_the_workspace_exactly_equal(client: HttpSpaceClient,
                                                    space: LocalSpace) -> None:
     fill(client)
     before = state(client)
@@ -53,7 +53,7 @@ def test_restore_makes_the_workspace_exactly_equal(client: SpaceClient,
     assert state(client) == before
 
 
-def test_restore_replaces_entries_of_another_kind(client: SpaceClient,
+def test_restore_replaces_entries_of_another_kind(client: HttpSpaceClient,
                                                   space: LocalSpace) -> None:
     fill(client)
     before = state(client)
@@ -66,7 +66,7 @@ def test_restore_replaces_entries_of_another_kind(client: SpaceClient,
     assert state(client) == before
 
 
-def test_unchanged_files_cost_nothing(client: SpaceClient, space: LocalSpace) -> None:
+def test_unchanged_files_cost_nothing(client: HttpSpaceClient, space: LocalSpace) -> None:
     for n in range(10):
         client.write_file(f"f{n}", b"%d" % n)
     client.checkpoint_create("a")
@@ -84,7 +84,7 @@ def test_unchanged_files_cost_nothing(client: SpaceClient, space: LocalSpace) ->
     assert exc.value.code == "not_found"
 
 
-def test_export_and_import_into_another_space(spaces: LocalSpaces, client: SpaceClient) -> None:
+def test_export_and_import_into_another_space(spaces: LocalSpaces, client: HttpSpaceClient) -> None:
     fill(client)
     client.write_file("big.bin", os.urandom(3 * 1024 * 1024))
     before = state(client)
@@ -98,7 +98,7 @@ def test_export_and_import_into_another_space(spaces: LocalSpaces, client: Space
     assert state(other) == before
 
 
-def test_import_refuses_a_tampered_or_hostile_tar(client: SpaceClient) -> None:
+def test_import_refuses_a_tampered_or_hostile_tar(client: HttpSpaceClient) -> None:
     fill(client)
     client.checkpoint_create("cp")
     tar = b"".join(client.checkpoint_export("cp"))

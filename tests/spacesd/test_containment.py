@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from backends.local import LocalSpace, LocalSpaces
-from backends.space_client import Endpoint, SpaceClient
+from backends.space_client import Endpoint, HttpSpaceClient
 from spacesd import audit, containment, procfs
 from tests.escapes import ESCAPES, gone, read_pid, start_escapes, wait_pid
 
@@ -189,7 +189,7 @@ def host_pid(namespace: str, inner: int, timeout: float = 10.0) -> int:
 
 
 @pytest.fixture
-def sandbox(tmp_path: Path) -> Iterator[tuple[SpaceClient, Path, str]]:
+def sandbox(tmp_path: Path) -> Iterator[tuple[HttpSpaceClient, Path, str]]:
     """spacesd under spacesd.supervisor as PID 1 of a new PID namespace (``unshare``), with
     no cgroup hierarchy to use: ``auto`` must pick sandbox. Killing PID 1 ends the test:
     the kernel kills every process of the namespace."""
@@ -211,7 +211,7 @@ def sandbox(tmp_path: Path) -> Iterator[tuple[SpaceClient, Path, str]]:
             time.sleep(0.02)
         pid1 = next(p.pid for p in procfs.snapshot().values() if p.ppid == proc.pid)
         namespace = os.readlink(f"/proc/{pid1}/ns/pid")
-        client = SpaceClient("sandbox", 1, lambda: Endpoint(
+        client = HttpSpaceClient("sandbox", 1, lambda: Endpoint(
             "127.0.0.1", int((tmp_path / "state/port").read_text()), "token"), retry_for=30)
         yield client, tmp_path / "work", namespace
     finally:
@@ -220,7 +220,7 @@ def sandbox(tmp_path: Path) -> Iterator[tuple[SpaceClient, Path, str]]:
 
 
 def test_sandbox_kills_strays_and_spares_what_came_from_outside(
-        sandbox: tuple[SpaceClient, Path, str], escapees: list) -> None:
+        sandbox: tuple[HttpSpaceClient, Path, str], escapees: list) -> None:
     client, work, namespace = sandbox
     assert client._call("capabilities")["containment"] == "sandbox"
 

@@ -10,7 +10,7 @@ import pytest
 
 from backends.local import LocalSpace, LocalSpaces
 from backends.local.procs import kill_process
-from backends.space_client import SpaceClient
+from backends.space_client import HttpSpaceClient
 from durable.errors import StaleEpochError
 
 
@@ -59,7 +59,7 @@ def test_advance_kills_an_older_process_tree_and_refuses_older_writes(
 
 
 def test_advance_is_monotonic_and_persisted(spaces: LocalSpaces, space: LocalSpace,
-                                            client: SpaceClient) -> None:
+                                            client: HttpSpaceClient) -> None:
     assert client.advance_epoch(5) == {"floor": 5, "killed": []}
     assert client.advance_epoch(5) == {"floor": 5, "killed": []}  # equal: a no-op
     with pytest.raises(StaleEpochError) as exc:
@@ -75,7 +75,7 @@ def test_advance_is_monotonic_and_persisted(spaces: LocalSpaces, space: LocalSpa
     assert client.with_epoch(5).stat("x")["size"] == 1
 
 
-def test_advance_spares_processes_of_newer_epochs(client: SpaceClient) -> None:
+def test_advance_spares_processes_of_newer_epochs(client: HttpSpaceClient) -> None:
     e3 = client.with_epoch(3)
     e3.exec_start("k@3", "sleep 30")
     assert client.with_epoch(2).advance_epoch(2)["killed"] == []
@@ -83,7 +83,7 @@ def test_advance_spares_processes_of_newer_epochs(client: SpaceClient) -> None:
     assert e3.advance_epoch(4)["killed"] == ["k@3"]
 
 
-def test_old_leftovers_are_killed_too(client: SpaceClient, space: LocalSpace) -> None:
+def test_old_leftovers_are_killed_too(client: HttpSpaceClient, space: LocalSpace) -> None:
     client.exec_start("k", "sleep 300 & echo $! > bg.pid")
     assert client.exec_wait("k", timeout=60).exit_code == 0
     (bg,) = read_pids(space.work, "bg.pid")
@@ -96,7 +96,7 @@ def test_old_leftovers_are_killed_too(client: SpaceClient, space: LocalSpace) ->
 
 
 def test_a_floor_raised_by_a_crashed_advance_is_enforced_at_start(
-    spaces: LocalSpaces, space: LocalSpace, client: SpaceClient
+    spaces: LocalSpaces, space: LocalSpace, client: HttpSpaceClient
 ) -> None:
     """A daemon killed after persisting the floor but before killing: the next one kills."""
     client.exec_start("k", "echo $$ > sh.pid; sleep 300")

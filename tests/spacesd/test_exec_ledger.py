@@ -9,7 +9,7 @@ import pytest
 
 from backends.local import LocalSpace, LocalSpaces
 from backends.local.procs import kill_process
-from backends.space_client import SpaceClient
+from backends.space_client import HttpSpaceClient
 from durable.errors import SpaceError
 from spacesd.protocol import OUTPUT_TAIL_BYTES
 
@@ -23,7 +23,7 @@ def wait_for_file(path: Path, timeout: float = 30.0, empty_ok: bool = False) -> 
     return path.read_text()
 
 
-def test_a_key_started_twice_runs_once(client: SpaceClient, space: LocalSpace) -> None:
+def test_a_key_started_twice_runs_once(client: HttpSpaceClient, space: LocalSpace) -> None:
     first = client.exec_start("c:1:0@1", "echo ran >> runs.txt")
     assert first.state == "started"
     assert client.exec_wait("c:1:0@1", timeout=60).exit_code == 0
@@ -32,7 +32,7 @@ def test_a_key_started_twice_runs_once(client: SpaceClient, space: LocalSpace) -
     assert (space.work / "runs.txt").read_text() == "ran\n"
 
 
-def test_a_known_key_with_another_command_is_a_conflict(client: SpaceClient,
+def test_a_known_key_with_another_command_is_a_conflict(client: HttpSpaceClient,
                                                        space: LocalSpace) -> None:
     """A key is a promise about one command: another command (or cwd) under it is refused,
     never answered with the first command's result."""
@@ -53,7 +53,7 @@ def test_a_known_key_with_another_command_is_a_conflict(client: SpaceClient,
 GATE = "until [ -f go ]; do sleep 0.02; done"
 
 
-def test_starting_a_running_key_reattaches(client: SpaceClient, space: LocalSpace) -> None:
+def test_starting_a_running_key_reattaches(client: HttpSpaceClient, space: LocalSpace) -> None:
     command = f"echo start; echo x >> runs.txt; {GATE}; echo end; exit 7"
     client.exec_start("k", command)
     wait_for_file(space.work / "runs.txt")
@@ -67,7 +67,7 @@ def test_starting_a_running_key_reattaches(client: SpaceClient, space: LocalSpac
     assert (space.work / "runs.txt").read_text() == "x\n"
 
 
-def test_wait_resumes_from_an_offset_and_times_out_running(client: SpaceClient,
+def test_wait_resumes_from_an_offset_and_times_out_running(client: HttpSpaceClient,
                                                            space: LocalSpace) -> None:
     client.exec_start("k", "printf abc; touch printed; sleep 30")
     wait_for_file(space.work / "printed", empty_ok=True)
@@ -78,7 +78,7 @@ def test_wait_resumes_from_an_offset_and_times_out_running(client: SpaceClient,
     assert client.exec_kill("k").signal == 9
 
 
-def test_replay_after_exit_is_the_last_64k_of_a_1mb_output(client: SpaceClient) -> None:
+def test_replay_after_exit_is_the_last_64k_of_a_1mb_output(client: HttpSpaceClient) -> None:
     # 1 MiB of numbered lines: the replay must be exactly the output's last 64 KiB.
     cmd = "seq -f %09g 1 110000 | head -c 1048576"
     whole = "".join(f"{i:09d}\n" for i in range(1, 110001))[:1048576]
@@ -94,7 +94,7 @@ def test_replay_after_exit_is_the_last_64k_of_a_1mb_output(client: SpaceClient) 
     assert "".join(streamed) == replay.output == again.output
 
 
-def test_on_output_exceptions_propagate(client: SpaceClient) -> None:
+def test_on_output_exceptions_propagate(client: HttpSpaceClient) -> None:
     client.exec_start("k", "echo hi; sleep 30")
 
     class Stop(Exception):
@@ -109,7 +109,7 @@ def test_on_output_exceptions_propagate(client: SpaceClient) -> None:
     client.exec_kill("k")
 
 
-def test_unknown_key_and_bad_cwd(client: SpaceClient) -> None:
+def test_unknown_key_and_bad_cwd(client: HttpSpaceClient) -> None:
     assert client.exec_status("nope").state == "unknown"
     assert client.exec_wait("nope", timeout=1).state == "unknown"
     with pytest.raises(SpaceError) as exc:
@@ -121,7 +121,7 @@ def test_unknown_key_and_bad_cwd(client: SpaceClient) -> None:
     assert client.exec_status("k").state == "unknown"  # refused keys are not recorded
 
 
-def test_cwd_env_and_exit_by_signal(client: SpaceClient) -> None:
+def test_cwd_env_and_exit_by_signal(client: HttpSpaceClient) -> None:
     client.mkdir("sub")
     client.exec_start("k", 'pwd; echo "$GREETING"; kill -TERM $$', cwd="sub",
                       env={"GREETING": "hello"})
@@ -131,7 +131,7 @@ def test_cwd_env_and_exit_by_signal(client: SpaceClient) -> None:
     assert (info.exit_code, info.signal) == (None, 15)
 
 
-def test_background_leftovers_count_as_running(client: SpaceClient) -> None:
+def test_background_leftovers_count_as_running(client: HttpSpaceClient) -> None:
     client.exec_start("k", "sleep 30 & echo started")
     info = client.exec_wait("k", timeout=60)
     assert info.state == "exited" and info.exit_code == 0
@@ -142,7 +142,7 @@ def test_background_leftovers_count_as_running(client: SpaceClient) -> None:
 
 
 def test_daemon_killed_mid_command_then_reattached_never_twice(
-    spaces: LocalSpaces, space: LocalSpace, client: SpaceClient
+    spaces: LocalSpaces, space: LocalSpace, client: HttpSpaceClient
 ) -> None:
     command = f"echo x >> runs.txt; {GATE}; echo done"
     client.exec_start("k", command)
@@ -159,7 +159,7 @@ def test_daemon_killed_mid_command_then_reattached_never_twice(
 
 
 def test_machine_restart_makes_running_keys_lost(
-    spaces: LocalSpaces, space: LocalSpace, client: SpaceClient
+    spaces: LocalSpaces, space: LocalSpace, client: HttpSpaceClient
 ) -> None:
     client.exec_start("k", "echo x >> runs.txt; sleep 30")
     client.exec_start("done", "true")
@@ -174,7 +174,7 @@ def test_machine_restart_makes_running_keys_lost(
 
 
 def test_a_torn_last_ledger_record_is_dropped_on_restart(
-    spaces: LocalSpaces, space: LocalSpace, client: SpaceClient
+    spaces: LocalSpaces, space: LocalSpace, client: HttpSpaceClient
 ) -> None:
     for n in range(3):
         client.exec_start(f"k{n}", f"echo {n}")
@@ -195,7 +195,7 @@ def test_a_torn_last_ledger_record_is_dropped_on_restart(
 
 @pytest.mark.slow
 def test_keys_run_at_most_once_through_daemon_kills_and_restarts(
-    spaces: LocalSpaces, space: LocalSpace, client: SpaceClient
+    spaces: LocalSpaces, space: LocalSpace, client: HttpSpaceClient
 ) -> None:
     """Start keys while the daemon is SIGKILLed and the Space restarted around them: every
     key ran at most once, and exactly once if it reports exited."""

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from backends.local import LocalSpace, LocalSpaces
-from backends.space_client import SpaceClient
+from backends.space_client import HttpSpaceClient
 from durable.errors import SpaceUnavailable
 from spacesd import audit, procfs, shim
 from spacesd.failpoints import POINTS, Channel
@@ -40,9 +40,9 @@ def wait_for_file(path: Path, timeout: float = 30.0) -> str:
     return path.read_text()
 
 
-def fragile(space: LocalSpace, epoch: int) -> SpaceClient:
+def fragile(space: LocalSpace, epoch: int) -> HttpSpaceClient:
     """A client that gives up at once when the daemon dies under a request."""
-    return SpaceClient(space.name, epoch, space.endpoint, retry_for=0)
+    return HttpSpaceClient(space.name, epoch, space.endpoint, retry_for=0)
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from backends.local import LocalSpace, LocalSpaces
-from backends.space_client import SpaceClient
+from backends.space_client import HttpSpaceClient
 from durable.errors import StaleEpochError
 from spacesd import audit, procfs
 from spacesd.daemon import Daemon
@@ -25,7 +25,7 @@ def fences(state: Path) -> list[dict]:
 
 
 def test_advances_and_restores_are_recorded(spaces: LocalSpaces, space: LocalSpace,
-                                            client: SpaceClient) -> None:
+                                            client: HttpSpaceClient) -> None:
     client.write_file("a.txt", b"one")
     client.checkpoint_create("cp")
     client.exec_start("k", "sleep 300")

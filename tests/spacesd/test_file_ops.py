@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from backends.local import LocalSpace
-from backends.space_client import SpaceClient
+from backends.space_client import HttpSpaceClient
 from durable.errors import SpaceError
 
 
@@ -19,7 +19,7 @@ def refused(code: str, fn, *args, **kwargs) -> SpaceError:
     return exc.value
 
 
-def test_read_write_edit_stat_list_remove(client: SpaceClient, space: LocalSpace) -> None:
+def test_read_write_edit_stat_list_remove(client: HttpSpaceClient, space: LocalSpace) -> None:
     client.write_file("src/a.py", b"print('hello')\n")
     assert (space.work / "src/a.py").read_bytes() == b"print('hello')\n"
     assert client.read_file("src/a.py", offset=7, limit=5) == b"hello"
@@ -44,7 +44,7 @@ def test_read_write_edit_stat_list_remove(client: SpaceClient, space: LocalSpace
     refused("bad_request", client.remove, "")
 
 
-def test_edit_needs_exactly_one_occurrence(client: SpaceClient) -> None:
+def test_edit_needs_exactly_one_occurrence(client: HttpSpaceClient) -> None:
     client.write_file("f.txt", b"one two two\n")
     err = refused("conflict", client.edit_file, "f.txt", "three", "3")
     assert "not found" in str(err)
@@ -53,7 +53,7 @@ def test_edit_needs_exactly_one_occurrence(client: SpaceClient) -> None:
     assert client.read_file("f.txt") == b"one two two\n"
 
 
-def test_symlinks_are_kept_as_links(client: SpaceClient, space: LocalSpace) -> None:
+def test_symlinks_are_kept_as_links(client: HttpSpaceClient, space: LocalSpace) -> None:
     client.write_file("target.txt", b"old")
     client.symlink("link", "target.txt")
     assert client.stat("link")["target"] == "target.txt"
@@ -75,7 +75,7 @@ def test_symlinks_are_kept_as_links(client: SpaceClient, space: LocalSpace) -> N
     "bad\\name",
     "nul\x00byte",
 ])
-def test_paths_that_leave_the_root_are_refused(client: SpaceClient, space: LocalSpace,
+def test_paths_that_leave_the_root_are_refused(client: HttpSpaceClient, space: LocalSpace,
                                                path: str) -> None:
     refused("outside_root", client.write_file, path, b"x")
     refused("outside_root", client.read_file, path)
@@ -88,7 +88,7 @@ def test_paths_that_leave_the_root_are_refused(client: SpaceClient, space: Local
     assert not (space.dir / "escape.txt").exists()
 
 
-def test_symlinks_that_lead_out_are_refused(client: SpaceClient, space: LocalSpace) -> None:
+def test_symlinks_that_lead_out_are_refused(client: HttpSpaceClient, space: LocalSpace) -> None:
     outside = space.dir / "outside.txt"
     outside.write_bytes(b"secret")
     os.symlink(outside, space.work / "out-file")
@@ -114,7 +114,7 @@ def test_symlinks_that_lead_out_are_refused(client: SpaceClient, space: LocalSpa
     client.symlink("a/ok", "../target")  # stays inside: allowed
 
 
-def test_writes_are_atomic_and_leave_no_temp_files(client: SpaceClient,
+def test_writes_are_atomic_and_leave_no_temp_files(client: HttpSpaceClient,
                                                    space: LocalSpace) -> None:
     for n in range(20):
         client.write_file("f.bin", bytes([n]) * 100_000)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from backends.local import LocalSpace, LocalSpaces
-from backends.space_client import SpaceClient
+from backends.space_client import HttpSpaceClient
 from durable.errors import SpaceError
 
 #: Swaps ``<work>/d`` between a real directory and a symlink to ``<sentinel>`` as fast as
@@ -85,7 +85,7 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def test_a_directory_swapped_for_a_symlink_never_gets_a_byte_outside(
-        client: SpaceClient, space: LocalSpace, sentinel: Path) -> None:
+        client: HttpSpaceClient, space: LocalSpace, sentinel: Path) -> None:
     outcomes: dict[str, int] = {}
     deadline = time.monotonic() + 30
     proc = run_swapper(space, sentinel)
@@ -121,7 +121,7 @@ def test_a_directory_swapped_for_a_symlink_never_gets_a_byte_outside(
     assert outcomes.get("ok", 0) > 0, outcomes  # the race was run, not refused throughout
 
 
-def test_symlink_chains_cannot_lead_out(client: SpaceClient, space: LocalSpace) -> None:
+def test_symlink_chains_cannot_lead_out(client: HttpSpaceClient, space: LocalSpace) -> None:
     client.mkdir("a")
     client.symlink("a/b", "..")  # a/b is the root itself: inside
     # Textually 'a/b/..' is 'a'; really a/b is the root, so '..' is outside.
@@ -152,7 +152,7 @@ def test_symlink_chains_cannot_lead_out(client: SpaceClient, space: LocalSpace) 
 
 
 def test_imported_checkpoints_follow_the_symlink_rules(spaces: LocalSpaces,
-                                                       client: SpaceClient) -> None:
+                                                       client: HttpSpaceClient) -> None:
     client.mkdir("a")
     client.write_file("a/f.txt", b"x")
     client.symlink("a/ok", "f.txt")
@@ -188,7 +188,7 @@ def test_imported_checkpoints_follow_the_symlink_rules(spaces: LocalSpaces,
     assert st is not None and st["target"] == ".."
 
 
-def test_set_id_bits_are_stripped(client: SpaceClient, space: LocalSpace) -> None:
+def test_set_id_bits_are_stripped(client: HttpSpaceClient, space: LocalSpace) -> None:
     client.write_file("suid", b"#!/bin/sh\n", mode=0o6755)
     client.write_file("sticky", b"x", mode=0o1644)
     assert stat.S_IMODE((space.work / "suid").stat().st_mode) == 0o755
@@ -209,7 +209,7 @@ def test_set_id_bits_are_stripped(client: SpaceClient, space: LocalSpace) -> Non
     assert stat.S_IMODE((space.work / "shared").stat().st_mode) == 0o775
 
 
-def test_checkpoint_copies_of_private_files_stay_private(client: SpaceClient,
+def test_checkpoint_copies_of_private_files_stay_private(client: HttpSpaceClient,
                                                         space: LocalSpace) -> None:
     client.write_file("private.key", b"-----BEGIN KEY-----\n", mode=0o600)
     client.write_file("public.txt", b"hello\n", mode=0o644)

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from backends.local import LocalSpace
-from backends.space_client import SpaceClient
+from backends.space_client import HttpSpaceClient
 from spacesd import shim
 from spacesd.protocol import OUTPUT_TAIL_BYTES
 
@@ -37,7 +37,7 @@ def test_the_ended_tail_equals_the_replayed_tail() -> None:
 
 
 def test_a_huge_output_costs_a_window_while_running_and_a_tail_once_ended(
-        client: SpaceClient, space: LocalSpace) -> None:
+        client: HttpSpaceClient, space: LocalSpace) -> None:
     n = 5_000_000  # 50 MB of output, over six windows
     gate = "until [ -f go ]; do sleep 0.02; done"
     client.exec_start("big", f"{LINES.format(n=n)}; touch printed; {gate}; echo done")
@@ -60,7 +60,7 @@ def test_a_huge_output_costs_a_window_while_running_and_a_tail_once_ended(
     assert os.stat(path).st_size == n * 10 + len("done\n")
 
 
-def test_all_output_before_the_exit_is_in_before_its_record(client: SpaceClient) -> None:
+def test_all_output_before_the_exit_is_in_before_its_record(client: HttpSpaceClient) -> None:
     for i in range(5):
         client.exec_start(f"k{i}", f"{LINES.format(n=3000)} >&2; echo last")
         info = client.exec_wait(f"k{i}", timeout=60)
@@ -68,7 +68,7 @@ def test_all_output_before_the_exit_is_in_before_its_record(client: SpaceClient)
         assert info.output_size == 30000 + 5
 
 
-def test_orphans_still_writing_are_relayed_after_the_exit(client: SpaceClient,
+def test_orphans_still_writing_are_relayed_after_the_exit(client: HttpSpaceClient,
                                                          space: LocalSpace) -> None:
     client.exec_start("k", "(until [ -f go ]; do sleep 0.02; done; echo late) & echo early")
     info = client.exec_wait("k", timeout=60)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from backends.space_client import Endpoint, SpaceClient
+from backends.space_client import Endpoint, HttpSpaceClient
 from tests.direct_spacesd import direct_spacesd
 
 TOKEN = "test-token"
@@ -64,7 +64,7 @@ def test_health_needs_no_token_everything_else_does(daemon: Daemon) -> None:
 
 
 def test_the_token_from_the_environment_is_not_passed_to_commands(daemon: Daemon) -> None:
-    client = SpaceClient("d", 0, lambda: Endpoint("127.0.0.1", daemon.port, TOKEN))
+    client = HttpSpaceClient("d", 0, lambda: Endpoint("127.0.0.1", daemon.port, TOKEN))
     client.exec_start("k", "echo \"[$SPACESD_TEST_TOKEN]\"")
     assert client.exec_wait("k", timeout=60).output == "[]\n"
 
@@ -113,7 +113,7 @@ def test_many_clients_at_once(daemon: Daemon) -> None:
 
     def work(n: int) -> None:
         try:
-            client = SpaceClient("d", 0, lambda: Endpoint("127.0.0.1", daemon.port, TOKEN))
+            client = HttpSpaceClient("d", 0, lambda: Endpoint("127.0.0.1", daemon.port, TOKEN))
             for i in range(10):
                 client.write_file(f"t{n}/f{i}", b"x" * i)
                 assert client.read_file(f"t{n}/f{i}") == b"x" * i

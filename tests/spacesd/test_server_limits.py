@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from backends.space_client import Endpoint, SpaceClient
+from backends.space_client import Endpoint, HttpSpaceClient
 from durable.errors import SpaceError
 from spacesd import protocol
 from tests.direct_spacesd import direct_spacesd
@@ -137,7 +137,7 @@ def test_a_read_past_one_answer_is_refused_and_the_client_reads_in_parts(tmp_pat
                                   .encode())
         assert (status, res["error"]["code"]) == (413, protocol.ERR_TOO_LARGE)
         assert "read it in parts with offset and limit" in res["error"]["message"]
-        client = SpaceClient("limits", 0, lambda: Endpoint("127.0.0.1", daemon.port, TOKEN))
+        client = HttpSpaceClient("limits", 0, lambda: Endpoint("127.0.0.1", daemon.port, TOKEN))
         assert client.read_file("huge") == data
         assert client.read_file("huge", offset=5, limit=len(data)) == data[5:]
         assert client.read_file("huge", offset=7, limit=protocol.MAX_READ_LIMIT + 9) == \
@@ -251,14 +251,14 @@ def test_the_client_sends_a_busy_request_again_until_it_gets_through(tmp_path) -
         def resolver() -> Endpoint:
             return Endpoint("127.0.0.1", daemon.port, TOKEN)
 
-        client = SpaceClient("limits", 0, resolver)
+        client = HttpSpaceClient("limits", 0, resolver)
         client.exec_start("hold", "until [ -f go ]; do sleep 0.02; done")
         wait = json.dumps({"epoch": 0, "key": "hold", "wait": 30}).encode()
         holder = threading.Thread(target=daemon.send, args=("exec_wait", wait))
         holder.start()  # a long poll that holds the one request slot until "go"
         try:
             time.sleep(0.5)
-            impatient = SpaceClient("limits", 0, resolver, busy_for=1.0)
+            impatient = HttpSpaceClient("limits", 0, resolver, busy_for=1.0)
             started = time.monotonic()
             with pytest.raises(SpaceError) as refused:
                 impatient.write_file("refused", b"x")

@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 
 from backends.local import LocalSpace, LocalSpaces
-from backends.space_client import SpaceClient
+from backends.space_client import HttpSpaceClient
 from durable.errors import SpaceError, SpaceUnavailable
 from spacesd import procfs, protocol
 
 
-def _ran(client: SpaceClient, key: str, command: str) -> None:
+def _ran(client: HttpSpaceClient, key: str, command: str) -> None:
     client.exec_start(key, command)
     assert client.exec_wait(key, timeout=60).state == "exited"
 
@@ -36,7 +36,7 @@ def _claim(space: LocalSpace, key: str) -> Path:
 
 @pytest.mark.parametrize("content", [b"", b"\x00\x00\x00", b"12 not-a-start-time\n"])
 def test_a_damaged_claim_makes_its_key_lost_never_a_500(spaces: LocalSpaces, space: LocalSpace,
-                                                       client: SpaceClient,
+                                                       client: HttpSpaceClient,
                                                        content: bytes) -> None:
     _ran(client, "k@1", "echo ran >> runs.txt")
     claim = _claim(space, "k@1")
@@ -55,7 +55,7 @@ def test_a_damaged_claim_makes_its_key_lost_never_a_500(spaces: LocalSpaces, spa
                                      b'{"exit_code": "0", "signal": null, "ended_ms": 1}'])
 def test_a_damaged_exit_record_makes_its_key_lost_never_a_500(spaces: LocalSpaces,
                                                              space: LocalSpace,
-                                                             client: SpaceClient,
+                                                             client: HttpSpaceClient,
                                                              content: bytes) -> None:
     _ran(client, "k@1", "echo ran >> runs.txt; exit 3")
     _claim(space, "k@1").with_suffix(".exit").write_bytes(content)
@@ -67,7 +67,7 @@ def test_a_damaged_exit_record_makes_its_key_lost_never_a_500(spaces: LocalSpace
 
 
 def test_a_damaged_fence_journal_stops_the_daemon(spaces: LocalSpaces, space: LocalSpace,
-                                                  client: SpaceClient) -> None:
+                                                  client: HttpSpaceClient) -> None:
     client.with_epoch(2).advance_epoch(2)
     client.with_epoch(3).advance_epoch(3)
     journal = space.state / "fences.jsonl"
@@ -83,7 +83,7 @@ def test_a_damaged_fence_journal_stops_the_daemon(spaces: LocalSpaces, space: Lo
 @pytest.mark.parametrize("content", [b"", b"\n", b"seven\n", b"-3\n", b"\xff\xfe"])
 def test_a_damaged_floor_stops_the_daemon_from_starting(spaces: LocalSpaces,
                                                         space: LocalSpace,
-                                                        client: SpaceClient,
+                                                        client: HttpSpaceClient,
                                                         content: bytes) -> None:
     client.with_epoch(5).advance_epoch(5)
     floor = space.state / "epoch"
@@ -93,7 +93,7 @@ def test_a_damaged_floor_stops_the_daemon_from_starting(spaces: LocalSpaces,
     assert floor.read_bytes() == content  # left for a person to look at
 
 
-def _ledger_with_two_keys(client: SpaceClient, space: LocalSpace) -> Path:
+def _ledger_with_two_keys(client: HttpSpaceClient, space: LocalSpace) -> Path:
     _ran(client, "a@1", "echo a >> runs.txt")
     _ran(client, "b@1", "echo b >> runs.txt")
     return space.state / "ledger.jsonl"
@@ -101,7 +101,7 @@ def _ledger_with_two_keys(client: SpaceClient, space: LocalSpace) -> Path:
 
 def test_a_flipped_bit_in_a_complete_ledger_record_is_detected(spaces: LocalSpaces,
                                                                space: LocalSpace,
-                                                               client: SpaceClient) -> None:
+                                                               client: HttpSpaceClient) -> None:
     """The flip keeps the line valid JSON and changes the key: read as it is, the daemon
     would forget ``a@1`` and run it a second time."""
     ledger = _ledger_with_two_keys(client, space)
@@ -118,7 +118,7 @@ def test_a_flipped_bit_in_a_complete_ledger_record_is_detected(spaces: LocalSpac
 
 @pytest.mark.parametrize("damage", ["garbage in the middle", "a record without its fields"])
 def test_a_damaged_middle_record_stops_the_daemon(spaces: LocalSpaces, space: LocalSpace,
-                                                  client: SpaceClient, damage: str) -> None:
+                                                  client: HttpSpaceClient, damage: str) -> None:
     ledger = _ledger_with_two_keys(client, space)
     lines = ledger.read_text().splitlines()
     if damage == "garbage in the middle":
@@ -136,7 +136,7 @@ def test_a_damaged_middle_record_stops_the_daemon(spaces: LocalSpaces, space: Lo
 
 
 def test_a_torn_last_record_is_still_only_a_torn_write(spaces: LocalSpaces, space: LocalSpace,
-                                                       client: SpaceClient) -> None:
+                                                       client: HttpSpaceClient) -> None:
     ledger = _ledger_with_two_keys(client, space)
     with open(ledger, "ab") as f:
         f.write(b'{"t":"start","key":"half')
@@ -148,7 +148,7 @@ def test_a_torn_last_record_is_still_only_a_torn_write(spaces: LocalSpaces, spac
 # ---------------------------------------------------------------- checkpoints
 
 
-def _checkpointed(client: SpaceClient, space: LocalSpace) -> Path:
+def _checkpointed(client: HttpSpaceClient, space: LocalSpace) -> Path:
     """Checkpoint ``c1`` of a small workspace, then change it; returns the store."""
     client.write_file("a.txt", b"alpha\n" * 100, mode=0o640)
     client.mkdir("d")
@@ -159,7 +159,7 @@ def _checkpointed(client: SpaceClient, space: LocalSpace) -> Path:
     return space.state / "checkpoints"
 
 
-def _refused_as_damaged(client: SpaceClient, space: LocalSpace, call, what: str) -> None:
+def _refused_as_damaged(client: HttpSpaceClient, space: LocalSpace, call, what: str) -> None:
     before = sorted((p.relative_to(space.work), p.read_bytes() if p.is_file() else None)
                     for p in space.work.rglob("*"))
     with pytest.raises(SpaceError) as refused:
@@ -181,7 +181,7 @@ def _flip_a_digit(data: bytes, field: bytes) -> bytes:
 
 @pytest.mark.parametrize("damage", ["mode-flipped", "digest-flipped", "truncated", "empty",
                                     "garbage", "fields-missing"])
-def test_a_damaged_manifest_is_refused_and_keeps_its_objects(client: SpaceClient,
+def test_a_damaged_manifest_is_refused_and_keeps_its_objects(client: HttpSpaceClient,
                                                             space: LocalSpace,
                                                             damage: str) -> None:
     store = _checkpointed(client, space)
@@ -209,7 +209,7 @@ def test_a_damaged_manifest_is_refused_and_keeps_its_objects(client: SpaceClient
 
 
 @pytest.mark.parametrize("damage", ["flipped", "truncated", "missing"])
-def test_a_damaged_object_is_never_copied_back(client: SpaceClient, space: LocalSpace,
+def test_a_damaged_object_is_never_copied_back(client: HttpSpaceClient, space: LocalSpace,
                                               damage: str) -> None:
     store = _checkpointed(client, space)
     target = max((p for p in (store / "objects").rglob("*") if p.is_file()),
@@ -228,7 +228,7 @@ def test_a_damaged_object_is_never_copied_back(client: SpaceClient, space: Local
     assert not (space.work / "d" / "b.bin").exists()  # never a wrong copy
 
 
-def test_a_manifest_from_before_checksums_still_restores(client: SpaceClient,
+def test_a_manifest_from_before_checksums_still_restores(client: HttpSpaceClient,
                                                          space: LocalSpace) -> None:
     store = _checkpointed(client, space)
     manifest = store / "manifests" / "c1.json"
@@ -246,7 +246,7 @@ def test_a_manifest_from_before_checksums_still_restores(client: SpaceClient,
 @pytest.mark.parametrize("name", ["daemon.pid", "token", "port"])
 @pytest.mark.parametrize("content", [b"", b"\x00\xffgarbage", b"99999 1\n"])
 def test_a_damaged_provider_file_never_leaves_two_daemons(spaces: LocalSpaces,
-                                                          space: LocalSpace, client: SpaceClient,
+                                                          space: LocalSpace, client: HttpSpaceClient,
                                                           name: str, content: bytes) -> None:
     """A damaged pid file must not hide the live daemon (a restart would start a second
     one on the same ledger); a damaged token or port file is replaced on restart."""

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from backends.local.procs import kill_space_processes
-from backends.space_client import Endpoint, SpaceClient
+from backends.space_client import Endpoint, HttpSpaceClient
 from spacesd import procfs
 
 ROOT = str(Path(__file__).resolve().parents[2])
@@ -63,8 +63,8 @@ def wait_daemon(tmp: Path, other_than: tuple[int, int] | None = None,
         time.sleep(0.02)
 
 
-def client(tmp: Path) -> SpaceClient:
-    return SpaceClient("sup", 1, lambda: Endpoint(
+def client(tmp: Path) -> HttpSpaceClient:
+    return HttpSpaceClient("sup", 1, lambda: Endpoint(
         "127.0.0.1", int((tmp / "state/port").read_text()), TOKEN), retry_for=10)
 
 

@@ -9,13 +9,13 @@ import time
 import pytest
 
 from backends.local import LocalSpace
-from backends.space_client import SpaceClient
+from backends.space_client import HttpSpaceClient
 from spacesd import workspace_scan
 from spacesd.protocol import ScanEntry, workspace_hash
 from spacesd.workspace_scan import Scanner
 
 
-def test_scan_lists_every_entry(client: SpaceClient, space: LocalSpace) -> None:
+def test_scan_lists_every_entry(client: HttpSpaceClient, space: LocalSpace) -> None:
     client.write_file("a/b.txt", b"hello")
     client.write_file("run.sh", b"#!/bin/sh\n", mode=0o755)
     client.symlink("link", "a/b.txt")
@@ -43,7 +43,7 @@ def test_scan_lists_every_entry(client: SpaceClient, space: LocalSpace) -> None:
          ("run.sh", "file", 0o755, hashlib.sha256(b"#!/bin/sh\n").hexdigest())])
 
 
-def test_scan_sees_every_change(client: SpaceClient, space: LocalSpace) -> None:
+def test_scan_sees_every_change(client: HttpSpaceClient, space: LocalSpace) -> None:
     client.write_file("f", b"aaaa")
     first = client.scan().entries
     # Same size, rewritten at once: the mtime may not change, the content does.

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from backends import bench
+from backends import space_bench
 
 
 @pytest.mark.bench
 def test_the_benchmark_prints_its_lines(capsys) -> None:
-    assert bench.main(["--small"]) == 0
+    assert space_bench.main(["--small"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[1] for line in lines] == ["setup", "exec", "scan", "scan", "checkpoint"]
     for line in lines[1:]:
