@@ -67,6 +67,7 @@ from ..errors import CorruptLog, NotALog, StorageClosed, StorageError, StorageUn
 from ..fence_contract import Fence
 from . import commit_mark
 from .base import MemoryStorage
+from .log_path import stat_existing
 from .records import Batch, Snapshot, encode_json
 
 LOG_NAME = "log.jsonl"
@@ -125,14 +126,8 @@ def _not_a_log(directory: Path, why: str) -> NotALog:
 def _check_file(path: Path) -> bool:
     """Tell whether ``path`` exists, refusing what must not be opened: a dangling symlink
     (``StorageError``), anything but a regular file (``NotALog``: a FIFO would block)."""
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        if path.is_symlink():
-            raise StorageError(
-                f"{path} is a symlink to {os.readlink(path)}, which does not exist; restore "
-                "what it points to, or remove the link"
-            ) from None
+    st = stat_existing(path)
+    if st is None:
         return False
     if not stat.S_ISREG(st.st_mode):
         raise _not_a_log(path.parent, f"{path.name} is not a regular file (a FIFO, socket, "

@@ -84,6 +84,7 @@ from ..errors import CorruptLog, NotALog, StorageClosed, StorageError, StorageUn
 from . import commit_mark
 from .base import validate_batch
 from .epochs import EpochGuard
+from .log_path import stat_existing
 from .records import (
     Batch,
     ConversationRecord,
@@ -279,15 +280,7 @@ def _check_existing_file(
     ``_create_file`` never leaves one, so it is a truncated log or a stranger's file, and
     initialising it could hide a loss.
     """
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        if path.is_symlink():
-            raise StorageError(
-                f"{path} is a symlink to {os.readlink(path)}, which does not exist; restore "
-                "the log it points to, or remove the link to start a new log there"
-            ) from None
-        st = None
+    st = stat_existing(path)
     _check_writable(path)
     if st is None:
         return False
