@@ -12,6 +12,8 @@ from typing import Protocol
 
 from durable.spaces import Spaces
 
+from .errors import BackendUnavailable
+
 BACKENDS = ("local", "docker", "microvm")
 
 
@@ -23,11 +25,6 @@ class CampaignSpaces(Spaces, Protocol):
     def save_state(self, name: str, dest: Path) -> None: ...
 
     def kill_process(self, name: str, pid: int) -> None: ...
-
-
-class BackendUnavailable(RuntimeError):
-    """The backend cannot be used on this machine (no engine, no image, no KVM). The message
-    says what is missing and how to get it."""
 
 
 def make_spaces(backend: str, run_dir: Path, *,

@@ -23,7 +23,9 @@ from .backends import make_spaces
 from .faults import RECOVERY_POINTS, FaultPlan, exhaustive_plans
 from .plots import campaign_plots
 from .records import ResultsDir
-from .runner import Run, RunSpec
+from .run_record import RunRecord
+from .run_spec import RunSpec
+from .runner import Run
 from .summary import cells_hit, summarize, summary_line
 
 MODES = ("transactional", "checkpoint", "auto", "stale", "exhaustive")
@@ -161,7 +163,7 @@ def _specs(cfg: CampaignConfig, work: Path) -> tuple[Iterator[RunSpec], int, int
         return made(), len(seeds) + len(cfg.plans), None
     # measure every (point, occurrence) of one fault-free run, then kill at each in turn
     reference = Run(replace(base, plan=FaultPlan(cfg.seed_base, ()), keep=False)).execute()
-    counts = {p: n for p, n in reference["points_hit"].items()
+    counts = {p: n for p, n in reference.points_hit.items()
               if not cfg.points or p in cfg.points}
     plans = exhaustive_plans(cfg.seed_base, counts, pairs=cfg.pairs)
     if cfg.runs is not None:
@@ -205,7 +207,7 @@ def _run(cfg: CampaignConfig, results: ResultsDir, note: live.Campaign, t0: floa
         return True
 
     interrupted = False
-    running: dict[Future[dict[str, Any]], Run] = {}
+    running: dict[Future[RunRecord], Run] = {}
     with ThreadPoolExecutor(max_workers=max(1, cfg.jobs)) as pool:
         stop = False
         try:
@@ -222,7 +224,7 @@ def _run(cfg: CampaignConfig, results: ResultsDir, note: live.Campaign, t0: floa
                 done, _ = wait(list(running), timeout=1.0, return_when=FIRST_COMPLETED)
                 for fut in done:
                     del running[fut]
-                    stop = finished(fut.result()) and cfg.stop_on_failure or stop
+                    stop = finished(fut.result().to_json()) and cfg.stop_on_failure or stop
         except KeyboardInterrupt:
             interrupted = True
             print(f"chaos: interrupted: ending {len(running)} running run(s) (their drivers "
@@ -231,7 +233,7 @@ def _run(cfg: CampaignConfig, results: ResultsDir, note: live.Campaign, t0: floa
                 run.abort()
             done, _ = wait(list(running), timeout=ABORT_WAIT_S)
             for fut in done:
-                finished(fut.result())
+                finished(fut.result().to_json())
     records.sort(key=lambda r: r["index"])
     covered = None
     if cfg.mode == "exhaustive":

@@ -30,6 +30,8 @@ from typing import Any, Literal
 from scenarios import Scenario
 
 Valid = bool | Literal["unknown"]
+#: A verdict's name: in SUMMARY lines (``verdict=``) and for the exit code (``campaign.EXIT``).
+VERDICT_NAMES: dict[Valid, str] = {True: "valid", False: "invalid", "unknown": "unknown"}
 
 
 @dataclass

@@ -20,7 +20,7 @@ from typing import Any, TextIO
 from scenarios import Step, generate, load
 
 from .campaign import CampaignConfig, ScriptedRun, run_campaign
-from .faults import Fault, FaultPlan
+from .faults import Action, Fault, FaultPlan
 
 
 @dataclass(frozen=True)
@@ -112,7 +112,7 @@ def table_runs(preset: str, seed: int, mode: str) -> tuple[ScriptedRun, ...]:
         step = first[kind]
         return sum(1 for s in scenario.steps[:step.index + 1] if _REACHED_BY[point](s))
 
-    def run(*faults: tuple[str, str, str, bool] | Fault) -> ScriptedRun:
+    def run(*faults: tuple[Action, str, str, bool] | Fault) -> ScriptedRun:
         made = [f if isinstance(f, Fault) else
                 Fault(f[0], "failpoint", f[1], at(f[1], f[2]), kill_driver=f[3])
                 for f in faults]

@@ -1,7 +1,8 @@
 """Turn a finished run (its log, its Space, its effects file) into plain data.
 
 The runner observes once, after a clean driver finished the session; the checker and the
-reports only ever see the ``Observation`` and the history built here.
+reports only ever see the ``Observation`` and the agent's history built here from the log
+(``agent_history``).
 """
 
 from __future__ import annotations
@@ -54,6 +55,21 @@ def calls_of(log: Log, conversation: int = ROOT_CONVERSATION) -> list[ObservedCa
                 content_sha256=hashlib.sha256(r.data.get("content", "").encode()).hexdigest()
                 if r else ""))
     return out
+
+
+def agent_history(calls: list[ObservedCall], t0: float) -> list[dict[str, Any]]:
+    """The agent's operations: an ``invoke`` per call at its assistant entry and, when its
+    result was committed, the completion (``ok``, ``fail``, or ``info`` for interrupted) at
+    the result entry; times in seconds after ``t0``."""
+    ops: list[dict[str, Any]] = []
+    for c in calls:
+        value = {"step": c.step, "call": c.call_id}
+        ops.append({"process": "agent", "type": "invoke", "f": c.tool, "value": value,
+                    "time": round(c.invoked_ms / 1000 - t0, 4)})
+        if c.result is not None and c.completed_ms is not None:
+            ops.append({"process": "agent", "type": c.result, "f": c.tool, "value": dict(value),
+                        "time": round(c.completed_ms / 1000 - t0, 4)})
+    return ops
 
 
 def recovery_events(log: Log, conversation: int = ROOT_CONVERSATION) -> list[dict[str, Any]]:

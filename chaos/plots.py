@@ -14,9 +14,9 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from .summary import RECOVERY_KINDS  # noqa: E402
+from .summary import RECOVERY_KINDS
 
 KINDS = (*RECOVERY_KINDS, "interrupted", "mode")
 

@@ -15,7 +15,7 @@ import sys
 import threading
 import warnings
 from collections.abc import Sequence
-from typing import IO
+from typing import IO, Self
 
 
 class OwnedProcess:
@@ -39,7 +39,7 @@ class OwnedProcess:
         self.killed = False
         self._lock = threading.Lock()
 
-    def __enter__(self) -> OwnedProcess:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

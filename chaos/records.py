@@ -23,11 +23,7 @@ from typing import Any
 
 from durable.atomic_file import write_atomic
 
-
-class BadResults(ValueError):
-    """A results directory whose files cannot be read back (a corrupt line in the middle of
-    ``runs.jsonl``, a record without its fields, two records of one run)."""
-
+from .errors import BadResults
 
 #: Fields every run record has; a line without them is not a run record.
 RECORD_FIELDS = ("index", "seed", "verdict", "plan")

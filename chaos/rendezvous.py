@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 Action = Literal["continue", "killed"]
 
@@ -60,7 +60,7 @@ class Rendezvous:
     def address(self) -> str:
         return f"unix:{self.path}"
 
-    def __enter__(self) -> Rendezvous:
+    def __enter__(self) -> Self:
         if os.path.exists(self.path):
             os.unlink(self.path)
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -132,7 +132,7 @@ class Rendezvous:
                     self.hits.append(hit)
                 try:
                     action = self.on_hit(hit)
-                except Exception as exc:  # never silent: the runner reads self.errors
+                except Exception as exc:  # noqa: BLE001 - recorded: the runner reads errors
                     with self._lock:
                         self.errors.append(f"the fault handler failed at {hit.point}#"
                                            f"{hit.occurrence}: {type(exc).__name__}: {exc}")

@@ -28,16 +28,18 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
+from durable.driver import EXIT_FENCED, EXIT_OK
 from scenarios import generate, load
 from scenarios.steps import DETACHED_GRACE_SECONDS
 
 from .faults import reachable_points
+from .holds import Hold, wait_parked
+from .launch import OtherSession
 from .observe import save_ledger
 from .rendezvous import Rendezvous
+from .run_spaces import seed_space
 
 if TYPE_CHECKING:
     from .runner import Run
@@ -51,17 +53,9 @@ FOREIGN_SEED_OFFSET = 7919
 CHECK_EPOCH = 2**62
 #: Margin after a leftover writer's time before the run is observed.
 SETTLE_S = 0.3
-
-
-@dataclass(frozen=True)
-class OtherSession:
-    """A driver of another log on the run's Spaces provider."""
-
-    name: str
-    seed: int
-    preset: str
-    run_dir: Path
-    epoch: int = 1
+#: The heartbeat of a race's older driver: long, so the fences in its commits and Space
+#: requests stop it, not its heartbeat's own fence check.
+STALE_HEARTBEAT_S = 3600.0
 
 
 def run_kind(run: Run, rv: Rendezvous) -> int | None:
@@ -75,8 +69,8 @@ def run_kind(run: Run, rv: Rendezvous) -> int | None:
 
 def _race(run: Run, rv: Rendezvous, rng: random.Random,
           at: tuple[str, int] | None = None, race: str | None = None) -> int | None:
-    from .runner import DRIVER_TIMEOUT_S, STALE_HEARTBEAT_S, Hold
-
+    """Every driver of the race is the run's scope's: whatever happens here (a timeout, a
+    launch refused after Ctrl-C), none is left running or unreaped."""
     if at is None:
         points = reachable_points(run.scenario, run.spec.durable_mode)
         candidates = [p for p in ("call.intent", "space.start_mark", "space.running",
@@ -87,35 +81,33 @@ def _race(run: Run, rv: Rendezvous, rng: random.Random,
     race = race or rng.choice(("finished", "opened"))
     old_hold = Hold(f"the older driver ({race} race)",
                     lambda hit: (hit.point, hit.occurrence) == at)
-    run.hold(old_hold)
+    run.holds.add(old_hold)
     old = run.launch(1, rv.address, heartbeat=STALE_HEARTBEAT_S)
     old_epoch = run.epoch
-    run.state.driver = old
-    if not old_hold.parked.wait(DRIVER_TIMEOUT_S) or old.poll() is not None:
+    if not wait_parked(old_hold, old):
         run.stale_error = f"the older driver never reached {at[0]}#{at[1]}"
         return run.await_driver(old, 1)
     run.settle_at = max(run.settle_at, time.time())
     if race == "finished":
-        new = run.launch(2, None)
-        code = run.await_driver(new, 2)
+        code = run.await_driver(run.launch(2, None), 2)
         old_hold.release.set()
         old_code = run.await_driver(old, 1, epoch=old_epoch)
     else:
         new_hold = Hold("the newer driver, before its first write",
                         lambda hit: hit.pid != old.pid and hit.info.get("process") is None)
-        run.hold(new_hold)
+        run.holds.add(new_hold)
         new = run.launch(2, rv.address)
-        while not new_hold.parked.wait(0.05) and new.poll() is None:
-            pass
+        wait_parked(new_hold, new)  # parked, or exited, or stuck: the older one goes on
         old_hold.release.set()
         old_code = run.await_driver(old, 1, epoch=old_epoch)
         new_hold.release.set()
         code = run.await_driver(new, 2)
-    if old_code == 75:
+    if old_code == EXIT_FENCED:
         run.state.count("fenced")
     else:
         run.stale_error = (f"the older driver (epoch {old_epoch}) exited {old_code} after a "
-                           f"newer one took over ({race} race); it must be fenced (75)")
+                           f"newer one took over ({race} race); it must be fenced "
+                           f"({EXIT_FENCED})")
     return code
 
 
@@ -146,15 +138,16 @@ def _foreign(run: Run, rv: Rendezvous) -> int | None:
 
 def _another_session(run: Run) -> int | None:
     """Another session beside the run's own, on the same provider."""
+    assert run.spaces is not None
     other = OtherSession(f"{run.session}-other", run.spec.seed + FOREIGN_SEED_OFFSET,
                          run.spec.preset, run.dir / "other")
     scenario = generate(other.seed, load(other.preset), steps=run.spec.steps)
-    run.seed_space(run.space_of(other.name), scenario)
+    seed_space(run.spaces, run.space_of(other.name), scenario)
     proc = run.launch(1, None, other=other)
     run.state.count("foreign")
     code = _unharmed_driver(run, f"beside session {other.name!r}")
     other_code = run.await_driver(proc, 1, other=other)
-    if other_code != 0:
+    if other_code != EXIT_OK:
         run.stale_error = (f"session {other.name!r}, beside the run's on the same provider, "
                            f"exited {other_code}; two sessions must not disturb each other")
     return code
@@ -162,14 +155,12 @@ def _another_session(run: Run) -> int | None:
 
 def _new_log_of_this_session(run: Run, rv: Rendezvous) -> int | None:
     """An earlier log of this session left a command running on the Space at epoch 1."""
-    from .runner import DRIVER_TIMEOUT_S, Hold
-
     earlier = OtherSession(run.session, run.spec.seed, FOREIGN_PRESET, run.dir / "earlier")
     hold = Hold("the earlier log's driver, its command running",
                 lambda hit: hit.point == "space.running")
-    run.hold(hold)
+    run.holds.add(hold)
     proc = run.launch(1, rv.address, other=earlier)
-    parked = hold.parked.wait(DRIVER_TIMEOUT_S) and proc.poll() is None
+    parked = wait_parked(hold, proc)
     started = time.time()
     proc.kill_group()  # its command runs on in the Space, under the daemon
     hold.release.set()
@@ -202,13 +193,11 @@ def _new_log_of_this_session(run: Run, rv: Rendezvous) -> int | None:
 
 
 def _unharmed_driver(run: Run, where: str) -> int:
-    """One driver of the run's session, with no fault planned: it must finish (0); any
+    """One driver of the run's session, with no fault planned: it must finish; any
     other exit (a crash on a key another log recorded, a fence it should have been above)
     is the run's error."""
-    proc = run.launch(1, None)
-    run.state.driver = proc
-    code = run.await_driver(proc, 1)
-    if code != 0:
+    code = run.await_driver(run.launch(1, None), 1)
+    if code != EXIT_OK:
         run.stale_error = (f"the session's driver exited {code} {where}, with no fault "
                            "planned; it must finish (0)")
     return code

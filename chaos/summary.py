@@ -15,7 +15,7 @@ from typing import Any
 
 from durable.adapter.decide import Cell, cell_of, reachable_cells
 
-from .checker import merge
+from .checker import VERDICT_NAMES, merge
 
 FAULT_KEYS = ("kills", "daemon_kills", "space_restarts", "lost_spaces", "fenced", "timeouts")
 RECOVERY_KINDS = ("adopted", "reattached", "replayed", "ran", "restored", "reverted", "reimaged")
@@ -48,7 +48,7 @@ def summarize(*, mode: str, backend: str, seed_base: int, records: list[dict[str
     reachable = reachable_cells(durable_mode or mode)
     out["cells"] = f"{len(cells_hit(records) & reachable)}/{len(reachable)}"
     out["seconds"] = round(seconds, 1)
-    out["verdict"] = {True: "valid", False: "invalid", "unknown": "unknown"}[merge(valid)]
+    out["verdict"] = VERDICT_NAMES[merge(valid)]
     return out
 
 

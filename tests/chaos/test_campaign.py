@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -11,15 +12,18 @@ import pytest
 from chaos.campaign import CampaignConfig, run_campaign
 from chaos.ci_subset import BY_NAME, SLICES, run_slices
 from chaos.cli import main
+from chaos.fault_kinds import RestartSpace
 from chaos.faults import Fault, FaultPlan
+from chaos.nemesis import Operation
 from chaos.records import ResultsDir
-from chaos.runner import Run, RunSpec
+from chaos.run_spec import RunSpec
+from chaos.runner import Run
 from chaos.summary import parse_summary
 
 BROKEN = str(Path(__file__).with_name("broken_driver.py"))
 
 
-def campaign(tmp_path: Path, **kw: object) -> tuple[int, dict[str, str], str]:
+def campaign(tmp_path: Path, **kw: Any) -> tuple[int, dict[str, str], str]:
     out = io.StringIO()
     code = run_campaign(CampaignConfig(results_root=tmp_path / "results", jobs=2, **kw), out)
     text = out.getvalue()
@@ -64,21 +68,20 @@ def test_a_fault_that_cannot_fire_is_never_silent(tmp_path: Path, trigger: str,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """An error inside the nemesis (here: restarting the Space fails) makes the run
     unknown with that error, whether the fault came from a failpoint or a timer."""
-    def broken(self: Run, fault: Fault, hit: object) -> None:
+    def broken(self: RestartSpace, op: Operation) -> None:
         raise RuntimeError("injected: the nemesis could not restart the Space")
 
-    monkeypatch.setattr(Run, "_space_fault", broken)
+    monkeypatch.setattr(RestartSpace, "strike", broken)
     fault = (Fault("restart_space", "failpoint", "call.intent", 2, kill_driver=False)
              if trigger == "failpoint" else
              Fault("restart_space", "time", attempt=1, delay=0.3, kill_driver=False))
     spec = RunSpec(index=0, seed=3, campaign_mode="checkpoint", durable_mode="checkpoint",
                    backend="local", preset="small", steps=3, work_dir=tmp_path,
                    plan=FaultPlan(3, (fault,)))
-    record = Run(spec).execute()
-    assert record["verdict"]["valid"] == "unknown", record["verdict"]
-    assert record["verdict"]["check"] == "nemesis"
-    assert any("injected: the nemesis could not restart the Space" in e
-               for e in record["verdict"]["errors"])
+    verdict = Run(spec).execute().verdict
+    assert verdict.valid == "unknown", verdict
+    assert verdict.checks[0] == "nemesis"
+    assert any("injected: the nemesis could not restart the Space" in e for e in verdict.errors)
 
 
 def test_a_planned_fault_that_never_came_due_is_recorded_as_skipped(tmp_path: Path) -> None:
@@ -86,9 +89,9 @@ def test_a_planned_fault_that_never_came_due_is_recorded_as_skipped(tmp_path: Pa
     spec = RunSpec(index=0, seed=3, campaign_mode="checkpoint", durable_mode="checkpoint",
                    backend="local", preset="small", steps=3, work_dir=tmp_path, plan=plan)
     record = Run(spec).execute()
-    assert record["verdict"]["valid"] is True, record["verdict"]
-    assert record["fired"] == []
-    skipped = [op for op in record["history"] if op["f"] == "skipped"]
+    assert record.verdict.valid is True, record.verdict
+    assert record.fired == []
+    skipped = [op for op in record.history if op["f"] == "skipped"]
     assert skipped and "call.intent was reached 3 time(s)" in skipped[0]["value"]
 
 
@@ -132,9 +135,8 @@ def test_same_seeds_same_plans_and_fault_counts(tmp_path: Path) -> None:
     keys = ("kills", "daemon_kills", "space_restarts", "lost_spaces", "runs", "failed")
     runs = []
     for name in ("a", "b"):
-        kw = dict(mode="exhaustive", durable_mode="checkpoint",
-                  points=("space.file_op",))
-        summary = campaign(tmp_path / name, **kw)[1]
+        summary = campaign(tmp_path / name, mode="exhaustive", durable_mode="checkpoint",
+                           points=("space.file_op",))[1]
         plans = [r["plan"] for r in ResultsDir.open(tmp_path / name / "results" / "latest").runs()]
         runs.append(({k: summary[k] for k in keys}, plans))
     assert runs[0] == runs[1]
@@ -171,14 +173,15 @@ def test_a_revert_is_recorded_before_the_rerun_it_allows(tmp_path: Path) -> None
                    durable_mode="transactional", backend="local", preset="ci-commands",
                    steps=None, work_dir=tmp_path, plan=plan)
     record = Run(spec).execute()
-    assert record["fired"] == [0, 1]
-    assert record["verdict"]["valid"] is True, record["verdict"]["errors"]
-    append = next(c for c in record["observation"]["calls"]
-                  if c["tool"] == "bash" and "step-2" in c["args"]["command"])
-    ledgers = record["observation"]["ledgers"]
-    starts = [k for led in ledgers for k in led["audit"]["keys"]
-              if f":{append['call_id']}:" in k["key"] and k["spawned"]]
+    assert record.fired == [0, 1]
+    assert record.verdict.valid is True, record.verdict.errors
+    assert record.observation is not None and record.observation.ledgers is not None
+    append = next(c for c in record.observation.calls
+                  if c.tool == "bash" and "step-2" in c.args["command"])
+    starts = [k for led in record.observation.ledgers for k in led["audit"]["keys"]
+              if f":{append.call_id}:" in k["key"] and k["spawned"]]
     assert len(starts) == 2, "the append started, then started again after the revert"
-    reverts = [e for e in record["recoveries"]
-               if e["kind"] == "reverted" and e["call_id"] == append["call_id"]]
-    assert len(reverts) == 1 and reverts[0]["entry"] < append["result_entry"]
+    reverts = [e for e in record.recoveries
+               if e["kind"] == "reverted" and e["call_id"] == append.call_id]
+    assert len(reverts) == 1 and append.result_entry is not None
+    assert reverts[0]["entry"] < append.result_entry

@@ -11,7 +11,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from backends.local import LocalSpaces
 from chaos.summary import parse_summary
@@ -82,8 +85,8 @@ def test_damaged_results_are_refused_by_analyze_and_reports(tmp_path: Path) -> N
         path = _results_with(tmp_path, lines)
         for argv in (["-m", "chaos", "analyze", str(path)],
                      ["-m", "reports", "html", str(path), "--out", str(tmp_path / "x.html")]):
-            done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, check=False,
-                                  timeout=120, cwd=ROOT)
+            done = subprocess.run([sys.executable, *argv], capture_output=True, text=True,
+                                  check=False, timeout=120, cwd=ROOT)
             assert done.returncode == 254, (why, argv, done.stderr)
             assert "Traceback" not in done.stderr and "runs.jsonl, line" in done.stderr, \
                 (why, done.stderr)
@@ -105,33 +108,43 @@ def _campaign_pids(marker: str) -> list[int]:
     return found
 
 
-def test_ctrl_c_ends_a_campaign_in_seconds_and_keeps_what_finished(tmp_path: Path) -> None:
-    results = tmp_path / "results"
+@contextmanager
+def campaign_with_runs(results: Path, finished: int,
+                       **popen: Any) -> Iterator[subprocess.Popen[str]]:
+    """A 200-run checkpoint campaign (``chaos run`` writing under ``results``), once
+    ``finished`` of its runs are recorded; killed and reaped at the end if it still runs."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "chaos", "run", "--mode", "checkpoint", "--runs", "200",
-         "--jobs", "2", "--results", str(results)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+         "--jobs", "2", "--results", str(results)], cwd=ROOT, text=True, **popen)
     try:
         deadline = time.monotonic() + 120
         runs = results / "latest" / "runs.jsonl"
-        while not (runs.exists() and runs.read_text().count("\n") >= 2):
+        while not (runs.exists() and runs.read_text().count("\n") >= finished):
             assert time.monotonic() < deadline and proc.poll() is None, "no run finished"
             time.sleep(0.1)
-        proc.send_signal(signal.SIGINT)
-        sent = time.monotonic()
-        out, err = proc.communicate(timeout=60)
-        took = time.monotonic() - sent
+        yield proc
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_ctrl_c_ends_a_campaign_in_seconds_and_keeps_what_finished(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    with campaign_with_runs(results, 2, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE) as proc:
+        proc.send_signal(signal.SIGINT)
+        sent = time.monotonic()
+        out, err = proc.communicate(timeout=60)
+        took = time.monotonic() - sent
     assert proc.returncode == 130, err
     print(f"Ctrl-C to exit: {took:.1f} s")
     assert "interrupted" in err
     summary = parse_summary(next(line for line in out.splitlines()
                                  if line.startswith("SUMMARY")))
     assert summary["verdict"] == "interrupted"
-    kept = [json.loads(line) for line in runs.read_text().splitlines()]
+    kept = [json.loads(line)
+            for line in (results / "latest" / "runs.jsonl").read_text().splitlines()]
     assert int(summary["runs"]) == len(kept) >= 2 and int(summary["runs"]) < 200
     assert all(not r["interrupted"] for r in kept)
     assert (results / "latest" / "SUMMARY").read_text().startswith("SUMMARY ")
@@ -148,23 +161,11 @@ def test_a_sigkilled_campaign_leaves_nothing_after_chaos_clean(tmp_path: Path) -
     directory was deleted."""
     results = tmp_path / "results"
     env = {**os.environ, "CHAOS_LIVE_DIR": str(tmp_path / "live")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "chaos", "run", "--mode", "checkpoint", "--runs", "200",
-         "--jobs", "2", "--results", str(results)],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    try:
-        deadline = time.monotonic() + 120
-        runs = results / "latest" / "runs.jsonl"
-        while not (runs.exists() and runs.read_text().count("\n") >= 1):
-            assert time.monotonic() < deadline and proc.poll() is None, "no run finished"
-            time.sleep(0.1)
+    with campaign_with_runs(results, 1, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=env) as proc:
         time.sleep(0.5)  # in the middle of the next runs
         proc.kill()
         proc.wait()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     notes = list((tmp_path / "live").glob("*/*.jsonl"))
     assert len(notes) == 1
     noted = [json.loads(line) for line in notes[0].read_text().splitlines()]

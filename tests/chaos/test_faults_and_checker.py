@@ -5,7 +5,13 @@ from __future__ import annotations
 import hashlib
 
 from chaos.checker import Observation, ObservedCall, check, merge
-from chaos.faults import FOLLOW_UPS, RECOVERY_POINTS, FaultPlan, draw_plan, exhaustive_plans
+from chaos.faults import (
+    FOLLOW_UPS,
+    RECOVERY_POINTS,
+    FaultPlan,
+    draw_plan,
+    exhaustive_plans,
+)
 from chaos.summary import parse_summary, summarize, summary_line
 from scenarios import generate, load
 from scenarios.plan import Scenario

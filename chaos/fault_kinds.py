@@ -1,0 +1,144 @@
+"""What each kind of fault does to a run: one small class per kind (the nemesis's).
+
+``KillDriver`` (SIGKILL of the driver's process group), ``KillDaemon`` (the Space's daemon
+only; its commands survive), ``RestartSpace`` (the daemon and every process, the disk
+kept), ``LoseSpace`` (the Space is deleted; its ledger is saved first, for G2) and
+``KillProcess`` (the one process of the Space that reported the failpoint: a command's
+shim). ``FaultNemesis`` holds them all, by action. Each ends an operation in one
+completion (``chaos.nemesis`` has the contract): ``info`` when it struck, ``fail`` with the
+reason when it could not.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+from durable.errors import SpaceError
+
+from .faults import Action
+from .nemesis import Completion, Operation, Target
+from .observe import save_ledger
+
+
+class _Kind(ABC):
+    action: ClassVar[Action]
+    target: Target
+
+    def setup(self, target: Target) -> None:
+        self.target = target
+
+    def teardown(self) -> None:
+        pass
+
+    @abstractmethod
+    def invoke(self, op: Operation) -> Completion: ...
+
+
+class _SpaceKind(_Kind):
+    """A fault of the Space: ``strike`` it; a Space that refuses (already gone, say) makes
+    the operation ``fail`` with the provider's reason."""
+
+    def invoke(self, op: Operation) -> Completion:
+        try:
+            self.strike(op)
+        except SpaceError as exc:
+            return Completion("fail", self.action, f"skipped: {exc}")
+        return Completion("info", self.action, op.fault.describe())
+
+    @abstractmethod
+    def strike(self, op: Operation) -> None: ...
+
+
+class KillDriver(_Kind):
+    action = "kill_driver"
+
+    def invoke(self, op: Operation) -> Completion:
+        if op.driver is None or op.driver.poll() is not None:
+            return Completion("fail", self.action,
+                              f"skipped {op.fault.describe()}: no driver was running")
+        op.driver.kill_group()
+        return Completion("info", self.action, op.fault.describe())
+
+
+class KillDaemon(_SpaceKind):
+    action = "kill_daemon"
+
+    def strike(self, op: Operation) -> None:
+        self.target.spaces.kill_daemon(self.target.space)
+
+
+class RestartSpace(_SpaceKind):
+    action = "restart_space"
+
+    def strike(self, op: Operation) -> None:
+        self.target.spaces.restart(self.target.space)
+
+
+class LoseSpace(_SpaceKind):
+    """A loss is two steps (save the ledger, delete the Space): two faults due at once
+    would both save the same generation's ledger and count one loss twice (G2 would then
+    see its commands started twice), so the second ends ``fail`` instead. Shared by the
+    threads that fire faults (its lock guards ``_losing``; see ``chaos.run_state``)."""
+
+    action = "delete_space"
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._losing = False
+
+    def invoke(self, op: Operation) -> Completion:
+        if not self.target.armed.is_set():
+            return Completion("fail", self.action, f"skipped {op.fault.describe()}: the seeded "
+                              "Space is not adopted yet")
+        with self._lock:
+            busy, self._losing = self._losing, True
+        if busy:
+            return Completion("fail", self.action, f"skipped {op.fault.describe()}: another "
+                              "fault is deleting the Space at this moment")
+        try:
+            return super().invoke(op)
+        finally:
+            with self._lock:
+                self._losing = False
+
+    def strike(self, op: Operation) -> None:
+        t = self.target
+        generation = t.state.new_generation()
+        # The Space's ledger dies with it; the never-twice check needs it.
+        ledger = save_ledger(t.spaces, t.space, t.ledgers / f"gen-{generation:02d}", "deleted")
+        t.state.add_ledger(generation, ledger)
+        t.spaces.delete(t.space)
+
+
+class KillProcess(_SpaceKind):
+    action = "kill_process"
+
+    def strike(self, op: Operation) -> None:
+        if op.hit is None or op.hit.info.get("process") is None:
+            raise ValueError(f"{op.fault.describe()}: kill_process needs a failpoint of the "
+                             "Space (it kills the process that reported it)")
+        # the pid as the Space sees it: only its provider can signal it
+        self.target.spaces.kill_process(self.target.space, op.hit.pid)
+
+
+KINDS: tuple[type[_Kind], ...] = (KillDriver, KillDaemon, RestartSpace, LoseSpace, KillProcess)
+
+
+class FaultNemesis:
+    """Every kind of fault, by action."""
+
+    def __init__(self) -> None:
+        self.kinds = {kind.action: kind() for kind in KINDS}
+
+    def setup(self, target: Target) -> None:
+        for kind in self.kinds.values():
+            kind.setup(target)
+
+    def invoke(self, op: Operation) -> Completion:
+        return self.kinds[op.action].invoke(op)
+
+    def teardown(self) -> None:
+        for kind in self.kinds.values():
+            kind.teardown()

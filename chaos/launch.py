@@ -1,0 +1,60 @@
+"""The command line and environment of a driver: of the run's session, or of another one.
+
+The driver (``chaos.driver`` by default, or the spec's program) reads its session from
+``CUA_SESSION_*`` and its failpoint channel from ``CUA_FAILPOINTS`` (the driver's own
+points) and ``SPACE_FAILPOINTS_ENV`` (the daemons it brings up); a driver without
+failpoints gets neither, whatever the runner's own environment says.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import live
+from .driver import SPACE_FAILPOINTS_ENV
+from .processes import python_argv
+from .run_spec import RunSpec
+
+
+@dataclass(frozen=True)
+class OtherSession:
+    """A driver of another log on the run's Spaces provider (stale mode's foreign kind)."""
+
+    name: str
+    seed: int
+    preset: str
+    run_dir: Path
+    epoch: int = 1
+
+
+def driver_argv(spec: RunSpec, run_dir: Path, other: OtherSession | None) -> list[str]:
+    """argv of a driver of the run in ``run_dir`` (``spec``'s session, or ``other``)."""
+    program = ([sys.executable, spec.driver] if spec.driver.endswith(".py")
+               else python_argv(spec.driver))
+    argv = program + ["--run-dir", str(other.run_dir if other else run_dir),
+                      "--preset", other.preset if other else spec.preset,
+                      "--seed", str(other.seed if other else spec.seed),
+                      "--mode", spec.durable_mode, "--backend", spec.backend]
+    if other is not None:
+        argv += ["--spaces-dir", str(run_dir)]
+    if spec.steps is not None and (other is None or other.preset == spec.preset):
+        argv += ["--steps", str(spec.steps)]
+    return argv
+
+
+def driver_env(*, session: str, epoch: int, state_dir: Path, heartbeat: float,
+               failpoints: str | None) -> dict[str, str]:
+    """The environment of a driver of ``session`` at ``epoch``: this process's, with the
+    session's variables, and this interpreter's import path."""
+    env = {**os.environ, live.RUNNER_PID_ENV: str(os.getpid()),
+           "CUA_SESSION_NAME": session, "CUA_SESSION_EPOCH": str(epoch),
+           "CUA_STATE_DIR": str(state_dir), "CUA_SESSION_HEARTBEAT_SECS": str(heartbeat),
+           "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    env.pop("CUA_FAILPOINTS", None)
+    env.pop(SPACE_FAILPOINTS_ENV, None)
+    if failpoints:
+        env["CUA_FAILPOINTS"] = env[SPACE_FAILPOINTS_ENV] = failpoints
+    return env

@@ -1,0 +1,169 @@
+"""The nemesis role (Jepsen's): its protocol, a no-op one, and the validating wrapper.
+
+A nemesis is ``setup`` with its ``Target``, gets ``invoke``d once per operation and is
+``teardown`` at the end. ``chaos.fault_kinds`` has one small class per kind of fault and
+``FaultNemesis``, which holds them all by action; ``NoopNemesis`` injures nothing (the
+nemesis of a run whose plan has no faults). ``ValidatingNemesis`` wraps either: it is the
+only writer of nemesis entries into the history, and it checks the contract.
+
+When a fault fires is the schedule's business (``chaos.fault_schedule``), not the
+nemesis's. The schedule turns a fault into one operation, or two when a Space fault also
+kills the driver (its history has always shown both), and invokes each. The contract:
+
+- every operation ends in exactly one completion: ``info`` (the fault happened; what it did
+  to the system is the checker's to find out) or ``fail`` (it did not happen, with the
+  reason: the Space was already gone, the driver had already exited, the seeded Space was
+  not adopted yet);
+- every planned fault ends fired (its operations ended) or skipped with its reason;
+- an operation that raises, a second completion, or a planned fault that ended neither
+  fired nor skipped is the nemesis's error (``fail error``): the run is then ``unknown``.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Protocol
+
+from .backends import CampaignSpaces
+from .errors import NemesisContractError
+from .faults import Action, Fault, FaultPlan
+from .processes import OwnedProcess
+from .rendezvous import Hit
+from .run_state import RunState
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the nemesis injures: the run's Spaces provider and Space. ``ledgers``: where a
+    lost Space's ledger is saved; ``armed``: set once a driver adopted the seeded Space
+    (before that its initial files exist nowhere else, so losing them would be a fault of
+    the test, not of the system)."""
+
+    spaces: CampaignSpaces
+    space: str
+    ledgers: Path
+    state: RunState
+    armed: threading.Event
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One thing to do to the run: ``action`` for the plan's fault ``index`` (its own
+    action, or ``kill_driver`` for a Space fault that also kills the driver)."""
+
+    index: int
+    fault: Fault
+    action: Action
+    #: The failpoint report that made the fault due (None: its timer).
+    hit: Hit | None
+    #: The driver of the fault's attempt.
+    driver: OwnedProcess | None
+
+
+@dataclass(frozen=True)
+class Completion:
+    type: Literal["info", "fail"]
+    f: str
+    value: str
+
+
+class Nemesis(Protocol):
+    def setup(self, target: Target) -> None: ...
+
+    def invoke(self, op: Operation) -> Completion: ...
+
+    def teardown(self) -> None: ...
+
+
+#: The run's count an ``info`` completion of each action adds one to.
+COUNTERS: dict[str, str] = {"kill_driver": "kills", "kill_daemon": "daemon_kills",
+                            "restart_space": "space_restarts", "delete_space": "lost_spaces",
+                            "kill_process": "process_kills"}
+
+
+class NoopNemesis:
+    """Injures nothing: any operation it gets ends ``fail``."""
+
+    def setup(self, target: Target) -> None:
+        pass
+
+    def invoke(self, op: Operation) -> Completion:
+        return Completion("fail", op.action,
+                          f"skipped {op.fault.describe()}: the no-op nemesis injures nothing")
+
+    def teardown(self) -> None:
+        pass
+
+
+# ---------------------------------------------------------------------- the contract
+
+
+class ValidatingNemesis:
+    """Wraps a nemesis: records each completion (and the count it adds to) and checks the
+    contract above. Shared by the rendezvous handlers and the fault timers (its lock guards
+    what ended; see ``chaos.run_state``)."""
+
+    def __init__(self, inner: Nemesis, plan: FaultPlan, state: RunState) -> None:
+        self.inner, self.plan, self.state = inner, plan, state
+        self._lock = threading.Lock()
+        #: (fault index, action) of every operation invoked, and every fault skipped.
+        self._invoked: set[tuple[int, str]] = set()
+        self._skipped: set[int] = set()
+
+    def setup(self, target: Target) -> None:
+        self.inner.setup(target)
+
+    def invoke(self, op: Operation) -> Completion:
+        """Invoke ``op`` on the inner nemesis and record its one completion."""
+        with self._lock:
+            again = (op.index, op.action) in self._invoked or op.index in self._skipped
+            self._invoked.add((op.index, op.action))
+        if again:
+            return self._broken(f"{op.action} of {op.fault.describe()} was invoked after that "
+                                "fault had ended")
+        try:
+            done = self.inner.invoke(op)
+        except Exception as exc:  # noqa: BLE001 - never lost: the run becomes unknown
+            self.state.fault_error(f"the nemesis failed to fire {op.fault.describe()}", exc)
+            return Completion("fail", "error", str(exc))
+        if done.type not in ("info", "fail") or done.f != op.action:
+            return self._broken(f"{op.action} of {op.fault.describe()} ended in {done}")
+        self.state.op("nemesis", done.type, done.f, done.value)
+        if done.type == "info":
+            self.state.count(COUNTERS[done.f])
+        return done
+
+    def skip(self, index: int, why: str) -> None:
+        """The plan's fault ``index`` never came due: skipped, with the reason."""
+        if self._end_unfired(index):
+            self.state.op("nemesis", "info", "skipped", f"{self.plan.faults[index].describe()}: "
+                          f"{why}")
+
+    def missed(self, index: int, why: str) -> None:
+        """The plan's fault ``index`` came due (``why``) and never fired."""
+        if self._end_unfired(index):
+            self.state.fault_error(f"{self.plan.faults[index].describe()} was due ({why})",
+                                   RuntimeError("it never fired"))
+
+    def teardown(self) -> None:
+        """Every planned fault must have ended, fired or skipped."""
+        self.inner.teardown()
+        with self._lock:
+            ended = {index for index, _ in self._invoked} | self._skipped
+        for index, fault in enumerate(self.plan.faults):
+            if index not in ended:
+                self._broken(f"{fault.describe()} ended neither fired nor skipped")
+
+    def _end_unfired(self, index: int) -> bool:
+        with self._lock:
+            fresh = index not in self._skipped and all(i != index for i, _ in self._invoked)
+            self._skipped.add(index)
+        if not fresh:
+            self._broken(f"{self.plan.faults[index].describe()} was skipped after it had ended")
+        return fresh
+
+    def _broken(self, what: str) -> Completion:
+        self.state.fault_error("the nemesis broke its contract", NemesisContractError(what))
+        return Completion("fail", "error", what)

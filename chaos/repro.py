@@ -1,0 +1,90 @@
+"""``chaos repro`` and ``chaos analyze``: one run replayed, or stored runs re-checked.
+
+``repro`` replays a stored run's own plan (``RESULTS --run N``) or a plan drawn from a seed
+(``--seed S --mode M``) and prints its verdict; ``analyze`` re-runs the checker on the
+observations stored in ``runs.jsonl`` without running anything (Jepsen's ``analyze``).
+Both exit as a campaign does: 0 valid, 1 invalid, 2 unknown.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from scenarios import generate, load
+
+from .campaign import EXIT, CampaignConfig
+from .checker import VERDICT_NAMES, Observation, Valid, check, merge
+from .errors import BadArguments
+from .faults import Fault, FaultPlan
+from .records import ResultsDir
+from .run_spec import RunSpec
+from .runner import Run
+
+
+def _brief(fault: Fault) -> str:
+    return f"{fault.action}@{fault.point or fault.delay}"
+
+
+def _stored_spec(results_dir: Path, index: int | None) -> RunSpec:
+    if index is None:
+        raise BadArguments("repro RESULTS needs --run N (the run index from the failure line)")
+    results = ResultsDir.open(results_dir)
+    record = next((r for r in results.runs() if r["index"] == index), None)
+    if record is None:
+        raise BadArguments(f"{results_dir} has no run {index}")
+    return RunSpec(index=record["index"], seed=record["seed"],
+                   campaign_mode=record["campaign_mode"], durable_mode=record["durable_mode"],
+                   backend=record["backend"], preset=record["preset"], steps=record["steps"],
+                   work_dir=results.path / "repro", plan=FaultPlan.from_json(record["plan"]),
+                   keep=True,
+                   driver=results.read_json("campaign.json").get("driver", "chaos.driver"),
+                   stale_kind=record.get("stale_kind") or "race")
+
+
+def _drawn_spec(args: argparse.Namespace) -> RunSpec:
+    if args.seed is None or args.mode is None:
+        raise BadArguments("repro needs RESULTS --run N, or --seed S --mode M")
+    if args.mode == "exhaustive":
+        raise BadArguments("exhaustive plans are not drawn from a seed; use RESULTS --run N")
+    cfg = CampaignConfig(mode=args.mode, backend=args.backend, preset=args.preset,
+                         durable_mode=args.durable_mode, stale_kind=args.stale_kind)
+    return RunSpec(index=0, seed=args.seed, campaign_mode=args.mode,
+                   durable_mode=cfg.adapter_mode, backend=args.backend,
+                   preset=cfg.preset_name, steps=args.steps,
+                   work_dir=Path("results") / "repro", keep=True, stale_kind=args.stale_kind)
+
+
+def repro(args: argparse.Namespace) -> int:
+    spec = (_stored_spec(args.results, args.run) if args.results is not None
+            else _drawn_spec(args))
+    record = Run(spec).execute()
+    v = record.verdict
+    print(f"repro run={spec.index} seed={spec.seed} mode={spec.campaign_mode} "
+          f"backend={spec.backend} plan={[_brief(f) for f in record.plan.faults]}")
+    for e in v.errors:
+        print(f"  {e.splitlines()[0] if e else e}")
+    print(f"VERDICT valid={v.valid} kills={record.counts['kills']} run_dir={record.run_dir}")
+    return EXIT[VERDICT_NAMES[v.valid]]
+
+
+def analyze(args: argparse.Namespace) -> int:
+    results = ResultsDir.open(args.results)
+    verdicts: list[Valid] = []
+    for r in results.runs():
+        if r["observation"] is None:
+            verdicts.append("unknown")
+            print(f"run {r['index']}: no observation recorded: unknown")
+            continue
+        scenario = generate(r["seed"], load(r["preset"]), steps=r["steps"])
+        v = check(scenario, Observation.from_json(r["observation"]),
+                  campaign_mode=r["campaign_mode"])
+        verdicts.append(v.valid)
+        if v.valid != r["verdict"]["valid"]:
+            print(f"run {r['index']}: stored verdict {r['verdict']['valid']}, now {v.valid}")
+        if v.valid is not True:
+            print(f"run {r['index']} seed={r['seed']}: {v.errors[0] if v.errors else ''}")
+    print(f"ANALYZE runs={len(verdicts)} ok={sum(v is True for v in verdicts)} "
+          f"failed={sum(v is False for v in verdicts)} "
+          f"unknown={sum(v == 'unknown' for v in verdicts)}")
+    return EXIT[VERDICT_NAMES[merge(verdicts)]]

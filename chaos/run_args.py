@@ -1,0 +1,95 @@
+"""``chaos run``'s flags and ``CRASH_*`` variables, checked at the boundary.
+
+Everything a campaign cannot run is refused here, before anything runs, with one line
+saying what to pass (``BadArguments``; the CLI exits 254): a mode or backend that does not
+exist (also when it came from the environment, where argparse does not look), a driver
+program that cannot be found, counts out of range, an unknown failpoint, a bad preset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import re
+from pathlib import Path
+
+from scenarios import load
+
+from .backends import BACKENDS
+from .campaign import MODES, CampaignConfig
+from .errors import BadArguments
+from .faults import ALL_POINTS
+from .stale import KINDS
+
+#: The most runs one campaign takes (more is a typo, or a job for ``--shard``/a cluster).
+MAX_RUNS = 1_000_000
+DURABLE_MODES = ("auto", "transactional", "checkpoint")
+
+
+def _env_int(name: str) -> int | None:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return None
+    if not re.fullmatch(r"-?[0-9]+", raw.strip()):
+        raise BadArguments(f"Expected an integer in {name} but got {name}={raw!r}")
+    return int(raw)
+
+
+def _env_choice(flag: str, value: str | None, env: str, choices: tuple[str, ...]) -> None:
+    """argparse checks the choices of a flag given, not of a default taken from ``env``."""
+    if value is not None and value not in choices:
+        raise BadArguments(f"{env}={value!r} (the default of {flag}) is not one of "
+                           f"{', '.join(choices)}")
+
+
+def _check_driver(driver: str) -> None:
+    if driver.endswith(".py"):
+        if not Path(driver).is_file():
+            raise BadArguments(f"--driver {driver}: no such file; pass a driver program's "
+                               ".py path or a module name (default chaos.driver)")
+        return
+    try:
+        found = importlib.util.find_spec(driver)
+    except (ImportError, ValueError):
+        found = None
+    if found is None:
+        raise BadArguments(f"--driver {driver}: no such module; pass a module name (run with "
+                           "-m, default chaos.driver) or a driver program's .py path")
+
+
+def campaign_config(args: argparse.Namespace) -> CampaignConfig:
+    """The campaign ``chaos run`` asks for; ``BadArguments`` when it cannot run."""
+    if args.mode is None:
+        raise BadArguments("no campaign mode: pass --mode or set CRASH_MODE "
+                           f"(one of {', '.join(MODES)})")
+    if args.mode not in MODES:
+        raise BadArguments(f"CRASH_MODE={args.mode!r} is not a mode; use one of {MODES}")
+    _env_choice("--backend", args.backend, "CRASH_BACKEND", BACKENDS)
+    _env_choice("--durable-mode", args.durable_mode, "CRASH_DURABLE_MODE", DURABLE_MODES)
+    _env_choice("--stale-kind", args.stale_kind, "CRASH_STALE_KIND", KINDS)
+    _check_driver(args.driver)
+    if args.results.exists() and not args.results.is_dir():
+        raise BadArguments(f"--results {args.results} is a file, not a directory; pass the "
+                           "directory campaigns are written under")
+    runs = args.runs if args.runs is not None else _env_int("CRASH_RUNS")
+    steps = args.steps if args.steps is not None else _env_int("CRASH_STEPS")
+    seed = args.seed_base if args.seed_base is not None else _env_int("CRASH_SEED_BASE")
+    if runs is not None and not 1 <= runs <= MAX_RUNS:
+        raise BadArguments(f"--runs must be from 1 to {MAX_RUNS}, got {runs}")
+    if steps is not None and steps < 1:
+        raise BadArguments(f"--steps must be at least 1, got {steps}")
+    if args.jobs < 1:
+        raise BadArguments(f"--jobs must be at least 1, got {args.jobs}")
+    cfg = CampaignConfig(mode=args.mode, backend=args.backend, runs=runs, steps=steps,
+                         seed_base=1 if seed is None else seed, jobs=args.jobs,
+                         preset=args.preset, durable_mode=args.durable_mode,
+                         results_root=args.results, keep=args.keep, driver=args.driver,
+                         points=tuple(p for p in args.points.split(",") if p),
+                         pairs=args.pairs, stop_on_failure=args.stop_on_failure,
+                         stale_kind=args.stale_kind)
+    unknown = sorted(set(cfg.points) - set(ALL_POINTS))
+    if unknown:
+        raise BadArguments(f"unknown failpoint(s) {unknown}; known: {sorted(ALL_POINTS)}")
+    load(cfg.preset_name)  # a bad preset is a bad argument, before anything runs
+    return cfg

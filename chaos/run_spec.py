@@ -1,0 +1,27 @@
+"""What one run is: plain data, from the campaign's configuration or a stored record."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .faults import FaultPlan
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    index: int
+    seed: int
+    campaign_mode: str
+    durable_mode: str
+    backend: str
+    preset: str
+    steps: int | None
+    work_dir: Path
+    #: The fault plan; None: drawn from the seed (stale mode: no faults).
+    plan: FaultPlan | None = None
+    keep: bool = False
+    #: The driver program: a module run with ``-m``, or a path to a ``.py`` file.
+    driver: str = "chaos.driver"
+    #: Stale mode's kind (``stale.KINDS``).
+    stale_kind: str = "race"

@@ -1,0 +1,267 @@
+"""The nemesis contract, the fault schedule and the attempts scope, without a Space: every
+fault ends in exactly one entry per operation, a broken nemesis makes the run unknown, no
+timer fires into a later attempt, and every driver a scope started is reaped."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from chaos.attempts import EXIT_TIMED_OUT, AttemptScope, FaultTimers
+from chaos.checker import Verdict
+from chaos.errors import RunAborted
+from chaos.fault_kinds import FaultNemesis
+from chaos.fault_schedule import FaultSchedule
+from chaos.faults import Fault, FaultPlan
+from chaos.holds import Holds
+from chaos.nemesis import Completion, NoopNemesis, Operation, Target, ValidatingNemesis
+from chaos.rendezvous import Hit
+from chaos.run_record import RunRecord
+from chaos.run_state import RunState
+
+AT_INTENT = Fault("kill_daemon", "failpoint", "call.intent", 1, kill_driver=False)
+KILL_AT_RESULT = Fault("kill_driver", "failpoint", "call.result", 2)
+TIMED = Fault("restart_space", "time", attempt=2, delay=0.1, kill_driver=False)
+
+
+class Recording:
+    """A nemesis that does nothing but say it did (or raises, or breaks the contract)."""
+
+    def __init__(self, behave: str = "ok") -> None:
+        self.behave = behave
+        self.invoked: list[tuple[int, str]] = []
+
+    def setup(self, target: Target) -> None:
+        pass
+
+    def invoke(self, op: Operation) -> Completion:
+        self.invoked.append((op.index, op.action))
+        if self.behave == "raise":
+            raise RuntimeError("injected: the Space provider broke")
+        if self.behave == "wrong":
+            return Completion("info", "something_else", "")
+        return Completion("info", op.action, op.fault.describe())
+
+    def teardown(self) -> None:
+        pass
+
+
+def _nemesis(behave: str = "ok", *faults: Fault) -> tuple[ValidatingNemesis, RunState]:
+    state = RunState()
+    plan = FaultPlan(1, faults or (AT_INTENT, KILL_AT_RESULT, TIMED))
+    return ValidatingNemesis(Recording(behave), plan, state), state
+
+
+def _op(index: int, fault: Fault) -> Operation:
+    return Operation(index, fault, fault.action, None, None)
+
+
+def _nemesis_ops(state: RunState) -> list[tuple[str, str]]:
+    return [(op["type"], op["f"]) for op in state.history() if op["process"] == "nemesis"]
+
+
+def test_every_fault_ends_in_exactly_one_entry_per_operation() -> None:
+    nemesis, state = _nemesis()
+    assert nemesis.invoke(_op(0, AT_INTENT)).type == "info"
+    assert nemesis.invoke(_op(1, KILL_AT_RESULT)).type == "info"
+    nemesis.skip(2, "attempt 2 was never launched")
+    nemesis.teardown()
+    assert _nemesis_ops(state) == [("info", "kill_daemon"), ("info", "kill_driver"),
+                                   ("info", "skipped")]
+    assert state.counts()["daemon_kills"] == 1 and state.counts()["kills"] == 1
+    assert state.errors() == []
+
+
+def test_a_second_entry_or_a_fault_that_never_ended_breaks_the_contract() -> None:
+    nemesis, state = _nemesis()
+    nemesis.invoke(_op(0, AT_INTENT))
+    nemesis.invoke(_op(0, AT_INTENT))  # the schedule fired it twice
+    nemesis.skip(0, "it had fired")
+    nemesis.teardown()  # faults 1 and 2 ended neither fired nor skipped
+    errors = state.errors()
+    assert len(errors) == 4 and all("NemesisContractError" in e for e in errors), errors
+    assert "invoked after that fault had ended" in errors[0]
+    assert "skipped after it had ended" in errors[1]
+    assert "ended neither fired nor skipped" in errors[2]
+    assert _nemesis_ops(state).count(("info", "kill_daemon")) == 1
+
+
+@pytest.mark.parametrize("behave", ["raise", "wrong"])
+def test_a_broken_nemesis_is_recorded_never_silent(behave: str) -> None:
+    nemesis, state = _nemesis(behave)
+    done = nemesis.invoke(_op(0, AT_INTENT))
+    assert (done.type, done.f) == ("fail", "error")
+    assert _nemesis_ops(state) == [("fail", "error")]
+    assert state.counts()["daemon_kills"] == 0
+    [error] = state.errors()
+    assert ("injected: the Space provider broke" if behave == "raise"
+            else "ended in Completion") in error
+
+
+def test_a_due_fault_that_never_fired_is_an_error() -> None:
+    nemesis, state = _nemesis()
+    nemesis.missed(0, "call.intent reached 3 times")
+    [error] = state.errors()
+    assert "kill_daemon at call.intent#1 was due (call.intent reached 3 times)" in error
+
+
+def test_the_noop_nemesis_injures_nothing() -> None:
+    state = RunState()
+    nemesis = ValidatingNemesis(NoopNemesis(), FaultPlan(1, (AT_INTENT,)), state)
+    assert nemesis.invoke(_op(0, AT_INTENT)).type == "fail"
+    assert _nemesis_ops(state) == [("fail", "kill_daemon")] and state.errors() == []
+
+
+class SlowSpaces:
+    """Just enough of a Spaces provider for ``LoseSpace``: saving a ledger waits for ``go``."""
+
+    def __init__(self) -> None:
+        self.go, self.saving = threading.Event(), threading.Event()
+        self.saved: list[Path] = []
+        self.deleted: list[str] = []
+
+    def save_state(self, name: str, dest: Path) -> None:
+        self.saving.set()
+        assert self.go.wait(5)
+        self.saved.append(dest)
+
+    def delete(self, name: str) -> None:
+        self.deleted.append(name)
+
+
+def test_two_losses_due_at_once_lose_the_space_once(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A loss saves the Space's ledger, then deletes it: a second loss due meanwhile would
+    save the same generation again (G2 would then see its commands started twice)."""
+    monkeypatch.setattr("chaos.fault_kinds.save_ledger",
+                        lambda spaces, name, dest, why: spaces.save_state(name, dest) or {})
+    spaces, state, armed = SlowSpaces(), RunState(), threading.Event()
+    armed.set()
+    lose = Fault("delete_space", "failpoint", "call.result", 1, kill_driver=False)
+    timed = Fault("delete_space", "time", attempt=1, delay=0.5, kill_driver=False)
+    nemesis = ValidatingNemesis(FaultNemesis(), FaultPlan(1, (lose, timed)), state)
+    nemesis.setup(Target(spaces, "cua-c1", tmp_path, state, armed))  # type: ignore[arg-type]
+    first = threading.Thread(target=nemesis.invoke, args=(_op(0, lose),))
+    first.start()
+    assert spaces.saving.wait(5)
+    second = nemesis.invoke(_op(1, timed))
+    spaces.go.set()
+    first.join(5)
+    assert second.type == "fail"
+    assert second.value == ("skipped delete_space at attempt 1 +0.50s: another fault is "
+                            "deleting the Space at this moment")
+    assert len(spaces.saved) == 1 and spaces.deleted == ["cua-c1"]
+    assert state.counts()["lost_spaces"] == 1 and state.errors() == []
+
+
+def _hit(point: str, occurrence: int, process: str | None = None) -> Hit:
+    return Hit(point, occurrence, 4242, {"process": process} if process else {}, time.time())
+
+
+def test_the_schedule_fires_each_due_fault_once_and_accounts_for_the_rest() -> None:
+    state = RunState()
+    plan = FaultPlan(1, (AT_INTENT, KILL_AT_RESULT, TIMED))
+    inner = Recording()
+    schedule = FaultSchedule(plan, ValidatingNemesis(inner, plan, state), state, Holds())
+    assert schedule.on_hit(_hit("call.intent", 1)) == "continue"
+    assert schedule.on_hit(_hit("call.intent", 1)) == "continue"  # fired once only
+    assert schedule.armed.is_set(), "a call's failpoint arms Space losses"
+    schedule.account({"call.intent": 3, "call.result": 1})
+    assert inner.invoked == [(0, "kill_daemon")]
+    assert state.fired() == [0]
+    skipped = [op["value"] for op in state.history() if op["f"] == "skipped"]
+    assert skipped == ["kill_driver at call.result#2: call.result was reached 1 time(s)",
+                       "restart_space at attempt 2 +0.10s: attempt 2 was never launched"]
+    assert state.errors() == []
+
+
+def test_a_kill_at_a_drivers_failpoint_ends_the_reporter() -> None:
+    state = RunState()
+    plan = FaultPlan(1, (KILL_AT_RESULT,))
+    schedule = FaultSchedule(plan, ValidatingNemesis(Recording(), plan, state), state, Holds())
+    assert schedule.on_hit(_hit("call.result", 1)) == "continue"
+    assert schedule.on_hit(_hit("call.result", 2)) == "killed"
+
+
+def test_a_timer_of_a_closed_attempt_never_fires() -> None:
+    fired: list[str] = []
+    timers = FaultTimers()
+    timers.start(0.2, lambda: fired.append("late"))
+    timers.close()
+    time.sleep(0.3)
+    assert fired == [], "a cancelled timer fired"
+    # a timer past its wait when the attempt began to close does not start its fault
+    timers._call(lambda: fired.append("past its wait"))
+    assert fired == []
+    with pytest.raises(RuntimeError):
+        timers.start(0.0, lambda: None)
+
+
+def test_closing_an_attempt_waits_for_a_fault_already_firing() -> None:
+    started, done = threading.Event(), threading.Event()
+
+    def slow_fault() -> None:
+        started.set()
+        time.sleep(0.3)
+        done.set()
+
+    timers = FaultTimers()
+    timers.start(0.0, slow_fault)
+    assert started.wait(5)
+    timers.close()
+    assert done.is_set(), "close returned while the attempt's fault was still firing"
+
+
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
+
+
+def test_the_scope_reaps_every_driver_it_started(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError), AttemptScope() as scope:
+        older = scope.launch(SLEEPER, {}, tmp_path / "older.log")
+        newer = scope.launch(SLEEPER, {}, tmp_path / "newer.log")
+        raise RuntimeError("the race broke off")
+    assert older.poll() is not None and newer.poll() is not None
+
+
+def test_a_driver_past_its_timeout_is_ended_and_reaped(tmp_path: Path) -> None:
+    with AttemptScope() as scope:
+        driver = scope.launch(SLEEPER, {}, tmp_path / "d.log")
+        assert scope.wait(driver, timeout=0.2) == EXIT_TIMED_OUT
+        assert driver.poll() is not None
+
+
+def test_a_cancelled_scope_kills_and_launches_nothing(tmp_path: Path) -> None:
+    with AttemptScope() as scope:
+        driver = scope.launch(SLEEPER, {}, tmp_path / "d.log")
+        scope.cancel()
+        assert scope.wait(driver) < 0, "killed by a signal"
+        with pytest.raises(RunAborted):
+            scope.launch(SLEEPER, {}, tmp_path / "e.log")
+
+
+def test_a_run_record_is_the_line_every_campaign_wrote() -> None:
+    state = RunState()
+    plan = FaultPlan(3, (AT_INTENT,))
+    record = RunRecord(
+        index=0, seed=3, campaign_mode="checkpoint", stale_kind=None, durable_mode="checkpoint",
+        backend="local", preset="small", steps=3, plan=plan, history=[], recoveries=[],
+        counts=state.counts(), latencies=[], points_hit={}, final_exit=None, fired=[],
+        verdict=Verdict("unknown", ["the run did not get to its check"]), observation=None,
+        seconds=0.5, started_at=state.t0, run_dir=None, interrupted=False).to_json()
+    assert set(record) == {
+        "index", "seed", "campaign_mode", "stale_kind", "durable_mode", "backend", "preset",
+        "steps", "plan", "history", "recoveries", "counts", "latencies", "points_hit",
+        "final_exit", "fired", "verdict", "observation", "seconds", "started_at", "run_dir",
+        "interrupted"}
+    assert record["plan"] == plan.to_json() and record["observation"] is None
+    assert record["verdict"] == {"valid": "unknown", "checks": [], "check": None,
+                                 "errors": ["the run did not get to its check"]}
+    assert list(record["counts"]) == ["kills", "daemon_kills", "space_restarts",
+                                      "lost_spaces", "process_kills", "fenced", "timeouts",
+                                      "attempts", "foreign"]
+    assert json.loads(json.dumps(record)) == record
