@@ -19,13 +19,13 @@ from typing import Any, TextIO
 from durable.adapter.decide import reachable_cells
 
 from . import live
-from .backends import make_spaces
 from .faults import RECOVERY_POINTS, FaultPlan, exhaustive_plans
 from .plots import campaign_plots
 from .records import ResultsDir
 from .run_record import RunRecord
 from .run_spec import RunSpec
 from .runner import Run
+from .space_providers import make_spaces
 from .summary import cells_hit, summarize, summary_line
 
 MODES = ("transactional", "checkpoint", "auto", "stale", "exhaustive")

@@ -25,13 +25,13 @@ from typing import NoReturn
 
 from scenarios import PresetError
 
-from .backends import BACKENDS
 from .campaign import EXIT, MODES, run_campaign
 from .ci_subset import BY_NAME, run_slices
 from .clean import clean
 from .errors import BackendUnavailable, BadArguments, BadResults
 from .repro import analyze, repro
 from .run_args import DURABLE_MODES, campaign_config
+from .space_providers import BACKENDS
 from .stale import KINDS
 
 EXIT_INTERRUPTED = EXIT["interrupted"]

@@ -1,7 +1,7 @@
 """The campaign's driver program: ``python -m chaos.driver``.
 
 It composes what ``durable`` must not import: a scenario's scripted model, a backend and the
-adapter, and hands them to ``durable.driver.run_durable_session``. The runner launches it once
+adapter, and hands them to ``durable.session_driver.run_durable_session``. The runner launches it once
 per attempt with ``CUA_SESSION_*`` in the environment (and ``CUA_FAILPOINTS`` when it wants
 to stop it at a failpoint) and reads its exit code.
 """
@@ -21,15 +21,15 @@ from durable.adapter import (
     durable_spaces,
 )
 from durable.coding_tools import coding_tools
-from durable.driver import Session, SessionEnv, run_durable_session
 from durable.fence_contract import Fence
 from durable.harness import Submission
+from durable.session_driver import Session, SessionEnv, run_durable_session
 from durable.tools import ToolRegistry
 from scenarios import generate, load
 from scenarios.host_tools import effect_tools
 
-from .backends import make_spaces
 from .live import die_with_parent
+from .space_providers import make_spaces
 
 REQUEST_ID = "campaign-input"
 SPACE_PREFIX = "cua"

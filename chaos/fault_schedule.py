@@ -30,8 +30,7 @@ from .faults import Action, Fault, FaultPlan
 from .holds import Holds
 from .nemesis import Operation, ValidatingNemesis
 from .processes import OwnedProcess
-from .rendezvous import Action as Answer
-from .rendezvous import Hit
+from .rendezvous import Answer, Hit
 from .run_state import RunState
 
 #: Failpoints reached only after the driver adopted the seeded Space (it adopts at start,

@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
-from .backends import CampaignSpaces
 from .errors import NemesisContractError
 from .faults import Action, Fault, FaultPlan
 from .processes import OwnedProcess
 from .rendezvous import Hit
 from .run_state import RunState
+from .space_providers import CampaignSpaces
 
 
 @dataclass(frozen=True)

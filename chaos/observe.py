@@ -16,13 +16,14 @@ from durable.adapter.image import IMAGE_KEY, Image
 from durable.adapter.state import RECOVERY_KEY
 from durable.errors import SpaceError
 from durable.log import ROOT_CONVERSATION, Log
+from durable.session_driver import session_log
 from durable.storage.sqlite import SqliteStorage
 from scenarios.host_tools import read_effects
 from scenarios.steps import LOG_FILE
 from spacesd.audit import read_state
 
-from .backends import CampaignSpaces
 from .checker import Observation, ObservedCall
+from .space_providers import CampaignSpaces
 
 
 def _shown(content: str, limit: int = 2000) -> str:
@@ -95,7 +96,7 @@ def observe(run_dir: Path, spaces: CampaignSpaces, space_name: str, *, session: 
     newest the runner launched; a driver that ran above it (``EpochTaken``) raised the
     log's floor, which is used then. ``foreign_keys``: keys another log of this session
     started in the Space (stale mode's foreign kind)."""
-    storage = SqliteStorage(run_dir / "state" / "log.sqlite")
+    storage = SqliteStorage(session_log(run_dir / "state"))
     history = storage.epoch_history()
     epoch = max([epoch, *(raised[0] for raised in history.raises)])
     log = Log.open(storage)

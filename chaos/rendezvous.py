@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Self
 
-Action = Literal["continue", "killed"]
+Answer = Literal["continue", "killed"]
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class Hit:
 class Rendezvous:
     """A unix-socket server for failpoint reports. Use as a context manager."""
 
-    def __init__(self, path: str, on_hit: Callable[[Hit], Action], *,
+    def __init__(self, path: str, on_hit: Callable[[Hit], Answer], *,
                  shared: bool = False) -> None:
         self.path = path
         #: Let other users reach the socket (a container's daemon runs as its own user):

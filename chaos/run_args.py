@@ -16,10 +16,10 @@ from pathlib import Path
 
 from scenarios import load
 
-from .backends import BACKENDS
 from .campaign import MODES, CampaignConfig
 from .errors import BadArguments
 from .faults import ALL_POINTS
+from .space_providers import BACKENDS
 from .stale import KINDS
 
 #: The most runs one campaign takes (more is a typo, or a job for ``--shard``/a cluster).

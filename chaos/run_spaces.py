@@ -8,7 +8,7 @@ from pathlib import Path
 
 from scenarios.plan import Scenario
 
-from .backends import CampaignSpaces
+from .space_providers import CampaignSpaces
 
 
 def seed_space(spaces: CampaignSpaces, name: str, scenario: Scenario) -> None:

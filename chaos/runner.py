@@ -28,13 +28,12 @@ import traceback
 from typing import Any
 
 from durable.adapter.space_names import session_token, space_name
-from durable.driver import EXIT_FENCED, EXIT_OK, EXIT_PERMANENT
+from durable.session_driver import EXIT_FENCED, EXIT_OK, EXIT_PERMANENT
 from scenarios import generate, load
 from scenarios.plan import Scenario
 
 from . import live
 from .attempts import EXIT_TIMED_OUT, AttemptScope
-from .backends import CampaignSpaces, make_spaces
 from .checker import Observation, Verdict, check
 from .driver import SPACE_PREFIX
 from .fault_kinds import FaultNemesis
@@ -50,6 +49,7 @@ from .run_record import RunRecord
 from .run_spaces import delete_spaces, save_workspace, seed_space
 from .run_spec import RunSpec
 from .run_state import RunState
+from .space_providers import CampaignSpaces, make_spaces
 from .stale import run_kind
 
 #: The attempt number of the clean driver that finishes a run (drawn plans have at most ten

@@ -30,7 +30,7 @@ import random
 import time
 from typing import TYPE_CHECKING
 
-from durable.driver import EXIT_FENCED, EXIT_OK
+from durable.session_driver import EXIT_FENCED, EXIT_OK
 from scenarios import generate, load
 from scenarios.steps import DETACHED_GRACE_SECONDS
 

@@ -119,20 +119,6 @@ class Spaces(Protocol):
         """Remove the Space, its processes and its disk. No error if it does not exist."""
         ...
 
-    def restart(self, name: str) -> None:
-        """As a machine restart: the daemon and every process it started are gone, the disk
-        is kept, and the daemon comes back (healthy) before this returns."""
-        ...
-
-    def kill_daemon(self, name: str) -> None:
-        """SIGKILL only the daemon; processes it started keep running. The daemon is started
-        again before this returns (as a supervisor would)."""
-        ...
-
     def connect(self, name: str, *, epoch: int) -> SpaceClient:
         """A client of the Space bound to ``epoch``. Raises ``SpaceNotFound``."""
-        ...
-
-    def names(self) -> list[str]:
-        """Every Space this provider can find."""
         ...

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from chaos.backends import BACKENDS, BackendUnavailable
+from chaos.space_providers import BACKENDS, BackendUnavailable
 
 from . import cost, cost_bench, html, latency
 from .errors import ReportsError

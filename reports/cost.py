@@ -26,7 +26,7 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
-from chaos.backends import BackendUnavailable
+from chaos.space_providers import BackendUnavailable
 
 from . import cost_bench
 from .errors import NoBackend

@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chaos.backends import BackendUnavailable, make_spaces
+from chaos.space_providers import BackendUnavailable, make_spaces
 from durable.adapter import (
     SPACE_DOC,
     DirectoryCheckpointStore,

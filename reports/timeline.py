@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from chaos.runner import CLEAN_ATTEMPT
+
 from .figures import plt, png_bytes
 
 LANES = ("driver", "calls", "faults", "recoveries")
@@ -73,7 +75,7 @@ def figure_png(record: dict[str, Any]) -> bytes:
         bar = ax.barh(y["driver"], width, left=start, height=0.6, color=TYPE_COLOR[type_],
                       edgecolor="white", hatch=HATCH.get(type_))
         seen.setdefault(TYPE_LABEL[type_], bar)
-        tag = "clean" if value["attempt"] == 99 else f"e{value['epoch']}"
+        tag = "clean" if value["attempt"] == CLEAN_ATTEMPT else f"e{value['epoch']}"
         ax.text(start + width / 2, y["driver"], tag, ha="center", va="center", fontsize=7,
                 color="white", clip_on=True)
     for start, stop, type_, _value, f in _spans(history, "agent", "call"):

@@ -23,7 +23,13 @@ import threading
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
-from ..errors import DocConflict, DuplicateRequest, LogConflict, StorageClosed, StorageError
+from ..errors import (
+    DocConflict,
+    DuplicateRequest,
+    LogConflict,
+    StorageClosed,
+    StorageError,
+)
 from .records import Batch, DocRecord, Snapshot
 
 

@@ -203,7 +203,7 @@ class Recorder:
 
 def _drive(case: Case, driver: Driver, epoch: int, tmp_path: Path, spaces: LocalSpaces,
            monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    """One driver of ``case`` at ``epoch``, as ``durable.driver`` runs it: open the log,
+    """One driver of ``case`` at ``epoch``, as ``durable.session_driver`` runs it: open the log,
     resume, submit, bring the Space up, run, bring it up again."""
 
     def fault(kind: str) -> None:

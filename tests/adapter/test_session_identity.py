@@ -19,17 +19,17 @@ from backends.space_client import HttpSpaceClient
 from durable.adapter import DurableSpaces, WorkspaceSnapshots, durable_spaces
 from durable.adapter.space_names import session_token, space_name
 from durable.coding_tools import coding_tools
-from durable.driver import (
+from durable.errors import EpochTaken, StaleEpochError
+from durable.fence_contract import Fence
+from durable.harness import Harness, Submission
+from durable.models import PlannedCall, ScriptedModel
+from durable.session_driver import (
     EXIT_OK,
     EXIT_PERMANENT,
     Session,
     SessionEnv,
     run_durable_session,
 )
-from durable.errors import EpochTaken, StaleEpochError
-from durable.fence_contract import Fence
-from durable.harness import Harness, Submission
-from durable.models import PlannedCall, ScriptedModel
 from durable.storage_fences import open_fenced_sqlite
 from durable.tools import ToolRegistry
 from tests.escapes import read_pid

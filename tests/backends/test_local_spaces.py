@@ -15,7 +15,7 @@ import pytest
 
 from backends.local import LocalSpaces
 from backends.local.procs import kill_process
-from chaos.rendezvous import Action, Hit, Rendezvous
+from chaos.rendezvous import Answer, Hit, Rendezvous
 from durable.errors import SpaceError, SpaceNotFound, SpaceUnavailable
 from durable.spaces import Spaces
 
@@ -163,7 +163,7 @@ def test_commands_do_not_inherit_the_creators_environment(spaces: LocalSpaces,
 def test_every_daemon_it_starts_reports_to_its_failpoint_channel(tmp_path: Path) -> None:
     hits: list[Hit] = []
 
-    def answer(hit: Hit) -> Action:
+    def answer(hit: Hit) -> Answer:
         hits.append(hit)
         return "continue"
 

@@ -17,7 +17,7 @@ import pytest
 from backends.local import LocalSpace, LocalSpaces
 from backends.local.procs import kill_process, start_time
 from backends.space_client import HttpSpaceClient
-from chaos.rendezvous import Action, Hit, Rendezvous
+from chaos.rendezvous import Answer, Hit, Rendezvous
 
 
 @pytest.fixture
@@ -59,7 +59,7 @@ class FailpointKiller:
         assert self.rendezvous is not None
         return [h for h in self.rendezvous.hits if h.point == point]
 
-    def on_hit(self, hit: Hit) -> Action:
+    def on_hit(self, hit: Hit) -> Answer:
         if hit.point != self.kill_at or self.killed:
             return "continue"
         started = start_time(hit.pid)

@@ -1,4 +1,4 @@
-"""Campaign throughput: ``python -m chaos.bench [--runs 250] [--steps 10] [--mode checkpoint]``.
+"""Campaign throughput: ``python -m chaos.campaign_bench [--runs 250] [--steps 10] [--mode checkpoint]``.
 
 Runs one campaign on the local backend and prints runs per minute and kills per minute
 (the seed document's goal: a checkpoint campaign of 250 runs of 10 calls in under 5 minutes
@@ -19,7 +19,7 @@ from .summary import parse_summary
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m chaos.bench", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m chaos.campaign_bench", description=__doc__)
     p.add_argument("--runs", type=int, default=250)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--mode", default="checkpoint")
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     line = next(x for x in out.getvalue().splitlines() if x.startswith("SUMMARY "))
     s = parse_summary(line)
     print(line)
-    print(f"chaos.bench: {args.runs} runs x {args.steps} steps, mode={args.mode}, "
+    print(f"chaos.campaign_bench: {args.runs} runs x {args.steps} steps, mode={args.mode}, "
           f"jobs={args.jobs}, {os.cpu_count()} cores")
     print(f"  wall time      {seconds:8.1f} s")
     print(f"  runs/minute    {60 * args.runs / seconds:8.1f}")

@@ -18,13 +18,30 @@ BACKENDS = ("local", "docker", "microvm")
 
 
 class CampaignSpaces(Spaces, Protocol):
-    """What the campaign needs of a provider beyond ``durable.spaces.Spaces``: to read a
-    Space's state back for the audits (its ledger and fence journal, even while the daemon
-    is down) and to kill one of its processes by the pid a failpoint reported."""
+    """What the campaign needs of a provider beyond ``durable.spaces.Spaces``, which a
+    backend implements structurally (without importing ``chaos``): the faults (a machine
+    restart, a daemon kill, a kill of one process by the pid a failpoint reported), reading
+    a Space's state back for the audits (its ledger and fence journal, even while the daemon
+    is down), and listing its Spaces for clean-up. A backend need not have these to be a
+    backend; it needs them to be attacked."""
+
+    def restart(self, name: str) -> None:
+        """As a machine restart: the daemon and every process it started are gone, the disk
+        is kept, and the daemon comes back (healthy) before this returns."""
+        ...
+
+    def kill_daemon(self, name: str) -> None:
+        """SIGKILL only the daemon; processes it started keep running. The daemon is started
+        again before this returns (as a supervisor would)."""
+        ...
+
+    def kill_process(self, name: str, pid: int) -> None: ...
 
     def save_state(self, name: str, dest: Path) -> None: ...
 
-    def kill_process(self, name: str, pid: int) -> None: ...
+    def names(self) -> list[str]:
+        """Every Space this provider can find."""
+        ...
 
 
 def make_spaces(backend: str, run_dir: Path, *,

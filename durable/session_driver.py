@@ -72,7 +72,7 @@ class SessionEnv:
                    if not env.get(k)]
         if missing:
             raise PermanentFailure(
-                f"the driver needs {', '.join(missing)} in its environment (see durable.driver)")
+                f"the driver needs {', '.join(missing)} in its environment (see durable.session_driver)")
         raw_epoch = env["CUA_SESSION_EPOCH"]
         if not (raw_epoch.isascii() and raw_epoch.isdigit()) or not 1 <= int(raw_epoch) <= MAX_EPOCH:
             raise PermanentFailure(f"CUA_SESSION_EPOCH must be an integer from 1 to {MAX_EPOCH} "
@@ -134,6 +134,14 @@ class _Heartbeat(threading.Thread):
                 continue
 
 
+#: The session's log in its ``CUA_STATE_DIR``.
+LOG_NAME = "log.sqlite"
+
+
+def session_log(state_dir: Path) -> Path:
+    """Where the session driver keeps the log of the session whose state is ``state_dir``."""
+    return state_dir / LOG_NAME
+
 def run_durable_session(
     *,
     durable: Callable[[Fence, SessionEnv], DurableSpaces],
@@ -156,7 +164,7 @@ def run_durable_session(
 
         def open_log(state: Path, epoch: int) -> tuple[Storage, Fence]:
             state.mkdir(parents=True, exist_ok=True)
-            return open_fenced_sqlite(state / "log.sqlite", epoch)
+            return open_fenced_sqlite(session_log(state), epoch)
     for _move in range(MAX_EPOCH_MOVES + 1):
         try:
             return _attempt(senv, durable, start, open_log)
