@@ -28,6 +28,7 @@ import traceback
 from typing import Any
 
 from durable.adapter.space_names import session_token, space_name
+from durable.log import ROOT_CONVERSATION
 from durable.session_driver import EXIT_FENCED, EXIT_OK, EXIT_PERMANENT
 from scenarios import generate, load
 from scenarios.plan import Scenario
@@ -106,7 +107,7 @@ class Run:
     @staticmethod
     def space_of(session: str) -> str:
         """The name of the Space of conversation 1 of ``session``."""
-        return space_name(SPACE_PREFIX, session_token(session), 1)
+        return space_name(SPACE_PREFIX, session_token(session), ROOT_CONVERSATION)
 
     # ------------------------------------------------------------------ drivers
 
