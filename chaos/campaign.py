@@ -81,6 +81,13 @@ class CampaignConfig:
     plans: tuple[ScriptedRun, ...] = ()
     #: Stale mode only: who meets the run's session (``chaos.stale.KINDS``).
     stale_kind: str = "race"
+    #: ``(i, n)``: run only shard i of n (1-based): the runs whose index is i - 1 modulo n,
+    #: with the indices and seeds they have in the whole campaign (``chaos merge`` joins
+    #: the shards' results into the whole campaign's).
+    shard: tuple[int, int] | None = None
+
+    def in_shard(self, index: int) -> bool:
+        return self.shard is None or index % self.shard[1] == self.shard[0] - 1
 
     @property
     def preset_name(self) -> str:
@@ -155,12 +162,15 @@ def _specs(cfg: CampaignConfig, work: Path) -> tuple[Iterator[RunSpec], int, int
 
         def made() -> Iterator[RunSpec]:
             for i, seed in enumerate(seeds):
-                yield replace(base, index=i, seed=seed)
+                if cfg.in_shard(i):
+                    yield replace(base, index=i, seed=seed)
             for j, p in enumerate(cfg.plans):
-                yield replace(base, index=len(seeds) + j, seed=p.plan.seed, plan=p.plan,
-                              preset=p.preset or base.preset,
-                              steps=p.steps if p.preset else base.steps)
-        return made(), len(seeds) + len(cfg.plans), None
+                if cfg.in_shard(len(seeds) + j):
+                    yield replace(base, index=len(seeds) + j, seed=p.plan.seed, plan=p.plan,
+                                  preset=p.preset or base.preset,
+                                  steps=p.steps if p.preset else base.steps)
+        whole = len(seeds) + len(cfg.plans)
+        return made(), sum(1 for i in range(whole) if cfg.in_shard(i)), None
     # measure every (point, occurrence) of one fault-free run, then kill at each in turn
     reference = Run(replace(base, plan=FaultPlan(cfg.seed_base, ()), keep=False)).execute()
     counts = {p: n for p, n in reference.points_hit.items()
@@ -168,7 +178,8 @@ def _specs(cfg: CampaignConfig, work: Path) -> tuple[Iterator[RunSpec], int, int
     plans = exhaustive_plans(cfg.seed_base, counts, pairs=cfg.pairs)
     if cfg.runs is not None:
         plans = plans[: cfg.runs]
-    specs = [replace(base, index=i + 1, plan=p) for i, p in enumerate(plans)]
+    specs = [replace(base, index=i + 1, plan=p) for i, p in enumerate(plans)
+             if cfg.in_shard(i + 1)]
     return iter(specs), len(specs), sum(n for p, n in counts.items()
                                         if p not in RECOVERY_POINTS)
 
@@ -234,17 +245,27 @@ def _run(cfg: CampaignConfig, results: ResultsDir, note: live.Campaign, t0: floa
             done, _ = wait(list(running), timeout=ABORT_WAIT_S)
             for fut in done:
                 finished(fut.result().to_json())
+    return publish(cfg, results, records, time.time() - t0, reachable=reachable,
+                   interrupted=interrupted, out=out)
+
+
+def publish(cfg: CampaignConfig, results: ResultsDir, records: list[dict[str, Any]],
+            seconds: float, *, reachable: int | None = None, interrupted: bool = False,
+            out: TextIO = sys.stdout) -> int:
+    """The campaign's SUMMARY (written, printed), its unreached cells and plots, from its
+    run records; returns its exit code. A campaign and ``chaos merge`` both end here."""
     records.sort(key=lambda r: r["index"])
     covered = None
     if cfg.mode == "exhaustive":
         fired = {(lead["point"], lead["occurrence"]) for r in records
                  for lead in r["plan"]["faults"][:1] if 0 in r.get("fired", [])}
         covered = len(fired)
-        print(f"exhaustive: {covered} of {reachable} (failpoint, occurrence) pairs covered, "
-              f"{len({p for p, _ in fired})} distinct failpoints", file=out)
+        if reachable is not None:
+            print(f"exhaustive: {covered} of {reachable} (failpoint, occurrence) pairs "
+                  f"covered, {len({p for p, _ in fired})} distinct failpoints", file=out)
     summary = summarize(mode=cfg.mode, backend=cfg.backend,
                         seed_base=cfg.seeds[0] if cfg.seeds else cfg.seed_base,
-                        records=records, seconds=time.time() - t0, covered=covered,
+                        records=records, seconds=seconds, covered=covered,
                         durable_mode=cfg.adapter_mode)
     missed = sorted(reachable_cells(cfg.adapter_mode) - cells_hit(records))
     if missed:

@@ -29,6 +29,7 @@ from .campaign import EXIT, MODES, run_campaign
 from .ci_subset import BY_NAME, run_slices
 from .clean import clean
 from .errors import BackendUnavailable, BadArguments, BadResults
+from .merge import merge
 from .repro import analyze, repro
 from .run_args import DURABLE_MODES, campaign_config
 from .space_providers import BACKENDS
@@ -76,6 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
                           "a second session on the same Spaces provider (foreign)")
     run.add_argument("--stop-on-failure", action="store_true",
                      help="start no more runs once one failed")
+    run.add_argument("--shard", default=os.environ.get("CRASH_SHARD") or None,
+                     metavar="I/N", help="run only shard I of N (every N-th run, from run "
+                     "I - 1), for CI matrices; `chaos merge` joins the shards' results")
+    mrg = sub.add_parser("merge", help="join the results of a campaign's shards into one")
+    mrg.add_argument("shards", type=Path, nargs="+", help="each shard's results directory")
+    mrg.add_argument("--results", type=Path, default=Path("results"))
     ci = sub.add_parser("ci", help="run the fast fixed-seed crash subset that gates CI")
     ci.add_argument("--slice", action="append", default=[], dest="slices",
                     help=f"only this slice (repeatable); one of: {', '.join(BY_NAME)}")
@@ -140,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
             return _ci(args)
         if args.command == "image":
             return _image(args)
+        if args.command == "merge":
+            return merge(args.shards, args.results)
         return clean(args)
     except (BadArguments, PresetError, BackendUnavailable, BadResults, FileNotFoundError,
             NotADirectoryError) as exc:

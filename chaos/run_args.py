@@ -58,6 +58,21 @@ def _check_driver(driver: str) -> None:
                            "-m, default chaos.driver) or a driver program's .py path")
 
 
+def parse_shard(text: str | None) -> tuple[int, int] | None:
+    """``I/N`` (1 <= I <= N) as ``(I, N)``; None for None."""
+    if text is None:
+        return None
+    i, _, n = text.partition("/")
+    try:
+        shard = int(i), int(n)
+    except ValueError:
+        shard = (0, 0)
+    if not 1 <= shard[0] <= shard[1] <= MAX_RUNS:
+        raise BadArguments(f"--shard {text!r} is not I/N with 1 <= I <= N (e.g. 2/3: the "
+                           "second of three shards)")
+    return shard
+
+
 def campaign_config(args: argparse.Namespace) -> CampaignConfig:
     """The campaign ``chaos run`` asks for; ``BadArguments`` when it cannot run."""
     if args.mode is None:
@@ -87,7 +102,7 @@ def campaign_config(args: argparse.Namespace) -> CampaignConfig:
                          results_root=args.results, keep=args.keep, driver=args.driver,
                          points=tuple(p for p in args.points.split(",") if p),
                          pairs=args.pairs, stop_on_failure=args.stop_on_failure,
-                         stale_kind=args.stale_kind)
+                         stale_kind=args.stale_kind, shard=parse_shard(args.shard))
     unknown = sorted(set(cfg.points) - set(ALL_POINTS))
     if unknown:
         raise BadArguments(f"unknown failpoint(s) {unknown}; known: {sorted(ALL_POINTS)}")

@@ -1,0 +1,96 @@
+"""``chaos merge``: the shards of one campaign (``chaos run --shard I/N``) joined into the
+results the whole campaign would have written: its run records (with their indices and
+seeds), the failing runs' directories, the SUMMARY and the exit code.
+
+Refused (``BadResults``, exit 254) when the directories are not the shards of one campaign:
+a directory that is not a shard, shards of different campaigns (any setting but the shard,
+the results root, ``--jobs`` and ``--keep`` differs), two shards with the same number, or a
+shard missing (a SUMMARY of part of a campaign would pass for the whole of it).
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+from .campaign import CampaignConfig, publish
+from .errors import BadResults
+from .records import ResultsDir
+
+#: Settings that may differ between the shards of one campaign.
+PER_SHARD = frozenset({"shard", "results_root", "jobs", "keep"})
+
+
+def merge(dirs: list[Path], results_root: Path, out: TextIO = sys.stdout) -> int:
+    shards = [ResultsDir.open(d) for d in dirs]
+    configs = [s.read_json("campaign.json") for s in shards]
+    for shard, cfg in zip(shards, configs, strict=True):
+        if not cfg.get("shard"):
+            raise BadResults(f"{shard.path} is not a shard (its campaign ran without "
+                             "--shard I/N); merge the results of `chaos run --shard`")
+    first = _common(configs[0])
+    for shard, cfg in zip(shards[1:], configs[1:], strict=True):
+        differ = sorted(k for k in first.keys() | _common(cfg).keys()
+                        if first.get(k) != cfg.get(k))
+        if differ:
+            raise BadResults(f"{shard.path} is a shard of another campaign than "
+                             f"{shards[0].path}: they differ in {', '.join(differ)}")
+    _check_numbers(shards, configs)
+    records: list[dict[str, Any]] = []
+    seen: dict[int, Path] = {}
+    for shard in shards:
+        for record in shard.runs():
+            if record["index"] in seen:
+                raise BadResults(f"run {record['index']} (seed {record['seed']}) is in both "
+                                 f"{seen[record['index']]} and {shard.path}: overlapping "
+                                 "shards")
+            seen[record["index"]] = shard.path
+            records.append(record)
+    cfg = _config(configs[0])
+    merged = ResultsDir.create(results_root, cfg.mode, cfg.backend)
+    merged.write_json("campaign.json", {**configs[0], "shard": None,
+                                        "results_root": str(results_root),
+                                        "merged_from": [str(s.path) for s in shards]})
+    for record in sorted(records, key=lambda r: r["index"]):
+        if record.get("run_dir") and Path(record["run_dir"]).is_dir():
+            kept = merged.runs_dir / Path(record["run_dir"]).name
+            shutil.copytree(record["run_dir"], kept, symlinks=True)
+            record["run_dir"] = str(kept)
+        merged.append_run(record)
+    # The shards ran side by side: the campaign took as long as its slowest shard.
+    seconds = max((s.read_json("summary.json").get("seconds", 0.0) for s in shards
+                   if (s.path / "summary.json").exists()), default=0.0)
+    print(f"merge: {len(shards)} shards, {len(records)} runs", file=out)
+    return publish(cfg, merged, records, seconds, out=out)
+
+
+def _common(cfg: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in cfg.items() if k not in PER_SHARD}
+
+
+def _check_numbers(shards: list[ResultsDir], configs: list[dict[str, Any]]) -> None:
+    by_number: dict[int, Path] = {}
+    total = configs[0]["shard"][1]
+    for shard, cfg in zip(shards, configs, strict=True):
+        i, n = cfg["shard"]
+        if n != total:
+            raise BadResults(f"{shard.path} is shard {i}/{n}, {shards[0].path} one of "
+                             f"{total}: shards of different splits")
+        if i in by_number:
+            raise BadResults(f"{by_number[i]} and {shard.path} are both shard {i}/{n}: "
+                             "overlapping shards")
+        by_number[i] = shard.path
+    missing = sorted(set(range(1, total + 1)) - set(by_number))
+    if missing:
+        raise BadResults(f"shard(s) {', '.join(f'{i}/{total}' for i in missing)} missing: "
+                         "merge every shard of the campaign")
+
+
+def _config(raw: dict[str, Any]) -> CampaignConfig:
+    """What ``publish`` reads of the campaign's settings."""
+    return CampaignConfig(mode=raw["mode"], backend=raw["backend"], seed_base=raw["seed_base"],
+                          seeds=tuple(raw.get("seeds") or ()), preset=raw.get("preset"),
+                          durable_mode=raw.get("durable_mode"),
+                          stale_kind=raw.get("stale_kind", "race"))

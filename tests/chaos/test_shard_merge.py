@@ -1,0 +1,74 @@
+"""Shards of a campaign (``chaos run --shard I/N``) merged (``chaos merge``) equal the whole
+campaign; directories that are not the shards of one campaign are refused."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chaos.cli import main
+from chaos.merge import merge
+from chaos.records import ResultsDir
+from chaos.summary import parse_summary
+from tests.chaos.test_campaign import campaign
+
+#: Exhaustive over the file-call failpoint: no timing can change a run's path, so the
+#: fault counts are reproducible (``test_same_seeds_same_plans_and_fault_counts``).
+DETERMINISTIC: dict[str, Any] = {"mode": "exhaustive", "durable_mode": "checkpoint",
+                                 "points": ("space.file_op",)}
+KEYS = ("runs", "ok", "failed", "unknown", "kills", "daemon_kills", "space_restarts",
+        "lost_spaces", "covered")
+
+
+def _results(text: str) -> Path:
+    return Path(next(x for x in text.splitlines() if x.startswith("results: "))[9:])
+
+
+def _shards(tmp_path: Path, n: int, **kw: Any) -> list[Path]:
+    dirs = []
+    for i in range(1, n + 1):
+        code, _, text = campaign(tmp_path, shard=(i, n), **kw)
+        assert code == 0, text
+        dirs.append(_results(text))
+    return dirs
+
+
+def _runs(path: Path) -> list[tuple[int, int, Any, Any]]:
+    return [(r["index"], r["seed"], r["plan"], r["verdict"]["valid"])
+            for r in ResultsDir.open(path).runs()]
+
+
+def test_shards_merged_equal_the_whole_campaign(tmp_path: Path) -> None:
+    code, whole, text = campaign(tmp_path / "whole", **DETERMINISTIC)
+    assert code == 0, text
+    shards = _shards(tmp_path / "shards", 2, **DETERMINISTIC)
+    parts = [_runs(d) for d in shards]
+    assert all(parts) and sorted(i for p in parts for i, *_ in p) == \
+        [i for i, *_ in _runs(_results(text))]  # each run in exactly one shard
+    out = io.StringIO()
+    assert merge(shards, tmp_path / "merged", out) == 0
+    merged = parse_summary(next(x for x in out.getvalue().splitlines()
+                                if x.startswith("SUMMARY ")))
+    assert {k: merged[k] for k in KEYS} == {k: whole[k] for k in KEYS}
+    assert _runs(_results(out.getvalue())) == _runs(_results(text))
+
+
+def test_what_is_not_one_campaigns_shards_is_refused(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    small: dict[str, Any] = {"mode": "transactional", "runs": 3, "steps": 2}
+    one, two = _shards(tmp_path / "a", 2, **small)
+    other = _shards(tmp_path / "b", 2, **{**small, "steps": 3})[1]
+    _, _, text = campaign(tmp_path / "c", **small)
+    whole = _results(text)
+    for dirs, says in (([one], "shard(s) 2/2 missing"),
+                       ([one, one, two], "are both shard 1/2: overlapping shards"),
+                       ([one, other], "differ in steps"),
+                       ([one, whole], "is not a shard")):
+        assert main(["merge", *map(str, dirs), "--results", str(tmp_path / "m")]) == 254
+        err = capsys.readouterr().err
+        assert says in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert main(["run", "--mode", "transactional", "--shard", "3/2"]) == 254
+    assert "--shard '3/2' is not I/N" in capsys.readouterr().err
