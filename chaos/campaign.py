@@ -11,7 +11,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
@@ -23,8 +22,8 @@ from .faults import RECOVERY_POINTS, FaultPlan, exhaustive_plans
 from .plots import campaign_plots
 from .records import ResultsDir
 from .run_record import RunRecord
+from .run_pool import LocalPool, RunPool
 from .run_spec import RunSpec
-from .runner import Run
 from .space_providers import make_spaces
 from .summary import cells_hit, summarize, summary_line
 
@@ -85,6 +84,9 @@ class CampaignConfig:
     #: with the indices and seeds they have in the whole campaign (``chaos merge`` joins
     #: the shards' results into the whole campaign's).
     shard: tuple[int, int] | None = None
+    #: Run on a Dask cluster: a scheduler's address (``tcp://HOST:8786``, ``tls://...``)
+    #: or ``local:N`` (a cluster of N workers on this machine); None: ``jobs`` threads here.
+    cluster: str | None = None
 
     def in_shard(self, index: int) -> bool:
         return self.shard is None or index % self.shard[1] == self.shard[0] - 1
@@ -149,7 +151,8 @@ class Progress:
         self.stream.flush()
 
 
-def _specs(cfg: CampaignConfig, work: Path) -> tuple[Iterator[RunSpec], int, int | None]:
+def _specs(cfg: CampaignConfig, work: Path, pool: RunPool
+           ) -> tuple[Iterator[RunSpec], int, int | None]:
     """The runs (made as they are taken, so a huge campaign is never all in memory), how
     many, and for exhaustive the reachable (point, occurrence) pairs."""
     base = RunSpec(index=0, seed=cfg.seed_base, campaign_mode=cfg.mode,
@@ -172,8 +175,8 @@ def _specs(cfg: CampaignConfig, work: Path) -> tuple[Iterator[RunSpec], int, int
         whole = len(seeds) + len(cfg.plans)
         return made(), sum(1 for i in range(whole) if cfg.in_shard(i)), None
     # measure every (point, occurrence) of one fault-free run, then kill at each in turn
-    reference = Run(replace(base, plan=FaultPlan(cfg.seed_base, ()), keep=False)).execute()
-    counts = {p: n for p, n in reference.points_hit.items()
+    reference = pool.run(replace(base, plan=FaultPlan(cfg.seed_base, ()), keep=False))
+    counts = {p: n for p, n in reference["points_hit"].items()
               if not cfg.points or p in cfg.points}
     plans = exhaustive_plans(cfg.seed_base, counts, pairs=cfg.pairs)
     if cfg.runs is not None:
@@ -199,52 +202,57 @@ def run_campaign(cfg: CampaignConfig, out: TextIO = sys.stdout) -> int:
         note.close()
 
 
+def _pool(cfg: CampaignConfig, results: ResultsDir, note: live.Campaign) -> RunPool:
+    if cfg.cluster is None:
+        return LocalPool(cfg.jobs, note)
+    from .cluster import ClusterPool  # the optional extra: imported only when asked for
+
+    return ClusterPool(cfg.cluster, results)
+
+
 def _run(cfg: CampaignConfig, results: ResultsDir, note: live.Campaign, t0: float,
          out: TextIO) -> int:
-    specs, total, reachable = _specs(cfg, results.runs_dir)
-    progress = Progress(total)
     records: list[dict[str, Any]] = []
-
-    def finished(record: dict[str, Any]) -> bool:
-        """Record a run that ended by itself; whether it failed."""
-        if record.get("interrupted"):
-            return False  # cut short by Ctrl-C: proves nothing, recorded nowhere
-        records.append(record)
-        results.append_run(record)
-        progress.update(record)
-        if record["verdict"]["valid"] is True:
-            return False
-        print(failure_line(record, results.path), file=out, flush=True)
-        return True
-
     interrupted = False
-    running: dict[Future[RunRecord], Run] = {}
-    with ThreadPoolExecutor(max_workers=max(1, cfg.jobs)) as pool:
+    with _pool(cfg, results, note) as pool:
+        specs, total, reachable = _specs(cfg, results.runs_dir, pool)
+        progress = Progress(total)
+
+        def finished(record: dict[str, Any]) -> bool:
+            """Record a run that ended by itself; whether it failed."""
+            if record.get("interrupted"):
+                return False  # cut short by Ctrl-C: proves nothing, recorded nowhere
+            records.append(record)
+            results.append_run(record)
+            progress.update(record)
+            if record["verdict"]["valid"] is True:
+                return False
+            print(failure_line(record, results.path), file=out, flush=True)
+            return True
+
         stop = False
         try:
             while True:
                 # A bounded window of runs in flight: specs are made as they are taken.
-                while not stop and len(running) < 2 * max(1, cfg.jobs):
+                while not stop and pool.in_flight() < 2 * pool.capacity():
                     spec = next(specs, None)
                     if spec is None:
                         break
-                    run = Run(spec, note)
-                    running[pool.submit(run.execute)] = run
-                if not running:
+                    pool.submit(spec)
+                if not pool.in_flight():
                     break
-                done, _ = wait(list(running), timeout=1.0, return_when=FIRST_COMPLETED)
-                for fut in done:
-                    del running[fut]
-                    stop = finished(fut.result().to_json()) and cfg.stop_on_failure or stop
+                for record in pool.finished(timeout=1.0):
+                    stop = finished(record) and cfg.stop_on_failure or stop
         except KeyboardInterrupt:
             interrupted = True
-            print(f"chaos: interrupted: ending {len(running)} running run(s) (their drivers "
-                  "by pid, their Spaces); no new run starts", file=sys.stderr, flush=True)
-            for run in running.values():
-                run.abort()
-            done, _ = wait(list(running), timeout=ABORT_WAIT_S)
-            for fut in done:
-                finished(fut.result().to_json())
+            print(f"chaos: interrupted: ending {pool.in_flight()} running run(s) (their "
+                  "drivers by pid, their Spaces); no new run starts", file=sys.stderr,
+                  flush=True)
+            pool.abort()
+            deadline = time.time() + ABORT_WAIT_S
+            while pool.in_flight() and time.time() < deadline:
+                for record in pool.finished(timeout=max(0.0, deadline - time.time())):
+                    finished(record)
     return publish(cfg, results, records, time.time() - t0, reachable=reachable,
                    interrupted=interrupted, out=out)
 

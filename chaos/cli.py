@@ -1,6 +1,9 @@
 """``chaos`` / ``python -m chaos``: run a campaign, reproduce a run, re-check records, clean up.
 
     chaos run --mode M --backend B --runs N --steps K --seed-base S [--jobs J]
+              [--shard I/N] [--cluster tcp://HOST:8786 | local:N]
+    chaos merge SHARD_RESULTS... [--results DIR]
+    chaos worker tcp://HOST:8786 [--dir DIR] [--nworkers N] [dask worker flags]
     chaos repro RESULTS --run N          (or: chaos repro --seed S --mode M [--backend B])
     chaos analyze RESULTS
     chaos ci [--slice NAME ...] [--results DIR] [--stop-on-failure]
@@ -80,6 +83,21 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--shard", default=os.environ.get("CRASH_SHARD") or None,
                      metavar="I/N", help="run only shard I of N (every N-th run, from run "
                      "I - 1), for CI matrices; `chaos merge` joins the shards' results")
+    run.add_argument("--cluster", default=os.environ.get("CRASH_CLUSTER") or None,
+                     metavar="ADDRESS", help="run on a Dask cluster: a scheduler's address "
+                     "(tcp://HOST:8786, tls://...) or local:N (N worker processes here); "
+                     "needs the cluster extra")
+    wrk = sub.add_parser("worker", help="start a Dask worker for --cluster campaigns (one "
+                         "thread per worker process); other flags go to `dask worker`")
+    wrk.add_argument("scheduler", help="the scheduler's address, e.g. tcp://10.0.0.5:8786")
+    wrk.add_argument("--dir", type=Path, default=Path("chaos-worker"),
+                     help="the worker's directory: runs in progress and Dask's own files")
+    wrk.add_argument("--nworkers", type=int, default=os.cpu_count() or 1,
+                     help="worker processes, one run each at a time (default: the cores)")
+    wrk.add_argument("--no-nanny", action="store_true",
+                     help="no nanny process: this process is the worker (one worker only)")
+    wrk.add_argument("--backend", choices=BACKENDS, default="local",
+                     help="check that this backend works here before joining")
     mrg = sub.add_parser("merge", help="join the results of a campaign's shards into one")
     mrg.add_argument("shards", type=Path, nargs="+", help="each shard's results directory")
     mrg.add_argument("--results", type=Path, default=Path("results"))
@@ -134,9 +152,29 @@ def _image(args: argparse.Namespace) -> int:
     return 0 if code == 0 else EXIT_BAD_ARGS
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def _worker(args: argparse.Namespace, extra: list[str]) -> int:
     try:
+        from .cluster_worker import worker_main
+    except ImportError as exc:
+        from .cluster import EXTRA_HINT
+
+        raise BackendUnavailable(f"chaos worker needs Dask's distributed ({exc}); "
+                                 f"{EXTRA_HINT}") from None
+    if args.nworkers < 1 or (args.no_nanny and args.nworkers != 1):
+        raise BadArguments(f"--nworkers {args.nworkers}: pass at least 1 (exactly 1 with "
+                           "--no-nanny)")
+    worker_main(args.scheduler, args.dir, args.nworkers, not args.no_nanny, args.backend,
+                extra)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "worker":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        if args.command == "worker":
+            _worker(args, extra)
         if args.command == "run":
             return run_campaign(campaign_config(args))
         if args.command == "repro":

@@ -4,8 +4,8 @@ seeds), the failing runs' directories, the SUMMARY and the exit code.
 
 Refused (``BadResults``, exit 254) when the directories are not the shards of one campaign:
 a directory that is not a shard, shards of different campaigns (any setting but the shard,
-the results root, ``--jobs`` and ``--keep`` differs), two shards with the same number, or a
-shard missing (a SUMMARY of part of a campaign would pass for the whole of it).
+the results root, ``--jobs``, ``--keep`` and ``--cluster`` differs), two shards with the
+same number, or a shard missing (a SUMMARY of part of a campaign would pass for the whole of it).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from .errors import BadResults
 from .records import ResultsDir
 
 #: Settings that may differ between the shards of one campaign.
-PER_SHARD = frozenset({"shard", "results_root", "jobs", "keep"})
+PER_SHARD = frozenset({"shard", "results_root", "jobs", "keep", "cluster"})
 
 
 def merge(dirs: list[Path], results_root: Path, out: TextIO = sys.stdout) -> int:

@@ -17,6 +17,7 @@ from pathlib import Path
 from scenarios import load
 
 from .campaign import MODES, CampaignConfig
+from .cluster import check_address
 from .errors import BadArguments
 from .faults import ALL_POINTS
 from .space_providers import BACKENDS
@@ -102,7 +103,8 @@ def campaign_config(args: argparse.Namespace) -> CampaignConfig:
                          results_root=args.results, keep=args.keep, driver=args.driver,
                          points=tuple(p for p in args.points.split(",") if p),
                          pairs=args.pairs, stop_on_failure=args.stop_on_failure,
-                         stale_kind=args.stale_kind, shard=parse_shard(args.shard))
+                         stale_kind=args.stale_kind, shard=parse_shard(args.shard),
+                         cluster=None if args.cluster is None else check_address(args.cluster))
     unknown = sorted(set(cfg.points) - set(ALL_POINTS))
     if unknown:
         raise BadArguments(f"unknown failpoint(s) {unknown}; known: {sorted(ALL_POINTS)}")

@@ -53,6 +53,9 @@ class RunState:
         #: What went wrong in the nemesis itself: the run is then ``unknown``, since a
         #: planned fault may not have happened.
         self._errors: list[str] = []
+        #: Why the run tested nothing (the machine was too slow for what it sets up): the
+        #: run is then ``unknown`` whatever the checks found, since they checked nothing.
+        self._untested: list[str] = []
         self._latencies: list[dict[str, Any]] = []
         #: The ledgers of the Space's generations the nemesis destroyed, by generation.
         self._ledgers: dict[int, dict[str, Any]] = {}
@@ -96,6 +99,16 @@ class RunState:
     def errors(self) -> list[str]:
         with self._lock:
             return list(self._errors)
+
+    def not_tested(self, why: str) -> None:
+        """The run tested nothing (``why``): recorded, and as an ``info untested`` operation."""
+        with self._lock:
+            self._untested.append(why)
+        self.op("nemesis", "info", "untested", why)
+
+    def untested(self) -> list[str]:
+        with self._lock:
+            return list(self._untested)
 
     # ------------------------------------------------------------------ faults
 

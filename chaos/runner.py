@@ -243,6 +243,10 @@ class Run:
             verdict = Verdict(False if verdict.valid is False else "unknown",
                               [f"nemesis: {e}" for e in errors] + verdict.errors,
                               ["nemesis", *verdict.checks])
+        untested = self.state.untested()
+        if untested:  # what the checks found follows from what was not set up: no verdict
+            verdict = Verdict("unknown", [f"not tested: {e}" for e in untested] +
+                              verdict.errors, ["untested", *verdict.checks])
         self.state.add_history(agent_history(obs.calls, self.state.t0))
         return obs, events, verdict
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create .venv (if missing or stale) and install the project with its dev extra.
+# Create .venv (if missing or stale) and install the project with its dev and cluster extras.
 # Idempotent and quiet when nothing changed; every other script in ci/ calls it first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,7 +12,7 @@ stamp=.venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)
 if [ ! -f "$stamp" ]; then
     [ -x .venv/bin/python ] || "$PY" -m venv .venv
     .venv/bin/python -m pip install -q --upgrade pip
-    .venv/bin/python -m pip install -q -e '.[dev]'
+    .venv/bin/python -m pip install -q -e '.[dev,cluster]'
     rm -f .venv/.installed-*
     touch "$stamp"
 fi

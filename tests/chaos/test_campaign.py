@@ -113,6 +113,22 @@ def test_a_broken_adapter_is_caught(tmp_path: Path) -> None:
     assert main(["analyze", str(results.path)]) == 1, "analyze re-checks the stored records"
 
 
+def test_a_machine_too_slow_for_the_foreign_fence_makes_the_run_unknown(
+        tmp_path: Path) -> None:
+    """When the session's first driver reaches the Space only after the earlier log's
+    command slept out its sleep and wrote, the fence was not tested: the run is unknown,
+    never failed (a CI machine under load once made this a false G1 failure)."""
+    spec = RunSpec(index=0, seed=3, campaign_mode="stale", durable_mode="auto",
+                   backend="local", preset="default", steps=2, work_dir=tmp_path,
+                   driver=str(Path(__file__).with_name("slow_driver.py")),
+                   stale_kind="foreign")
+    record = Run(spec).execute()
+    assert record.verdict.valid == "unknown", record.verdict
+    assert "untested" in record.verdict.checks
+    assert any("too slow a machine to test the fence" in e for e in record.verdict.errors)
+    assert any(op["f"] == "untested" for op in record.history)
+
+
 def test_bad_arguments_exit_254(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", "--mode", "checkpoint", "--runs", "0"]) == 254
     assert "--runs must be from 1 to" in capsys.readouterr().err

@@ -13,12 +13,13 @@ from chaos.cli import main
 from chaos.merge import merge
 from chaos.records import ResultsDir
 from chaos.summary import parse_summary
+from reports.__main__ import main as reports_main
 from tests.chaos.test_campaign import campaign
 
-#: Exhaustive over the file-call failpoint: no timing can change a run's path, so the
+#: Exhaustive over two failpoints (six runs): no timing can change a run's path, so the
 #: fault counts are reproducible (``test_same_seeds_same_plans_and_fault_counts``).
 DETERMINISTIC: dict[str, Any] = {"mode": "exhaustive", "durable_mode": "checkpoint",
-                                 "points": ("space.file_op",)}
+                                 "points": ("space.file_op", "call.result")}
 KEYS = ("runs", "ok", "failed", "unknown", "kills", "daemon_kills", "space_restarts",
         "lost_spaces", "covered")
 
@@ -44,7 +45,7 @@ def _runs(path: Path) -> list[tuple[int, int, Any, Any]]:
 def test_shards_merged_equal_the_whole_campaign(tmp_path: Path) -> None:
     code, whole, text = campaign(tmp_path / "whole", **DETERMINISTIC)
     assert code == 0, text
-    shards = _shards(tmp_path / "shards", 2, **DETERMINISTIC)
+    shards = _shards(tmp_path / "shards", 3, **DETERMINISTIC)
     parts = [_runs(d) for d in shards]
     assert all(parts) and sorted(i for p in parts for i, *_ in p) == \
         [i for i, *_ in _runs(_results(text))]  # each run in exactly one shard
@@ -54,6 +55,9 @@ def test_shards_merged_equal_the_whole_campaign(tmp_path: Path) -> None:
                                 if x.startswith("SUMMARY ")))
     assert {k: merged[k] for k in KEYS} == {k: whole[k] for k in KEYS}
     assert _runs(_results(out.getvalue())) == _runs(_results(text))
+    merged_dir = str(_results(out.getvalue()))
+    assert reports_main(["latency", merged_dir]) == 0  # the reports read the whole campaign
+    assert reports_main(["html", merged_dir, "--sample", "0"]) == 0
 
 
 def test_what_is_not_one_campaigns_shards_is_refused(tmp_path: Path,
