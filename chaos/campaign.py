@@ -21,7 +21,6 @@ from . import live
 from .faults import RECOVERY_POINTS, FaultPlan, exhaustive_plans
 from .plots import campaign_plots
 from .records import ResultsDir
-from .run_record import RunRecord
 from .run_pool import LocalPool, RunPool
 from .run_spec import RunSpec
 from .space_providers import make_spaces

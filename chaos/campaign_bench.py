@@ -1,4 +1,4 @@
-"""Campaign throughput: ``python -m chaos.campaign_bench [--runs 250] [--steps 10] [--mode checkpoint]``.
+"""Campaign throughput: ``python -m chaos.campaign_bench [--runs 250] [--steps 10] [--mode M]``.
 
 Runs one campaign on the local backend and prints runs per minute and kills per minute
 (the seed document's goal: a checkpoint campaign of 250 runs of 10 calls in under 5 minutes

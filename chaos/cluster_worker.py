@@ -71,7 +71,7 @@ def runs_dir() -> Path:
     return path
 
 
-def _times_its_worker_died(key: str) -> int:
+def _times_its_worker_died(key: Any) -> int:
     def suspicious(dask_scheduler: Any) -> int:
         task = dask_scheduler.tasks.get(key)
         return 0 if task is None else task.suspicious

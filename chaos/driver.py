@@ -1,9 +1,9 @@
 """The campaign's driver program: ``python -m chaos.driver``.
 
 It composes what ``durable`` must not import: a scenario's scripted model, a backend and the
-adapter, and hands them to ``durable.session_driver.run_durable_session``. The runner launches it once
-per attempt with ``CUA_SESSION_*`` in the environment (and ``CUA_FAILPOINTS`` when it wants
-to stop it at a failpoint) and reads its exit code.
+adapter, and hands them to ``durable.session_driver.run_durable_session``. The runner
+launches it once per attempt with ``CUA_SESSION_*`` in the environment (and
+``CUA_FAILPOINTS`` when it wants to stop it at a failpoint) and reads its exit code.
 """
 
 from __future__ import annotations
