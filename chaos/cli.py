@@ -4,7 +4,8 @@
               [--shard I/N] [--cluster tcp://HOST:8786 | local:N]
     chaos merge SHARD_RESULTS... [--results DIR]
     chaos worker tcp://HOST:8786 [--dir DIR] [--nworkers N] [dask worker flags]
-    chaos repro RESULTS --run N          (or: chaos repro --seed S --mode M [--backend B])
+    chaos repro RESULTS --run N          (or: --seed S --mode M [--backend B], or --plan F)
+    chaos shrink RESULTS --run N [--jobs J]   (or: --seed S --mode M ...)
     chaos analyze RESULTS
     chaos ci [--slice NAME ...] [--results DIR] [--stop-on-failure]
     chaos clean [--results DIR]
@@ -33,7 +34,7 @@ from .ci_subset import BY_NAME, run_slices
 from .clean import clean
 from .errors import BackendUnavailable, BadArguments, BadResults
 from .merge import merge
-from .repro import analyze, repro
+from .repro import analyze, repro, shrink
 from .run_args import DURABLE_MODES, campaign_config
 from .space_providers import BACKENDS
 from .stale import KINDS
@@ -48,6 +49,20 @@ class _Parser(argparse.ArgumentParser):
         self.print_usage(sys.stderr)
         print(f"chaos: error: {message}", file=sys.stderr)
         sys.exit(EXIT_BAD_ARGS)
+
+
+def _one_run(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The flags that name one run: ``RESULTS --run N``, or a seed and its campaign."""
+    p.add_argument("results", type=Path, nargs="?")
+    p.add_argument("--run", type=int)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--mode", choices=MODES)
+    p.add_argument("--backend", choices=BACKENDS, default="local")
+    p.add_argument("--preset")
+    p.add_argument("--steps", type=int)
+    p.add_argument("--durable-mode", choices=DURABLE_MODES)
+    p.add_argument("--stale-kind", choices=KINDS, default="race")
+    return p
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -108,16 +123,17 @@ def build_parser() -> argparse.ArgumentParser:
     ci.add_argument("--jobs", type=int, default=2)
     ci.add_argument("--stop-on-failure", action="store_true",
                     help="stop at the first failing run")
-    rep = sub.add_parser("repro", help="replay one run's fault plan and print its verdict")
-    rep.add_argument("results", type=Path, nargs="?")
-    rep.add_argument("--run", type=int)
-    rep.add_argument("--seed", type=int)
-    rep.add_argument("--mode", choices=MODES)
-    rep.add_argument("--backend", choices=BACKENDS, default="local")
-    rep.add_argument("--preset")
-    rep.add_argument("--steps", type=int)
-    rep.add_argument("--durable-mode", choices=DURABLE_MODES)
-    rep.add_argument("--stale-kind", choices=KINDS, default="race")
+    rep = _one_run(sub.add_parser("repro", help="replay one run's fault plan and print its "
+                                  "verdict"))
+    rep.add_argument("--plan", type=Path, help="a shrunk.json written by chaos shrink")
+    shr = _one_run(sub.add_parser("shrink", help="cut a failing run down to the smallest plan "
+                                  "that still fails the same check, and tell its story"))
+    shr.add_argument("--jobs", type=int, default=os.cpu_count() or 2,
+                     help="candidate runs at once")
+    shr.add_argument("--tries", type=int, default=3, help="runs of a candidate with a "
+                     "time-triggered fault; it counts only if it fails every one")
+    shr.add_argument("--confirm", type=int, default=5,
+                     help="replays of the shrunk plan at the end")
     ana = sub.add_parser("analyze", help="re-run the checker on stored run records")
     ana.add_argument("results", type=Path)
     cln = sub.add_parser("clean", help="remove Spaces left behind by crashed campaigns")
@@ -179,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_campaign(campaign_config(args))
         if args.command == "repro":
             return repro(args)
+        if args.command == "shrink":
+            return shrink(args)
         if args.command == "analyze":
             return analyze(args)
         if args.command == "ci":

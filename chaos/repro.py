@@ -1,7 +1,8 @@
 """``chaos repro`` and ``chaos analyze``: one run replayed, or stored runs re-checked.
 
-``repro`` replays a stored run's own plan (``RESULTS --run N``) or a plan drawn from a seed
-(``--seed S --mode M``) and prints its verdict; ``analyze`` re-runs the checker on the
+``repro`` replays a stored run's own plan (``RESULTS --run N``), a plan drawn from a seed
+(``--seed S --mode M``) or a shrunk plan (``--plan shrunk.json``) and prints its verdict;
+``shrink`` cuts a failing run down (``chaos.shrink``); ``analyze`` re-runs the checker on the
 observations stored in ``runs.jsonl`` without running anything (Jepsen's ``analyze``).
 Both exit as a campaign does: 0 valid, 1 invalid, 2 unknown.
 """
@@ -9,6 +10,7 @@ Both exit as a campaign does: 0 valid, 1 invalid, 2 unknown.
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
 from scenarios import generate, load
@@ -20,13 +22,14 @@ from .faults import Fault, FaultPlan
 from .records import ResultsDir
 from .run_spec import RunSpec
 from .runner import Run
+from .shrink import SHRUNK_NAME, run_shrink, spec_of_shrunk
 
 
 def _brief(fault: Fault) -> str:
     return f"{fault.action}@{fault.point or fault.delay}"
 
 
-def _stored_spec(results_dir: Path, index: int | None) -> RunSpec:
+def stored_spec(results_dir: Path, index: int | None) -> RunSpec:
     if index is None:
         raise BadArguments("repro RESULTS needs --run N (the run index from the failure line)")
     results = ResultsDir.open(results_dir)
@@ -42,7 +45,7 @@ def _stored_spec(results_dir: Path, index: int | None) -> RunSpec:
                    stale_kind=record.get("stale_kind") or "race")
 
 
-def _drawn_spec(args: argparse.Namespace) -> RunSpec:
+def drawn_spec(args: argparse.Namespace) -> RunSpec:
     if args.seed is None or args.mode is None:
         raise BadArguments("repro needs RESULTS --run N, or --seed S --mode M")
     if args.mode == "exhaustive":
@@ -56,8 +59,12 @@ def _drawn_spec(args: argparse.Namespace) -> RunSpec:
 
 
 def repro(args: argparse.Namespace) -> int:
-    spec = (_stored_spec(args.results, args.run) if args.results is not None
-            else _drawn_spec(args))
+    if args.plan is not None:
+        spec = spec_of_shrunk(args.plan, args.plan.parent / "repro")
+    elif args.results is not None:
+        spec = stored_spec(args.results, args.run)
+    else:
+        spec = drawn_spec(args)
     record = Run(spec).execute()
     v = record.verdict
     print(f"repro run={spec.index} seed={spec.seed} mode={spec.campaign_mode} "
@@ -66,6 +73,30 @@ def repro(args: argparse.Namespace) -> int:
         print(f"  {e.splitlines()[0] if e else e}")
     print(f"VERDICT valid={v.valid} kills={record.counts['kills']} run_dir={record.run_dir}")
     return EXIT[VERDICT_NAMES[v.valid]]
+
+
+def shrink(args: argparse.Namespace) -> int:
+    """``chaos shrink``: the failing run of ``RESULTS --run N``, or of ``--seed S --mode M``
+    (run once first), shrunk; ``shrunk.json`` next to the run."""
+    if args.jobs < 1 or args.tries < 1 or args.confirm < 1:
+        raise BadArguments("--jobs, --tries and --confirm must be at least 1")
+    if args.results is not None:
+        spec = stored_spec(args.results, args.run)
+        results = ResultsDir.open(args.results)
+        record = next(r for r in results.runs() if r["index"] == args.run)
+        kept = Path(record["run_dir"]) if record.get("run_dir") else None
+        dest = (kept if kept is not None and kept.is_dir()
+                else results.path / f"run-{args.run:04d}") / SHRUNK_NAME
+    else:
+        spec = drawn_spec(args)
+        print(f"shrink: running seed {spec.seed} once to see it fail", flush=True)
+        ran = Run(spec).execute()
+        record = ran.to_json()
+        spec = replace(spec, plan=ran.plan)
+        dest = Path(ran.run_dir or spec.work_dir) / SHRUNK_NAME
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    return run_shrink(spec, record, dest, jobs=args.jobs, tries=args.tries,
+                      confirm=args.confirm)
 
 
 def analyze(args: argparse.Namespace) -> int:

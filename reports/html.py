@@ -2,7 +2,8 @@
 as ``data:`` URIs), for one or several results directories.
 
 Sections: the SUMMARY lines as a table; every failing run (verdict false or unknown) with
-its seed, first error and the exact ``chaos repro`` command; the recovery latency tables;
+its seed, first error and the exact ``chaos repro`` command (and, for a run ``chaos shrink``
+cut down, its story and the shrunk plan's command); the recovery latency tables;
 the campaign plots (``chaos.plots``, drawn from the merged records); optionally the cost
 report of a ``reports cost`` output directory; and a timeline per run for every failing run
 and a sample of passing ones. The sample takes the passing runs that fired the most faults
@@ -12,6 +13,7 @@ and a sample of passing ones. The sample takes the passing runs that fired the m
 from __future__ import annotations
 
 import html
+import json
 import tempfile
 import time
 from collections.abc import Collection, Sequence
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.plots import campaign_plots
+from chaos.shrink import SHRUNK_NAME
 from chaos.summary import parse_summary
 
 from . import latency, timeline
@@ -121,6 +124,7 @@ def failures_section(campaigns: Sequence[Campaign]) -> str:
         classes.append(_verdict(r))
         details.append(f"<details><summary>run {_e(r['index'])} (seed {_e(r['seed'])}): every "
                        f"error</summary><pre>{_e(chr(10).join(errors))}</pre></details>")
+        details.append(_shrunk_story(r))
     return (f"<h2 id='failures'>Failing runs ({len(failing)})</h2>"
             "<p>Each reproduces exactly with its command (same seed, same fault plan).</p>"
             + _table(["results", "run", "seed", "mode", "backend", "verdict", "checks",
@@ -171,6 +175,23 @@ def timelines_section(campaigns: Sequence[Campaign], sample: int) -> str:
 
 
 # ---------------------------------------------------------------------- the page
+
+
+def _shrunk_story(record: dict[str, Any]) -> str:
+    """The story ``chaos shrink`` told of the run, when it was shrunk (its ``shrunk.json``)."""
+    path = Path(record["run_dir"]) / SHRUNK_NAME if record.get("run_dir") else None
+    if path is None or not path.is_file():
+        return ""
+    try:
+        doc = json.loads(path.read_text())
+        story, plan = list(doc["story"]), doc["plan"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return (f"<p>run {_e(record['index'])}: {_e(path)} is not a readable shrunk plan; "
+                "run chaos shrink again</p>")
+    return (f"<details open><summary>run {_e(record['index'])} shrunk to "
+            f"{_e(len(plan['faults']))} fault(s) and {_e(doc['steps'])} step(s), still failing "
+            f"{_e(doc['check'])}</summary><pre>{_e(chr(10).join(story))}</pre>"
+            f'<code class="repro">python -m chaos repro --plan {_e(path)}</code></details>')
 
 
 def render(campaigns: Sequence[Campaign], *, cost_dir: Path | None = None,

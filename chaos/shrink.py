@@ -1,0 +1,300 @@
+"""``chaos shrink``: a failing run cut down to the smallest plan that still fails the same
+check, printed as a story a person can read (Hypothesis's minimal falsifying example, for
+crash plans).
+
+The search starts from the failing run's scenario and fault plan. Every candidate is a real
+run with real kills; it *fails the same check* when its verdict is a failure that names the
+original's check (G1 state, G2 never twice, ...: a different failure is another bug). The
+passes, repeated until none makes progress:
+
+1. fewer faults: delta debugging (Zeller's ddmin) over the plan's faults, the candidates of
+   one round run in parallel (``--jobs``);
+2. fewer steps: the scenario's first *k* steps (a scenario of *k* steps is the prefix of a
+   longer one of the same seed), the smallest *k* that still fails;
+3. earlier failpoint occurrences: each failpoint fault's occurrence lowered as far as it
+   still fails.
+
+A candidate whose plan has a fault due after a delay depends on timing: it runs ``tries``
+times and counts only if it fails every time (the output says how many candidates were
+rejected as flaky). Results are cached by candidate. The shrunk plan is then replayed
+``confirm`` times; ``shrunk.json`` (the scenario's seed, preset and steps, the plan, the
+check and how many replays failed) is written next to the run, and ``chaos repro --plan``
+replays it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, TextIO
+
+from durable.atomic_file import write_atomic
+from scenarios import generate, load
+
+from .errors import BadArguments
+from .faults import Fault, FaultPlan
+from .run_record import RunRecord
+from .run_spec import RunSpec
+from .runner import Run
+
+#: Checks that say the run proved nothing about the system: never a shrink target.
+NOT_CHECKS = ("nemesis", "untested")
+SHRUNK_NAME = "shrunk.json"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    faults: tuple[Fault, ...]
+    steps: int
+
+    def size(self) -> tuple[int, int, int]:
+        """Smaller is simpler: fewer faults, fewer steps, earlier occurrences."""
+        return (len(self.faults), self.steps,
+                sum(f.occurrence or 0 for f in self.faults))
+
+    def timed(self) -> bool:
+        return any(f.trigger == "time" for f in self.faults)
+
+
+@dataclass
+class Shrinker:
+    """The search's state: the failing run's spec, the check, the cache of candidates."""
+
+    base: RunSpec
+    check: str
+    jobs: int = 2
+    tries: int = 3
+    #: Candidate runs so far, and timed candidates that failed some tries but not all.
+    runs: int = 0
+    flaky: int = 0
+
+    def __post_init__(self) -> None:
+        self._cache: dict[Candidate, RunRecord | None] = {}
+        self._numbers = itertools.count(1)
+        self._lock = threading.Lock()
+
+    def spec(self, c: Candidate, work: Path) -> RunSpec:
+        assert self.base.plan is not None
+        return replace(self.base, plan=replace(self.base.plan, faults=c.faults),
+                       steps=c.steps, work_dir=work, keep=False)
+
+    def run_once(self, c: Candidate) -> RunRecord:
+        work = self.base.work_dir / f"candidate-{next(self._numbers):04d}"
+        with self._lock:
+            self.runs += 1
+        try:
+            return Run(self.spec(c, work)).execute()
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+    def fails(self, record: RunRecord) -> bool:
+        return record.verdict.valid is False and self.check in record.verdict.checks
+
+    def _judge(self, c: Candidate) -> RunRecord | None:
+        """A failing record of ``c`` when it fails the check every time it runs, else None."""
+        failing = None
+        for attempt in range(self.tries if c.timed() else 1):
+            record = self.run_once(c)
+            if not self.fails(record):
+                if attempt > 0:  # failed before, passed now: timing decides, rejected
+                    with self._lock:
+                        self.flaky += 1
+                return None
+            failing = record
+        return failing
+
+    def first_failing(self, candidates: list[Candidate]) -> tuple[Candidate, RunRecord] | None:
+        """The first of ``candidates`` (in their order) that fails the check; they run in
+        parallel, ``jobs`` at once, in batches."""
+        todo = [c for c in dict.fromkeys(candidates) if c not in self._cache]
+        for i in range(0, len(todo), max(1, self.jobs)):
+            batch = todo[i:i + max(1, self.jobs)]
+            with ThreadPoolExecutor(max_workers=max(1, self.jobs)) as pool:
+                for c, record in zip(batch, pool.map(self._judge, batch), strict=True):
+                    self._cache[c] = record
+            found = next((c for c in candidates if self._cache.get(c)), None)
+            if found is not None:
+                record = self._cache[found]
+                assert record is not None
+                return found, record
+        return None
+
+    # ---------------------------------------------------------------- the passes
+
+    def fewer_faults(self, c: Candidate) -> tuple[Candidate, RunRecord] | None:
+        """Zeller's ddmin over the faults: drop a chunk when the rest still fails."""
+        best: tuple[Candidate, RunRecord] | None = None
+        faults, n = list(c.faults), 2
+        if faults:
+            got = self.first_failing([Candidate((), c.steps)])
+            if got:
+                return got
+        while len(faults) >= 2:
+            size = -(-len(faults) // n)
+            chunks = [faults[i:i + size] for i in range(0, len(faults), size)]
+            rests = [Candidate(tuple(f for f in faults if f not in chunk), c.steps)
+                     for chunk in chunks]
+            got = self.first_failing(rests)
+            if got:
+                best, faults, n = got, list(got[0].faults), max(n - 1, 2)
+                continue
+            if n >= len(faults):
+                break
+            n = min(2 * n, len(faults))
+        return best
+
+    def fewer_steps(self, c: Candidate) -> tuple[Candidate, RunRecord] | None:
+        return self.first_failing([Candidate(c.faults, k) for k in range(1, c.steps)])
+
+    def earlier_occurrences(self, c: Candidate) -> tuple[Candidate, RunRecord] | None:
+        best = None
+        for i, f in enumerate(c.faults):
+            if f.trigger != "failpoint" or not f.occurrence or f.occurrence <= 1:
+                continue
+            cur = best[0] if best else c
+            tries = [Candidate(cur.faults[:i] + (replace(f, occurrence=o),) + cur.faults[i + 1:],
+                               cur.steps) for o in range(1, f.occurrence)]
+            best = self.first_failing(tries) or best
+        return best
+
+    def shrink(self, start: Candidate, record: RunRecord,
+               say: Callable[[str], None]) -> tuple[Candidate, RunRecord]:
+        best = (start, record)
+        passes = (("fewer faults", self.fewer_faults), ("fewer steps", self.fewer_steps),
+                  ("earlier occurrences", self.earlier_occurrences))
+        progress = True
+        while progress:
+            progress = False
+            for name, step in passes:
+                got = step(best[0])
+                if got and got[0].size() < best[0].size():
+                    best, progress = got, True
+                    say(f"shrink: {name}: {len(got[0].faults)} fault(s), {got[0].steps} "
+                        f"step(s) still fail {self.check} ({self.runs} runs so far)")
+        return best
+
+
+def target_check(record: dict[str, Any]) -> str:
+    """The check a failing run failed (its first one that is about the system)."""
+    if record["verdict"]["valid"] is not False:
+        raise BadArguments(f"run {record['index']} did not fail (verdict "
+                           f"{record['verdict']['valid']}); shrink a run that failed")
+    checks = [c for c in record["verdict"].get("checks") or [] if c not in NOT_CHECKS]
+    if not checks:
+        raise BadArguments(f"run {record['index']} failed no named check "
+                           f"({record['verdict']['errors'][:1]}); nothing to shrink towards")
+    return checks[0]
+
+
+def story(spec: RunSpec, record: RunRecord, check: str) -> list[str]:
+    """The shrunk run as lines a person reads: steps, faults, recoveries, the check."""
+    scenario = generate(spec.seed, load(spec.preset), steps=spec.steps)
+    lines = [f"The agent (seed {spec.seed}, preset {spec.preset}, {spec.durable_mode} mode) "
+             f"takes {len(scenario.steps)} step(s):"]
+    for s in scenario.steps:
+        args = ", ".join(f"{k}={_short(v)}" for k, v in s.args.items())
+        lines.append(f"  step {s.index}: {s.kind}: {s.tool}({args})")
+    lines.append(f"The nemesis plans {len(record.plan.faults)} fault(s):")
+    for i, f in enumerate(record.plan.faults):
+        lines.append(f"  fault {i}: {f.describe()}: "
+                     f"{'fired' if i in record.fired else 'did not fire'}")
+    lines.append("What happened:")
+    for op in record.history:
+        if op["process"] in ("driver", "nemesis") and op["type"] != "invoke":
+            lines.append(f"  {op['time']:7.2f}s {op['process']}: {op['f']} {op['type']} "
+                         f"{_short(op['value'], 90)}")
+    for ev in record.recoveries:
+        lines.append(f"  recovery (driver at epoch {ev.get('epoch')}): {ev.get('kind')} "
+                     f"{ev.get('tool') or ''} ({ev.get('cause')}) {_short(ev.get('detail'), 80)}")
+    lines.append(f"The check {check} fails: "
+                 f"{next((e for e in record.verdict.errors if e.startswith(check)), '')}")
+    return lines
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    text = json.dumps(value)  # strings quoted, newlines escaped: one line each
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def shrunk_document(spec: RunSpec, check: str, original: Candidate, best: Candidate,
+                    replays: tuple[int, int], shrinker: Shrinker, seconds: float
+                    ) -> dict[str, Any]:
+    assert spec.plan is not None
+    return {"seed": spec.seed, "campaign_mode": spec.campaign_mode,
+            "durable_mode": spec.durable_mode, "backend": spec.backend, "preset": spec.preset,
+            "steps": best.steps, "driver": spec.driver, "stale_kind": spec.stale_kind,
+            "plan": replace(spec.plan, faults=best.faults).to_json(), "check": check,
+            "original": {"faults": len(original.faults), "steps": original.steps},
+            "replays": {"failed": replays[0], "of": replays[1]},
+            "runs": shrinker.runs, "flaky_rejected": shrinker.flaky,
+            "seconds": round(seconds, 1)}
+
+
+def spec_of_shrunk(path: Path, work: Path) -> RunSpec:
+    """The run a ``shrunk.json`` describes (``chaos repro --plan``)."""
+    try:
+        doc = json.loads(path.read_text())
+        return RunSpec(index=0, seed=doc["seed"], campaign_mode=doc["campaign_mode"],
+                       durable_mode=doc["durable_mode"], backend=doc["backend"],
+                       preset=doc["preset"], steps=doc["steps"], work_dir=work,
+                       plan=FaultPlan.from_json(doc["plan"]), keep=True, driver=doc["driver"],
+                       stale_kind=doc.get("stale_kind") or "race")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise BadArguments(f"--plan {path}: not a shrunk plan ({type(exc).__name__}: {exc}); "
+                           f"pass the {SHRUNK_NAME} that chaos shrink wrote") from None
+
+
+def run_shrink(spec: RunSpec, record: dict[str, Any], dest: Path, *, jobs: int, tries: int,
+               confirm: int, out: TextIO | None = None) -> int:
+    """Shrink ``record`` (a failing run of ``spec``); write ``dest``; 0 when the shrunk plan
+    failed the same check in every replay, 1 otherwise."""
+    check = target_check(record)
+    t0 = time.time()
+    work = dest.parent / "shrink-work"
+    spec = replace(spec, work_dir=work)
+    assert spec.plan is not None
+    original = Candidate(spec.plan.faults, record["steps"])
+
+    def say(text: str) -> None:
+        print(text, file=out or sys.stdout, flush=True)
+
+    shrinker = Shrinker(spec, check, jobs=jobs, tries=tries)
+    say(f"shrink: run {record['index']} (seed {spec.seed}) fails {check} with "
+        f"{len(original.faults)} fault(s) and {original.steps} step(s); confirming")
+    first = shrinker.first_failing([original])
+    if first is None:
+        say(f"shrink: the run's own plan does not fail {check} again "
+            f"({'every time of ' + str(tries) if original.timed() else 'on replay'}): "
+            "a failure that depends on timing; nothing to shrink from")
+        shutil.rmtree(work, ignore_errors=True)
+        return 1
+    best, best_record = shrinker.shrink(original, first[1], say)
+    failed = 0
+    final = best_record
+    for _ in range(confirm):
+        r = shrinker.run_once(best)
+        if shrinker.fails(r):
+            failed += 1
+            final = r
+    shutil.rmtree(work, ignore_errors=True)
+    told = story(replace(spec, plan=replace(spec.plan, faults=best.faults), steps=best.steps),
+                 final, check)
+    doc = shrunk_document(spec, check, original, best, (failed, confirm), shrinker,
+                          time.time() - t0)
+    write_atomic(dest, json.dumps({**doc, "story": told}, indent=2) + "\n")
+    for line in told:
+        say(line)
+    say(f"SHRUNK check={check} faults={len(original.faults)}->{len(best.faults)} "
+        f"steps={original.steps}->{best.steps} runs={shrinker.runs} "
+        f"flaky_rejected={shrinker.flaky} replays_failed={failed}/{confirm} "
+        f"seconds={doc['seconds']}")
+    say(f"  reproduce: python -m chaos repro --plan {dest}")
+    return 0 if failed == confirm else 1

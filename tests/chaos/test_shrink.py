@@ -1,0 +1,68 @@
+"""``chaos shrink``: a failing run of a deliberately broken adapter, cut down end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from chaos.cli import main
+from chaos.faults import Fault
+from chaos.records import ResultsDir
+from chaos.shrink import Candidate, target_check
+from reports.__main__ import main as reports_main
+from tests.chaos.test_campaign import BROKEN, campaign
+
+#: A drawn checkpoint run of ten steps that the broken adapter (a command that already
+#: exited runs again) fails (G1: log.txt has a line twice).
+FAILING_SEED = 3
+
+
+def test_a_failing_run_shrinks_to_a_smaller_plan_that_fails_the_same_check(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, text = campaign(tmp_path, mode="checkpoint", seeds=(FAILING_SEED,),
+                             driver=BROKEN)
+    assert code == 1, text
+    results = ResultsDir.open(tmp_path / "results" / "latest")
+    failing = results.runs()[0]
+    check = target_check(failing)
+    capsys.readouterr()
+    assert main(["shrink", str(results.path), "--run", "0", "--jobs", "2",
+                 "--confirm", "3"]) == 0
+    out = capsys.readouterr().out
+    shrunk = Path(failing["run_dir"]) / "shrunk.json"
+    doc = json.loads(shrunk.read_text())
+    assert doc["check"] == check
+    before = (len(failing["plan"]["faults"]), failing["steps"])
+    after = (len(doc["plan"]["faults"]), doc["steps"])
+    assert after < before and after[0] <= before[0] and after[1] <= before[1], (before, after)
+    assert doc["replays"] == {"failed": 3, "of": 3}
+    assert f"The check {check} fails" in out and "reproduce: python -m chaos repro --plan" in out
+    assert f"SHRUNK check={check} faults={before[0]}->{after[0]}" in out
+    assert main(["repro", "--plan", str(shrunk)]) == 1  # the shrunk plan fails on replay
+    page = tmp_path / "report.html"
+    assert reports_main(["html", str(results.path), "--out", str(page), "--sample", "0"]) == 0
+    assert f"still failing {check}" in page.read_text()  # the report tells the story too
+
+
+def test_what_cannot_be_shrunk_is_refused(tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, _ = campaign(tmp_path, mode="transactional", runs=1, steps=2)
+    assert code == 0
+    results = tmp_path / "results" / "latest"
+    assert main(["shrink", str(results), "--run", "0"]) == 254
+    assert "did not fail" in capsys.readouterr().err
+    assert main(["shrink", str(results)]) == 254
+    assert "needs --run N" in capsys.readouterr().err
+    (tmp_path / "bad.json").write_text("{}")
+    assert main(["repro", "--plan", str(tmp_path / "bad.json")]) == 254
+    assert "not a shrunk plan" in capsys.readouterr().err
+
+
+def test_smaller_means_fewer_faults_then_steps_then_earlier_occurrences() -> None:
+    late = Fault("kill_driver", "failpoint", "call.result", 3)
+    early = Fault("kill_driver", "failpoint", "call.result", 1)
+    assert Candidate((late,), 9).size() < Candidate((early, early), 2).size()
+    assert Candidate((late,), 2).size() < Candidate((early,), 3).size()
+    assert Candidate((early,), 2).size() < Candidate((late,), 2).size()
