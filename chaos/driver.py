@@ -44,6 +44,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--preset", default="default")
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--keep-steps", default=None,
+                   help="only these steps (comma-separated indices): a shrunk scenario")
     p.add_argument("--mode", choices=("auto", "transactional", "checkpoint"), required=True)
     p.add_argument("--backend", default="local")
     p.add_argument("--spaces-dir", type=Path, default=None,
@@ -58,7 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     die_with_parent()
     args = parse_args(sys.argv[1:] if argv is None else argv)
     preset = load(args.preset)
-    scenario = generate(args.seed, preset, steps=args.steps)
+    keep = (None if args.keep_steps is None
+            else tuple(int(i) for i in args.keep_steps.split(",") if i))
+    scenario = generate(args.seed, preset, steps=args.steps).keep(keep)
     spaces = make_spaces(args.backend, args.spaces_dir or args.run_dir,
                          failpoints=os.environ.get(SPACE_FAILPOINTS_ENV) or None)
     store = None if args.no_store else DirectoryCheckpointStore(args.run_dir / "store")

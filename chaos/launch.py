@@ -42,6 +42,8 @@ def driver_argv(spec: RunSpec, run_dir: Path, other: OtherSession | None) -> lis
         argv += ["--spaces-dir", str(run_dir)]
     if spec.steps is not None and (other is None or other.preset == spec.preset):
         argv += ["--steps", str(spec.steps)]
+    if spec.keep_steps is not None and other is None:
+        argv += ["--keep-steps", ",".join(map(str, spec.keep_steps))]
     return argv
 
 

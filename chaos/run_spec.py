@@ -25,3 +25,5 @@ class RunSpec:
     driver: str = "chaos.driver"
     #: Stale mode's kind (``stale.KINDS``).
     stale_kind: str = "race"
+    #: Only these steps of the scenario (their indices), for a shrunk run; None: all.
+    keep_steps: tuple[int, ...] | None = None

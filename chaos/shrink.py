@@ -9,17 +9,19 @@ passes, repeated until none makes progress:
 
 1. fewer faults: delta debugging (Zeller's ddmin) over the plan's faults, the candidates of
    one round run in parallel (``--jobs``);
-2. fewer steps: the scenario's first *k* steps (a scenario of *k* steps is the prefix of a
-   longer one of the same seed), the smallest *k* that still fails;
+2. fewer steps: the shortest prefix of the steps that still fails (a scenario of *k* steps
+   is the prefix of a longer one of the same seed), else ddmin over the steps: a step
+   dropped keeps the others as they were (same index, arguments and marker), and the
+   checks predict every result from the workspace the step meets;
 3. earlier failpoint occurrences: each failpoint fault's occurrence lowered as far as it
    still fails.
 
 A candidate whose plan has a fault due after a delay depends on timing: it runs ``tries``
 times and counts only if it fails every time (the output says how many candidates were
 rejected as flaky). Results are cached by candidate. The shrunk plan is then replayed
-``confirm`` times; ``shrunk.json`` (the scenario's seed, preset and steps, the plan, the
-check and how many replays failed) is written next to the run, and ``chaos repro --plan``
-replays it.
+``confirm`` times; ``shrunk.json`` (the scenario's seed, preset, steps and the steps kept,
+the plan, the check and how many replays failed) is written next to the run, and ``chaos
+repro --plan`` replays it.
 """
 
 from __future__ import annotations
@@ -53,11 +55,21 @@ SHRUNK_NAME = "shrunk.json"
 @dataclass(frozen=True)
 class Candidate:
     faults: tuple[Fault, ...]
-    steps: int
+    #: The indices of the scenario's steps the agent takes (at least one).
+    keep: tuple[int, ...]
+
+    @classmethod
+    def whole(cls, faults: tuple[Fault, ...], steps: int) -> Candidate:
+        return cls(faults, tuple(range(steps)))
+
+    @property
+    def steps(self) -> int:
+        """Steps of the scenario drawn (its kept steps are among them)."""
+        return self.keep[-1] + 1
 
     def size(self) -> tuple[int, int, int]:
         """Smaller is simpler: fewer faults, fewer steps, earlier occurrences."""
-        return (len(self.faults), self.steps,
+        return (len(self.faults), len(self.keep),
                 sum(f.occurrence or 0 for f in self.faults))
 
     def timed(self) -> bool:
@@ -84,7 +96,8 @@ class Shrinker:
     def spec(self, c: Candidate, work: Path) -> RunSpec:
         assert self.base.plan is not None
         return replace(self.base, plan=replace(self.base.plan, faults=c.faults),
-                       steps=c.steps, work_dir=work, keep=False)
+                       steps=c.steps, work_dir=work, keep=False,
+                       keep_steps=None if len(c.keep) == c.steps else c.keep)
 
     def run_once(self, c: Candidate) -> RunRecord:
         work = self.base.work_dir / f"candidate-{next(self._numbers):04d}"
@@ -134,12 +147,12 @@ class Shrinker:
         best: tuple[Candidate, RunRecord] | None = None
         faults, n = list(c.faults), 2
         if faults:
-            got = self.first_failing([Candidate((), c.steps)])
+            got = self.first_failing([Candidate((), c.keep)])
             if got:
                 return got
         while len(faults) >= 2:
             size = -(-len(faults) // n)
-            rests = [Candidate(tuple(faults[:i] + faults[i + size:]), c.steps)
+            rests = [Candidate(tuple(faults[:i] + faults[i + size:]), c.keep)
                      for i in range(0, len(faults), size)]  # each without one chunk
             got = self.first_failing(rests)
             if got:
@@ -151,7 +164,25 @@ class Shrinker:
         return best
 
     def fewer_steps(self, c: Candidate) -> tuple[Candidate, RunRecord] | None:
-        return self.first_failing([Candidate(c.faults, k) for k in range(1, c.steps)])
+        """The shortest prefix of the kept steps that fails, else ddmin over the steps."""
+        got = self.first_failing([Candidate(c.faults, c.keep[:k])
+                                  for k in range(1, len(c.keep))])
+        if got:
+            return got
+        best: tuple[Candidate, RunRecord] | None = None
+        keep, n = list(c.keep), 2
+        while len(keep) >= 2:
+            size = -(-len(keep) // n)
+            rests = [Candidate(c.faults, tuple(keep[:i] + keep[i + size:]))
+                     for i in range(0, len(keep), size)]
+            got = self.first_failing(rests) or self.first_failing(_shifted(rests))
+            if got:
+                best, keep, n = got, list(got[0].keep), max(n - 1, 2)
+                continue
+            if n >= len(keep):
+                break
+            n = min(2 * n, len(keep))
+        return best
 
     def earlier_occurrences(self, c: Candidate) -> tuple[Candidate, RunRecord] | None:
         best = None
@@ -160,7 +191,7 @@ class Shrinker:
                 continue
             cur = best[0] if best else c
             tries = [Candidate(cur.faults[:i] + (replace(f, occurrence=o),) + cur.faults[i + 1:],
-                               cur.steps) for o in range(1, f.occurrence)]
+                               cur.keep) for o in range(1, f.occurrence)]
             best = self.first_failing(tries) or best
         return best
 
@@ -176,9 +207,25 @@ class Shrinker:
                 got = step(best[0])
                 if got and got[0].size() < best[0].size():
                     best, progress = got, True
-                    say(f"shrink: {name}: {len(got[0].faults)} fault(s), {got[0].steps} "
+                    say(f"shrink: {name}: {len(got[0].faults)} fault(s), {len(got[0].keep)} "
                         f"step(s) still fail {self.check} ({self.runs} runs so far)")
         return best
+
+
+def _shifted(rests: list[Candidate]) -> list[Candidate]:
+    """``rests`` with their one failpoint fault at each earlier occurrence: dropping steps
+    before a fault's landing place makes it land later by the hits those steps had, so a
+    step drop is tried with the fault moved back too (bounded: one failpoint fault only)."""
+    out = []
+    for rest in rests:
+        points = [i for i, f in enumerate(rest.faults) if f.trigger == "failpoint"]
+        if len(points) != 1 or not (rest.faults[points[0]].occurrence or 0) > 1:
+            continue
+        i = points[0]
+        f = rest.faults[i]
+        out += [Candidate(rest.faults[:i] + (replace(f, occurrence=o),) + rest.faults[i + 1:],
+                          rest.keep) for o in range(1, f.occurrence or 1)]
+    return out
 
 
 def target_check(record: dict[str, Any]) -> str:
@@ -195,7 +242,7 @@ def target_check(record: dict[str, Any]) -> str:
 
 def story(spec: RunSpec, record: RunRecord, check: str) -> list[str]:
     """The shrunk run as lines a person reads: steps, faults, recoveries, the check."""
-    scenario = generate(spec.seed, load(spec.preset), steps=spec.steps)
+    scenario = generate(spec.seed, load(spec.preset), steps=spec.steps).keep(spec.keep_steps)
     lines = [f"The agent (seed {spec.seed}, preset {spec.preset}, {spec.durable_mode} mode) "
              f"takes {len(scenario.steps)} step(s):"]
     for s in scenario.steps:
@@ -229,9 +276,10 @@ def shrunk_document(spec: RunSpec, check: str, original: Candidate, best: Candid
     assert spec.plan is not None
     return {"seed": spec.seed, "campaign_mode": spec.campaign_mode,
             "durable_mode": spec.durable_mode, "backend": spec.backend, "preset": spec.preset,
-            "steps": best.steps, "driver": spec.driver, "stale_kind": spec.stale_kind,
+            "steps": best.steps, "keep_steps": list(best.keep), "driver": spec.driver,
+            "stale_kind": spec.stale_kind,
             "plan": replace(spec.plan, faults=best.faults).to_json(), "check": check,
-            "original": {"faults": len(original.faults), "steps": original.steps},
+            "original": {"faults": len(original.faults), "steps": len(original.keep)},
             "replays": {"failed": replays[0], "of": replays[1]},
             "runs": shrinker.runs, "flaky_rejected": shrinker.flaky,
             "seconds": round(seconds, 1)}
@@ -245,7 +293,8 @@ def spec_of_shrunk(path: Path, work: Path) -> RunSpec:
                        durable_mode=doc["durable_mode"], backend=doc["backend"],
                        preset=doc["preset"], steps=doc["steps"], work_dir=work,
                        plan=FaultPlan.from_json(doc["plan"]), keep=True, driver=doc["driver"],
-                       stale_kind=doc.get("stale_kind") or "race")
+                       stale_kind=doc.get("stale_kind") or "race",
+                       keep_steps=tuple(doc["keep_steps"]) if doc.get("keep_steps") else None)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise BadArguments(f"--plan {path}: not a shrunk plan ({type(exc).__name__}: {exc}); "
                            f"pass the {SHRUNK_NAME} that chaos shrink wrote") from None
@@ -260,7 +309,7 @@ def run_shrink(spec: RunSpec, record: dict[str, Any], dest: Path, *, jobs: int, 
     work = dest.parent / "shrink-work"
     spec = replace(spec, work_dir=work)
     assert spec.plan is not None
-    original = Candidate(spec.plan.faults, record["steps"])
+    original = Candidate.whole(spec.plan.faults, record["steps"])
 
     def say(text: str) -> None:
         print(text, file=out or sys.stdout, flush=True)
@@ -284,15 +333,14 @@ def run_shrink(spec: RunSpec, record: dict[str, Any], dest: Path, *, jobs: int, 
             failed += 1
             final = r
     shutil.rmtree(work, ignore_errors=True)
-    told = story(replace(spec, plan=replace(spec.plan, faults=best.faults), steps=best.steps),
-                 final, check)
+    told = story(shrinker.spec(best, spec.work_dir), final, check)
     doc = shrunk_document(spec, check, original, best, (failed, confirm), shrinker,
                           time.time() - t0)
     write_atomic(dest, json.dumps({**doc, "story": told}, indent=2) + "\n")
     for line in told:
         say(line)
     say(f"SHRUNK check={check} faults={len(original.faults)}->{len(best.faults)} "
-        f"steps={original.steps}->{best.steps} runs={shrinker.runs} "
+        f"steps={len(original.keep)}->{len(best.keep)} runs={shrinker.runs} "
         f"flaky_rejected={shrinker.flaky} replays_failed={failed}/{confirm} "
         f"seconds={doc['seconds']}")
     say(f"  reproduce: python -m chaos repro --plan {dest}")

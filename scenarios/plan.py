@@ -45,6 +45,17 @@ class Scenario:
     initial: WorkspaceModel
     steps: list[Step]
 
+    def keep(self, indices: tuple[int, ...] | None) -> Scenario:
+        """The scenario with only the steps whose index is in ``indices`` (all for None),
+        in their order: a shrunk scenario. Each step keeps its index (its marker and its
+        arguments); the agent takes them one after the other, and the checks read a call's
+        step by its position in the list."""
+        if indices is None:
+            return self
+        chosen = set(indices)
+        return Scenario(self.seed, self.preset, self.initial,
+                        [s for s in self.steps if s.index in chosen])
+
     def model(self) -> ScriptedModel:
         return ScriptedModel(
             [PlannedCall(s.index, s.tool, s.args) for s in self.steps],

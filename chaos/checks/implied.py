@@ -27,7 +27,7 @@ class Implied:
 
 
 def implied(scenario: Scenario, calls: list[ObservedCall]) -> Implied:
-    steps = {s.index: s for s in scenario.steps}
+    steps = dict(enumerate(scenario.steps))  # a call's step is its position in the script
     out = Implied(scenario.initial.copy())
     committed = [c for c in calls if c.result in ("ok", "fail")]
     for call in sorted(committed, key=lambda c: c.result_entry or 0):

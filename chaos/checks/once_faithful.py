@@ -34,7 +34,7 @@ MARKER = re.compile(r"^step-\d+$")
 def check(inp: CheckInput) -> list[str]:
     obs, imp = inp.obs, inp.implied
     errors: list[str] = []
-    steps = {s.index: s for s in inp.scenario.steps}
+    steps = dict(enumerate(inp.scenario.steps))  # by position, as the calls name them
 
     took_effect = Counter(call.step for call, _ in imp.applied)
     for index, n in sorted(took_effect.items()):

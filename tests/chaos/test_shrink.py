@@ -35,7 +35,7 @@ def test_a_failing_run_shrinks_to_a_smaller_plan_that_fails_the_same_check(
     doc = json.loads(shrunk.read_text())
     assert doc["check"] == check
     before = (len(failing["plan"]["faults"]), failing["steps"])
-    after = (len(doc["plan"]["faults"]), doc["steps"])
+    after = (len(doc["plan"]["faults"]), len(doc["keep_steps"]))
     assert after < before and after[0] <= before[0] and after[1] <= before[1], (before, after)
     assert doc["replays"] == {"failed": 3, "of": 3}
     assert f"The check {check} fails" in out and "reproduce: python -m chaos repro --plan" in out
@@ -63,6 +63,7 @@ def test_what_cannot_be_shrunk_is_refused(tmp_path: Path,
 def test_smaller_means_fewer_faults_then_steps_then_earlier_occurrences() -> None:
     late = Fault("kill_driver", "failpoint", "call.result", 3)
     early = Fault("kill_driver", "failpoint", "call.result", 1)
-    assert Candidate((late,), 9).size() < Candidate((early, early), 2).size()
-    assert Candidate((late,), 2).size() < Candidate((early,), 3).size()
-    assert Candidate((early,), 2).size() < Candidate((late,), 2).size()
+    assert Candidate.whole((late,), 9).size() < Candidate.whole((early, early), 2).size()
+    assert Candidate((late,), (4, 7)).size() < Candidate((early,), (0, 1, 2)).size()
+    assert Candidate.whole((early,), 2).size() < Candidate.whole((late,), 2).size()
+    assert Candidate((early,), (4, 7)).steps == 8  # drawn to its last kept step
