@@ -10,6 +10,8 @@ import pytest
 from chaos.cli import main
 from chaos.faults import Fault
 from chaos.records import ResultsDir
+from chaos.run_spec import RunSpec
+from chaos.runner import Run
 from chaos.shrink import Candidate, target_check
 from reports.__main__ import main as reports_main
 from tests.chaos.test_campaign import BROKEN, campaign
@@ -67,3 +69,18 @@ def test_smaller_means_fewer_faults_then_steps_then_earlier_occurrences() -> Non
     assert Candidate((late,), (4, 7)).size() < Candidate((early,), (0, 1, 2)).size()
     assert Candidate.whole((early,), 2).size() < Candidate.whole((late,), 2).size()
     assert Candidate((early,), (4, 7)).steps == 8  # drawn to its last kept step
+
+
+@pytest.mark.parametrize("mode", ["checkpoint", "transactional"])
+def test_a_scenario_with_steps_dropped_passes_on_a_correct_adapter(tmp_path: Path,
+                                                                   mode: str) -> None:
+    """A shrunk scenario keeps only some steps; the checks predict every result from the
+    workspace the kept steps meet, so a correct adapter passes it under faults (else a
+    shrink could end on a failure of the checker's own making)."""
+    spec = RunSpec(index=0, seed=5, campaign_mode=mode, durable_mode=mode, backend="local",
+                   preset="default", steps=10, work_dir=tmp_path, keep_steps=(1, 4, 6, 9))
+    run = Run(spec)
+    assert [s.index for s in run.scenario.steps] == [1, 4, 6, 9]
+    record = run.execute()
+    assert record.verdict.valid is True, record.verdict
+    assert record.steps == 4 and record.plan.faults  # a plan drawn for the kept steps
