@@ -41,6 +41,7 @@ from typing import Any, TextIO
 from durable.atomic_file import write_atomic
 from scenarios import generate, load
 
+from . import live
 from .errors import BadArguments
 from .faults import Fault, FaultPlan
 from .run_record import RunRecord
@@ -84,6 +85,9 @@ class Shrinker:
     check: str
     jobs: int = 2
     tries: int = 3
+    #: The note of what the candidates' runs own (``live``): a killed shrink leaves nothing
+    #: ``chaos clean`` cannot end.
+    note: live.Campaign | None = None
     #: Candidate runs so far, and timed candidates that failed some tries but not all.
     runs: int = 0
     flaky: int = 0
@@ -104,7 +108,7 @@ class Shrinker:
         with self._lock:
             self.runs += 1
         try:
-            return Run(self.spec(c, work)).execute()
+            return Run(self.spec(c, work), self.note).execute()
         finally:
             shutil.rmtree(work, ignore_errors=True)
 
@@ -314,7 +318,18 @@ def run_shrink(spec: RunSpec, record: dict[str, Any], dest: Path, *, jobs: int, 
     def say(text: str) -> None:
         print(text, file=out or sys.stdout, flush=True)
 
-    shrinker = Shrinker(spec, check, jobs=jobs, tries=tries)
+    note = live.Campaign.open()
+    try:
+        shrinker = Shrinker(spec, check, jobs=jobs, tries=tries, note=note)
+        return _shrink(shrinker, record, dest, original, confirm, say, t0)
+    finally:
+        note.close()
+
+
+def _shrink(shrinker: Shrinker, record: dict[str, Any], dest: Path, original: Candidate,
+            confirm: int, say: Callable[[str], None], t0: float) -> int:
+    spec, check, tries, work = (shrinker.base, shrinker.check, shrinker.tries,
+                                shrinker.base.work_dir)
     say(f"shrink: run {record['index']} (seed {spec.seed}) fails {check} with "
         f"{len(original.faults)} fault(s) and {original.steps} step(s); confirming")
     first = shrinker.first_failing([original])
