@@ -147,45 +147,43 @@ class Shrinker:
     # ---------------------------------------------------------------- the passes
 
     def fewer_faults(self, c: Candidate) -> tuple[Candidate, RunRecord] | None:
-        """Zeller's ddmin over the faults: drop a chunk when the rest still fails."""
-        best: tuple[Candidate, RunRecord] | None = None
-        faults, n = list(c.faults), 2
-        if faults:
+        """Zeller's ddmin over the faults (the empty plan first)."""
+        if c.faults:
             got = self.first_failing([Candidate((), c.keep)])
             if got:
                 return got
-        while len(faults) >= 2:
-            size = -(-len(faults) // n)
-            rests = [Candidate(tuple(faults[:i] + faults[i + size:]), c.keep)
-                     for i in range(0, len(faults), size)]  # each without one chunk
-            got = self.first_failing(rests)
-            if got:
-                best, faults, n = got, list(got[0].faults), max(n - 1, 2)
-                continue
-            if n >= len(faults):
-                break
-            n = min(2 * n, len(faults))
-        return best
+        return self._ddmin(c, lambda x: x.faults, lambda x, faults: Candidate(faults, x.keep))
 
     def fewer_steps(self, c: Candidate) -> tuple[Candidate, RunRecord] | None:
-        """The shortest prefix of the kept steps that fails, else ddmin over the steps."""
+        """The shortest prefix of the kept steps that fails, else ddmin over the steps (each
+        drop also tried with the one failpoint fault moved back: ``_shifted``)."""
         got = self.first_failing([Candidate(c.faults, c.keep[:k])
                                   for k in range(1, len(c.keep))])
         if got:
             return got
+        return self._ddmin(c, lambda x: x.keep, lambda x, keep: Candidate(x.faults, keep),
+                           shifted=True)
+
+    def _ddmin(self, c: Candidate, parts: Callable[[Candidate], tuple[Any, ...]],
+               rebuild: Callable[[Candidate, tuple[Any, ...]], Candidate], *,
+               shifted: bool = False) -> tuple[Candidate, RunRecord] | None:
+        """Zeller's ddmin over ``parts(c)``: drop a chunk while the rest still fails,
+        halving the chunks when no drop does."""
         best: tuple[Candidate, RunRecord] | None = None
-        keep, n = list(c.keep), 2
-        while len(keep) >= 2:
-            size = -(-len(keep) // n)
-            rests = [Candidate(c.faults, tuple(keep[:i] + keep[i + size:]))
-                     for i in range(0, len(keep), size)]
-            got = self.first_failing(rests) or self.first_failing(_shifted(rests))
+        cur, n = c, 2
+        while len(parts(cur)) >= 2:
+            items = parts(cur)
+            size = -(-len(items) // n)
+            rests = [rebuild(cur, items[:i] + items[i + size:])
+                     for i in range(0, len(items), size)]  # each without one chunk
+            got = self.first_failing(rests) or (
+                self.first_failing(_shifted(rests)) if shifted else None)
             if got:
-                best, keep, n = got, list(got[0].keep), max(n - 1, 2)
+                best, cur, n = got, got[0], max(n - 1, 2)
                 continue
-            if n >= len(keep):
+            if n >= len(items):
                 break
-            n = min(2 * n, len(keep))
+            n = min(2 * n, len(items))
         return best
 
     def earlier_occurrences(self, c: Candidate) -> tuple[Candidate, RunRecord] | None:
