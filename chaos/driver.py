@@ -46,6 +46,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--keep-steps", default=None,
                    help="only these steps (comma-separated indices): a shrunk scenario")
+    p.add_argument("--simple-steps", default="",
+                   help="these steps (comma-separated indices) replaced by a simple write: "
+                        "a shrunk scenario")
     p.add_argument("--mode", choices=("auto", "transactional", "checkpoint"), required=True)
     p.add_argument("--backend", default="local")
     p.add_argument("--spaces-dir", type=Path, default=None,
@@ -56,13 +59,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _indices(text: str) -> tuple[int, ...]:
+    return tuple(int(i) for i in text.split(",") if i)
+
+
 def main(argv: list[str] | None = None) -> int:
     die_with_parent()
     args = parse_args(sys.argv[1:] if argv is None else argv)
     preset = load(args.preset)
-    keep = (None if args.keep_steps is None
-            else tuple(int(i) for i in args.keep_steps.split(",") if i))
-    scenario = generate(args.seed, preset, steps=args.steps).keep(keep)
+    keep = None if args.keep_steps is None else _indices(args.keep_steps)
+    scenario = generate(args.seed, preset, steps=args.steps, keep=keep,
+                        simple=_indices(args.simple_steps))
     spaces = make_spaces(args.backend, args.spaces_dir or args.run_dir,
                          failpoints=os.environ.get(SPACE_FAILPOINTS_ENV) or None)
     store = None if args.no_store else DirectoryCheckpointStore(args.run_dir / "store")

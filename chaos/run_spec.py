@@ -27,3 +27,6 @@ class RunSpec:
     stale_kind: str = "race"
     #: Only these steps of the scenario (their indices), for a shrunk run; None: all.
     keep_steps: tuple[int, ...] | None = None
+    #: Steps (indices, among those kept) replaced by the simplest step, a write of their
+    #: marker, for a shrunk run (``scenarios.steps.simple_step``).
+    simple_steps: tuple[int, ...] = ()

@@ -72,8 +72,8 @@ class Run:
         self.spec = spec
         self.dir = spec.work_dir / f"run-{spec.index:04d}"
         self.preset = load(spec.preset)
-        self.scenario: Scenario = generate(spec.seed, self.preset,
-                                           steps=spec.steps).keep(spec.keep_steps)
+        self.scenario: Scenario = generate(spec.seed, self.preset, steps=spec.steps,
+                                           keep=spec.keep_steps, simple=spec.simple_steps)
         self.plan = spec.plan or (FaultPlan(spec.seed, ()) if spec.campaign_mode == "stale"
                                   else draw_plan(spec.seed, self.scenario, spec.durable_mode,
                                                  long_seconds=self.preset.long_seconds))

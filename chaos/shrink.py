@@ -13,14 +13,22 @@ passes, repeated until none makes progress:
    is the prefix of a longer one of the same seed), else ddmin over the steps: a step
    dropped keeps the others as they were (same index, arguments and marker), and the
    checks predict every result from the workspace the step meets;
-3. earlier failpoint occurrences: each failpoint fault's occurrence lowered as far as it
+3. simpler steps: each step that is not a write already replaced, one at a time, by the
+   simplest step there is (a write of its marker to a file of its own,
+   ``scenarios.steps.simple_step``) while the run still fails;
+4. earlier failpoint occurrences: each failpoint fault's occurrence lowered as far as it
    still fails.
+
+Steps dropped or simplified move where a failpoint fault lands (the steps before it hit
+that failpoint fewer times), so each such candidate is also tried with its one failpoint
+fault moved to every earlier occurrence.
 
 A candidate whose plan has a fault due after a delay depends on timing: it runs ``tries``
 times and counts only if it fails every time (the output says how many candidates were
 rejected as flaky). Results are cached by candidate. The shrunk plan is then replayed
 ``confirm`` times; ``shrunk.json`` (the scenario's seed, preset, steps and the steps kept,
-the plan, the check and how many replays failed) is written next to the run, and ``chaos
+the steps simplified, the plan, the check and how many replays failed) is written next to
+the run, and ``chaos
 repro --plan`` replays it.
 """
 
@@ -40,6 +48,7 @@ from typing import Any, TextIO
 
 from durable.atomic_file import write_atomic
 from scenarios import generate, load
+from scenarios.steps import SIMPLE_KIND
 
 from . import live
 from .errors import BadArguments
@@ -58,6 +67,8 @@ class Candidate:
     faults: tuple[Fault, ...]
     #: The indices of the scenario's steps the agent takes (at least one).
     keep: tuple[int, ...]
+    #: Those of the kept steps replaced by the simplest step (``simple_step``).
+    simple: tuple[int, ...] = ()
 
     @classmethod
     def whole(cls, faults: tuple[Fault, ...], steps: int) -> Candidate:
@@ -68,9 +79,17 @@ class Candidate:
         """Steps of the scenario drawn (its kept steps are among them)."""
         return self.keep[-1] + 1
 
-    def size(self) -> tuple[int, int, int]:
-        """Smaller is simpler: fewer faults, fewer steps, earlier occurrences."""
-        return (len(self.faults), len(self.keep),
+    def kept(self, keep: tuple[int, ...]) -> Candidate:
+        """This candidate with only the steps ``keep`` (the simplified among them stay so)."""
+        return Candidate(self.faults, keep, tuple(i for i in self.simple if i in keep))
+
+    def simplified(self, index: int) -> Candidate:
+        return replace(self, simple=tuple(sorted((*self.simple, index))))
+
+    def size(self) -> tuple[int, int, int, int]:
+        """Smaller is simpler: fewer faults, fewer steps, fewer steps left as they were
+        drawn (not simplified), earlier occurrences."""
+        return (len(self.faults), len(self.keep), len(self.keep) - len(self.simple),
                 sum(f.occurrence or 0 for f in self.faults))
 
     def timed(self) -> bool:
@@ -96,12 +115,15 @@ class Shrinker:
         self._cache: dict[Candidate, RunRecord | None] = {}
         self._numbers = itertools.count(1)
         self._lock = threading.Lock()
+        self.kinds = {s.index: s.kind for s in generate(self.base.seed, load(self.base.preset),
+                                                        steps=self.base.steps).steps}
 
     def spec(self, c: Candidate, work: Path) -> RunSpec:
         assert self.base.plan is not None
         return replace(self.base, plan=replace(self.base.plan, faults=c.faults),
                        steps=c.steps, work_dir=work, keep=False,
-                       keep_steps=None if len(c.keep) == c.steps else c.keep)
+                       keep_steps=None if len(c.keep) == c.steps else c.keep,
+                       simple_steps=c.simple)
 
     def run_once(self, c: Candidate) -> RunRecord:
         work = self.base.work_dir / f"candidate-{next(self._numbers):04d}"
@@ -149,20 +171,31 @@ class Shrinker:
     def fewer_faults(self, c: Candidate) -> tuple[Candidate, RunRecord] | None:
         """Zeller's ddmin over the faults (the empty plan first)."""
         if c.faults:
-            got = self.first_failing([Candidate((), c.keep)])
+            got = self.first_failing([replace(c, faults=())])
             if got:
                 return got
-        return self._ddmin(c, lambda x: x.faults, lambda x, faults: Candidate(faults, x.keep))
+        return self._ddmin(c, lambda x: x.faults, lambda x, faults: replace(x, faults=faults))
 
     def fewer_steps(self, c: Candidate) -> tuple[Candidate, RunRecord] | None:
         """The shortest prefix of the kept steps that fails, else ddmin over the steps (each
         drop also tried with the one failpoint fault moved back: ``_shifted``)."""
-        got = self.first_failing([Candidate(c.faults, c.keep[:k])
-                                  for k in range(1, len(c.keep))])
+        got = self.first_failing([c.kept(c.keep[:k]) for k in range(1, len(c.keep))])
         if got:
             return got
-        return self._ddmin(c, lambda x: x.keep, lambda x, keep: Candidate(x.faults, keep),
-                           shifted=True)
+        return self._ddmin(c, lambda x: x.keep, lambda x, keep: x.kept(keep), shifted=True)
+
+    def simpler_steps(self, c: Candidate) -> tuple[Candidate, RunRecord] | None:
+        """Steps replaced by the simplest step, one at a time, while the run still fails
+        (each replacement also tried with the one failpoint fault moved back)."""
+        best: tuple[Candidate, RunRecord] | None = None
+        while True:
+            cur = best[0] if best else c
+            tries = [cur.simplified(i) for i in cur.keep
+                     if i not in cur.simple and self.kinds[i] != SIMPLE_KIND]
+            got = self.first_failing(tries) or self.first_failing(_shifted(tries))
+            if got is None:
+                return best
+            best = got
 
     def _ddmin(self, c: Candidate, parts: Callable[[Candidate], tuple[Any, ...]],
                rebuild: Callable[[Candidate, tuple[Any, ...]], Candidate], *,
@@ -192,8 +225,8 @@ class Shrinker:
             if f.trigger != "failpoint" or not f.occurrence or f.occurrence <= 1:
                 continue
             cur = best[0] if best else c
-            tries = [Candidate(cur.faults[:i] + (replace(f, occurrence=o),) + cur.faults[i + 1:],
-                               cur.keep) for o in range(1, f.occurrence)]
+            tries = [replace(cur, faults=cur.faults[:i] + (replace(f, occurrence=o),)
+                             + cur.faults[i + 1:]) for o in range(1, f.occurrence)]
             best = self.first_failing(tries) or best
         return best
 
@@ -201,6 +234,7 @@ class Shrinker:
                say: Callable[[str], None]) -> tuple[Candidate, RunRecord]:
         best = (start, record)
         passes = (("fewer faults", self.fewer_faults), ("fewer steps", self.fewer_steps),
+                  ("simpler steps", self.simpler_steps),
                   ("earlier occurrences", self.earlier_occurrences))
         progress = True
         while progress:
@@ -210,14 +244,16 @@ class Shrinker:
                 if got and got[0].size() < best[0].size():
                     best, progress = got, True
                     say(f"shrink: {name}: {len(got[0].faults)} fault(s), {len(got[0].keep)} "
-                        f"step(s) still fail {self.check} ({self.runs} runs so far)")
+                        f"step(s) ({len(got[0].simple)} simplified) still fail {self.check} "
+                        f"({self.runs} runs so far)")
         return best
 
 
 def _shifted(rests: list[Candidate]) -> list[Candidate]:
-    """``rests`` with their one failpoint fault at each earlier occurrence: dropping steps
-    before a fault's landing place makes it land later by the hits those steps had, so a
-    step drop is tried with the fault moved back too (bounded: one failpoint fault only)."""
+    """``rests`` with their one failpoint fault at each earlier occurrence: dropping or
+    simplifying steps before a fault's landing place makes it land later by the hits those
+    steps had, so such a candidate is tried with the fault moved back too (bounded: one
+    failpoint fault only)."""
     out = []
     for rest in rests:
         points = [i for i, f in enumerate(rest.faults) if f.trigger == "failpoint"]
@@ -225,8 +261,8 @@ def _shifted(rests: list[Candidate]) -> list[Candidate]:
             continue
         i = points[0]
         f = rest.faults[i]
-        out += [Candidate(rest.faults[:i] + (replace(f, occurrence=o),) + rest.faults[i + 1:],
-                          rest.keep) for o in range(1, f.occurrence or 1)]
+        out += [replace(rest, faults=rest.faults[:i] + (replace(f, occurrence=o),)
+                        + rest.faults[i + 1:]) for o in range(1, f.occurrence or 1)]
     return out
 
 
@@ -244,12 +280,15 @@ def target_check(record: dict[str, Any]) -> str:
 
 def story(spec: RunSpec, record: RunRecord, check: str) -> list[str]:
     """The shrunk run as lines a person reads: steps, faults, recoveries, the check."""
-    scenario = generate(spec.seed, load(spec.preset), steps=spec.steps).keep(spec.keep_steps)
+    scenario = generate(spec.seed, load(spec.preset), steps=spec.steps, keep=spec.keep_steps,
+                        simple=spec.simple_steps)
     lines = [f"The agent (seed {spec.seed}, preset {spec.preset}, {spec.durable_mode} mode) "
              f"takes {len(scenario.steps)} step(s):"]
     for s in scenario.steps:
         args = ", ".join(f"{k}={_short(v)}" for k, v in s.args.items())
-        lines.append(f"  step {s.index}: {s.kind}: {s.tool}({args})")
+        instead = (f" (simplified: in place of a {s.params['simplified_from']} step)"
+                   if "simplified_from" in s.params else "")
+        lines.append(f"  step {s.index}: {s.kind}: {s.tool}({args}){instead}")
     lines.append(f"The nemesis plans {len(record.plan.faults)} fault(s):")
     for i, f in enumerate(record.plan.faults):
         lines.append(f"  fault {i}: {f.describe()}: "
@@ -278,7 +317,8 @@ def shrunk_document(spec: RunSpec, check: str, original: Candidate, best: Candid
     assert spec.plan is not None
     return {"seed": spec.seed, "campaign_mode": spec.campaign_mode,
             "durable_mode": spec.durable_mode, "backend": spec.backend, "preset": spec.preset,
-            "steps": best.steps, "keep_steps": list(best.keep), "driver": spec.driver,
+            "steps": best.steps, "keep_steps": list(best.keep),
+            "simple_steps": list(best.simple), "driver": spec.driver,
             "stale_kind": spec.stale_kind,
             "plan": replace(spec.plan, faults=best.faults).to_json(), "check": check,
             "original": {"faults": len(original.faults), "steps": len(original.keep)},
@@ -296,7 +336,8 @@ def spec_of_shrunk(path: Path, work: Path) -> RunSpec:
                        preset=doc["preset"], steps=doc["steps"], work_dir=work,
                        plan=FaultPlan.from_json(doc["plan"]), keep=True, driver=doc["driver"],
                        stale_kind=doc.get("stale_kind") or "race",
-                       keep_steps=tuple(doc["keep_steps"]) if doc.get("keep_steps") else None)
+                       keep_steps=tuple(doc["keep_steps"]) if doc.get("keep_steps") else None,
+                       simple_steps=tuple(doc.get("simple_steps") or ()))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise BadArguments(f"--plan {path}: not a shrunk plan ({type(exc).__name__}: {exc}); "
                            f"pass the {SHRUNK_NAME} that chaos shrink wrote") from None
@@ -353,7 +394,8 @@ def _shrink(shrinker: Shrinker, record: dict[str, Any], dest: Path, original: Ca
     for line in told:
         say(line)
     say(f"SHRUNK check={check} faults={len(original.faults)}->{len(best.faults)} "
-        f"steps={len(original.keep)}->{len(best.keep)} runs={shrinker.runs} "
+        f"steps={len(original.keep)}->{len(best.keep)} simplified={len(best.simple)} "
+        f"runs={shrinker.runs} "
         f"flaky_rejected={shrinker.flaky} replays_failed={failed}/{confirm} "
         f"seconds={doc['seconds']}")
     say(f"  reproduce: python -m chaos repro --plan {dest}")

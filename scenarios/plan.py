@@ -31,6 +31,7 @@ from .steps import (
     README,
     WRITE_SLOTS,
     Step,
+    simple_step,
     write_path,
 )
 from .workspace_model import WorkspaceModel
@@ -45,16 +46,28 @@ class Scenario:
     initial: WorkspaceModel
     steps: list[Step]
 
-    def keep(self, indices: tuple[int, ...] | None) -> Scenario:
-        """The scenario with only the steps whose index is in ``indices`` (all for None),
-        in their order: a shrunk scenario. Each step keeps its index (its marker and its
-        arguments); the agent takes them one after the other, and the checks read a call's
-        step by its position in the list."""
-        if indices is None:
+    def keep(self, indices: tuple[int, ...] | None, simple: tuple[int, ...] = ()) -> Scenario:
+        """A shrunk scenario: only the steps whose index is in ``indices`` (all for None),
+        in their order, those in ``simple`` replaced by the simplest step there is
+        (``simple_step``: a write of the step's marker to a file of its own). Each step
+        keeps its index (its marker and its arguments); an edit's old text follows the
+        edits kept before it, so it still finds its slot. The agent takes the steps one
+        after the other, and the checks read a call's step by its position in the list."""
+        if indices is None and not simple:
             return self
-        chosen = set(indices)
-        return Scenario(self.seed, self.preset, self.initial,
-                        [s for s in self.steps if s.index in chosen])
+        chosen = set(s.index for s in self.steps) if indices is None else set(indices)
+        slots = {j: "init" for j in range(SLOTS)}
+        out: list[Step] = []
+        for s in self.steps:
+            if s.index not in chosen:
+                continue
+            if s.index in simple:
+                out.append(simple_step(s))
+                continue
+            if s.tool == "edit":
+                s = _edit(s.index, s.params["slot"], slots)
+            out.append(s)
+        return Scenario(self.seed, self.preset, self.initial, out)
 
     def model(self) -> ScriptedModel:
         return ScriptedModel(
@@ -103,15 +116,20 @@ def _step(k: int, kind: str, rng: random.Random, preset: Preset,
         return Step(k, kind, "write", {"path": write_path(rng.randrange(WRITE_SLOTS)),
                                        "content": f"{m}\n{_filler(rng, size)}\n"})
     if kind == "edit":
-        j = rng.randrange(SLOTS)
-        edit = {"old_text": f"slot-{j}: {slots[j]}\n", "new_text": f"slot-{j}: {m}\n"}
-        slots[j] = m
-        return Step(k, kind, "edit", {"path": DOC_FILE, "edits": [edit]})
+        return _edit(k, rng.randrange(SLOTS), slots)
     if kind in ("never_tool", "safe_tool"):
         return Step(k, kind, "record_never" if kind == "never_tool" else "record_safe",
                     {"marker": m})
     command, params = _command(k, kind, rng, preset)
     return Step(k, kind, "bash", {"command": command}, params)
+
+
+def _edit(k: int, slot: int, slots: dict[int, str]) -> Step:
+    """Step ``k``: an edit of ``doc.txt``'s line ``slot`` (its text now ``slots[slot]``)."""
+    m = f"step-{k}"
+    edit = {"old_text": f"slot-{slot}: {slots[slot]}\n", "new_text": f"slot-{slot}: {m}\n"}
+    slots[slot] = m
+    return Step(k, "edit", "edit", {"path": DOC_FILE, "edits": [edit]}, {"slot": slot})
 
 
 def _command(k: int, kind: str, rng: random.Random, preset: Preset
@@ -186,8 +204,10 @@ def _command(k: int, kind: str, rng: random.Random, preset: Preset
     raise ValueError(f"unknown step kind {kind!r}")
 
 
-def generate(seed: int, preset: Preset, *, steps: int | None = None) -> Scenario:
-    """The scenario of ``seed`` under ``preset`` (``steps`` overrides the preset's count)."""
+def generate(seed: int, preset: Preset, *, steps: int | None = None,
+             keep: tuple[int, ...] | None = None, simple: tuple[int, ...] = ()) -> Scenario:
+    """The scenario of ``seed`` under ``preset`` (``steps`` overrides the preset's count),
+    shrunk to ``keep`` with ``simple`` simplified (``Scenario.keep``)."""
     rng = random.Random(f"scenario:{preset.name}:{seed}")
     initial = initial_workspace(seed, preset, rng)
     slots = {j: "init" for j in range(SLOTS)}
@@ -196,4 +216,4 @@ def generate(seed: int, preset: Preset, *, steps: int | None = None) -> Scenario
     for k in range(steps or preset.steps):
         kind = preset.sequence[k % len(preset.sequence)] if preset.sequence else rng.choice(kinds)
         out.append(_step(k, kind, rng, preset, slots))
-    return Scenario(seed, preset, initial, out)
+    return Scenario(seed, preset, initial, out).keep(keep, simple)

@@ -12,8 +12,9 @@ steps left, e.g. ``mv`` only when its source exists.
 Paths by role, so that steps never step on each other in ways the model cannot follow:
 ``files/w<i>.txt`` (write tool; also rm, mv, chmod and sums), ``doc.txt`` (edit only),
 ``log.txt`` (appends), ``README.md`` (never changed), ``links/l<j>`` (symlinks only),
-``tree/``, ``bin/``, ``big/``, ``bulk<k>/``, ``sums.txt``, ``leak.txt`` (written only by a
-detached process that escaped a fence: never in a correct run).
+``tree/``, ``bin/``, ``big/``, ``bulk<k>/``, ``sums.txt``, ``simple/s<k>.txt`` (a step a shrink
+simplified), ``leak.txt`` (written only by a detached process that escaped a fence: never in
+a correct run).
 """
 
 from __future__ import annotations
@@ -96,6 +97,18 @@ class Step:
             result = bash_result(code, output)
             return Expected(result.content, result.is_error, code)
         return Expected(f"recorded {self.marker}")  # host tools: record_never, record_safe
+
+
+#: The kind of the simplest step there is: what a shrink puts in place of a step.
+SIMPLE_KIND = "write"
+
+
+def simple_step(step: Step) -> Step:
+    """The simplest step in place of ``step``: a write of its marker to a file no other step
+    touches (``simple/s<k>.txt``), with the same index. ``params`` names what it replaced."""
+    return Step(step.index, SIMPLE_KIND, "write",
+                {"path": f"simple/s{step.index}.txt", "content": f"{step.marker}\n"},
+                {"simplified_from": step.kind})
 
 
 Effect = Callable[[Step, WorkspaceModel], tuple[int, str]]

@@ -69,18 +69,23 @@ def test_smaller_means_fewer_faults_then_steps_then_earlier_occurrences() -> Non
     assert Candidate((late,), (4, 7)).size() < Candidate((early,), (0, 1, 2)).size()
     assert Candidate.whole((early,), 2).size() < Candidate.whole((late,), 2).size()
     assert Candidate((early,), (4, 7)).steps == 8  # drawn to its last kept step
+    # then fewer steps left as they were drawn (a step simplified is simpler)
+    assert Candidate((late,), (4, 7), (4,)).size() < Candidate((early,), (4, 7)).size()
+    assert Candidate((early,), (4, 7), (4, 7)).kept((7,)) == Candidate((early,), (7,), (7,))
 
 
 @pytest.mark.parametrize("mode", ["checkpoint", "transactional"])
 def test_a_scenario_with_steps_dropped_passes_on_a_correct_adapter(tmp_path: Path,
                                                                    mode: str) -> None:
-    """A shrunk scenario keeps only some steps; the checks predict every result from the
-    workspace the kept steps meet, so a correct adapter passes it under faults (else a
-    shrink could end on a failure of the checker's own making)."""
+    """A shrunk scenario keeps only some steps, one of them simplified; the checks predict
+    every result from the workspace the kept steps meet, so a correct adapter passes it
+    under faults (else a shrink could end on a failure of the checker's own making)."""
     spec = RunSpec(index=0, seed=5, campaign_mode=mode, durable_mode=mode, backend="local",
-                   preset="default", steps=10, work_dir=tmp_path, keep_steps=(1, 4, 6, 9))
+                   preset="default", steps=10, work_dir=tmp_path, keep_steps=(1, 4, 6, 9),
+                   simple_steps=(6,))
     run = Run(spec)
     assert [s.index for s in run.scenario.steps] == [1, 4, 6, 9]
+    assert run.scenario.steps[2].params["simplified_from"] != "write"
     record = run.execute()
     assert record.verdict.valid is True, record.verdict
     assert record.steps == 4 and record.plan.faults  # a plan drawn for the kept steps

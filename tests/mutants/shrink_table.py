@@ -16,8 +16,9 @@ from pathlib import Path
 
 from tests.mutants.test_mutants import BY_ID, MUTANTS, Mutant, _apply, _copy_project
 
-SHRUNK = re.compile(r"SHRUNK check=(\S+) faults=(\d+)->(\d+) steps=(\d+)->(\d+) runs=(\d+) "
-                    r"flaky_rejected=(\d+) replays_failed=(\d+)/(\d+)")
+SHRUNK = re.compile(r"SHRUNK check=(\S+) faults=(\d+)->(\d+) steps=(\d+)->(\d+) "
+                    r"simplified=(\d+) runs=(\d+) flaky_rejected=(\d+) "
+                    r"replays_failed=(\d+)/(\d+)")
 
 
 def shrink_one(mutant: Mutant, work: Path) -> str:
@@ -41,9 +42,9 @@ def shrink_one(mutant: Mutant, work: Path) -> str:
     if found is None:
         last = (shrink.stdout + shrink.stderr).strip().splitlines()[-1:]
         return f"| {mutant.id} | {mutant.slice} | shrink gave no result: {last} | | | | |"
-    check, f0, f1, s0, s1, runs, flaky, failed, of = found.groups()
-    return (f"| {mutant.id} | {check} | {f0} / {s0} | {f1} / {s1} | {failed}/{of} | {runs} "
-            f"({flaky} flaky) | {seconds:.0f} s |")
+    check, f0, f1, s0, s1, simple, runs, flaky, failed, of = found.groups()
+    return (f"| {mutant.id} | {check} | {f0} / {s0} | {f1} / {s1} ({simple} simplified) | "
+            f"{failed}/{of} | {runs} ({flaky} flaky) | {seconds:.0f} s |")
 
 
 def main(argv: list[str]) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,34 @@ def test_markers_are_unique_and_effects_apply() -> None:
     assert len(log) == len(set(log)), "append markers repeat"
     assert {s.kind for s in scenario.steps} <= set(STEP_KINDS)
     assert ws.hash() != scenario.initial.hash()
+
+
+def test_a_shrunk_scenario_keeps_its_steps_and_every_effect_applies() -> None:
+    """Steps dropped and simplified (a shrink's candidates): the kept steps keep their index,
+    arguments and marker, a simplified one becomes a write of its marker to a file of its
+    own, and every edit still finds its slot's text (it follows the edits kept before it)."""
+    rng = random.Random(0)
+    for seed in range(60):
+        whole = generate(seed, load("default"), steps=12)
+        keep = tuple(sorted(rng.sample(range(12), rng.randint(1, 12))))
+        simple = tuple(i for i in keep if rng.random() < 0.3)
+        shrunk = generate(seed, load("default"), steps=12, keep=keep, simple=simple)
+        assert [s.index for s in shrunk.steps] == list(keep)
+        ws = shrunk.initial.copy()
+        for step in shrunk.steps:
+            original = whole.steps[step.index]
+            if step.index in simple:
+                assert (step.tool, step.args["path"]) == ("write", f"simple/s{step.index}.txt")
+                assert step.params == {"simplified_from": original.kind}
+            elif step.tool != "edit":
+                assert step == original
+            else:
+                assert step.args["edits"][0]["new_text"] == original.args["edits"][0]["new_text"]
+            step.apply(ws)  # an edit whose text is not there once raises
+            if step.tool in ("write", "edit"):
+                assert step.marker.encode() in (ws.content(step.args["path"]) or b"")
+    assert generate(3, load("default"), keep=None, simple=()).steps == \
+        generate(3, load("default")).steps
 
 
 def test_scripted_model_plays_the_plan_and_reissues_by_seed() -> None:
