@@ -30,6 +30,13 @@ class SpaceClient(Protocol):
 
     def capabilities(self) -> set[str]: ...
 
+    def describe(self) -> dict[str, Any]:
+        """Which Space this is and its fence, at any epoch: ``{"space_id": str, "floor":
+        int, "protocol": int}``. The id is made when the Space's daemon first starts and
+        kept for the Space's life (restarts included); a Space deleted and made again under
+        its name has another."""
+        ...
+
     def advance_epoch(self, epoch: int, *, owner: str | None = None) -> dict[str, Any]:
         """Raise the Space's floor to ``epoch``; kill every process started under an older
         epoch. Returns ``{"floor": int, "killed": [keys]}``. ``owner`` is an opaque token

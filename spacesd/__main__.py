@@ -47,6 +47,7 @@ from .failpoints import ENV_VAR as FAILPOINTS_ENV
 from .journal import DamagedJournal
 from .protocol import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_REQUESTS
 from .server import SpacesServer
+from .space_identity import DamagedIdentity
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -142,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         daemon = Daemon(os.path.abspath(args.root), state, failpoints=failpoints,
                         containment=containment)
-    except (DamagedFloor, DamagedJournal) as exc:
+    except (DamagedFloor, DamagedJournal, DamagedIdentity) as exc:
         raise SystemExit(f"spacesd: damaged state: {exc}") from None
     limits = {"max_body": args.max_body, "body_budget": args.body_budget,
               "max_requests": args.max_requests, "max_connections": args.max_connections,

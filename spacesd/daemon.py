@@ -35,6 +35,7 @@ from .fence_journal import Advance, FenceJournal, Restore, Sweep
 from .file_ops import Workspace
 from .fsio import AtomicWriter
 from .params import BOOL, INT, NUM, STR, STR_LIST, STR_MAP, Field, check
+from .space_identity import load_space_id
 from .workspace_scan import Scanner
 
 CAPABILITIES = (protocol.CAP_EXEC_LEDGER, protocol.CAP_EPOCH, protocol.CAP_FS,
@@ -45,7 +46,7 @@ _MAX_WAIT = 30.0
 #: to a command as they are (``SPACESD_STATE`` is set to the state directory).
 _RESERVED_ENV = frozenset({protocol.ENV_SPACE_STATE, ENV_VAR, SHIM_ENV_VAR})
 
-FenceUse = Literal["admit", "check", "advance"]
+FenceUse = Literal["admit", "check", "advance", "none"]
 
 
 class Encoded(bytes):
@@ -57,7 +58,8 @@ class Encoded(bytes):
 class Op:
     handler: Callable[..., dict[str, Any] | Encoded]
     fields: dict[str, Field]
-    #: ``admit``: has effects; ``check``: read-only; ``advance``: raises the floor.
+    #: ``admit``: has effects; ``check``: read-only; ``advance``: raises the floor;
+    #: ``none``: reads only what the fence itself is (any epoch may ask).
     fence: FenceUse
     #: Whether the handler takes the request's epoch as ``epoch=``.
     with_epoch: bool = False
@@ -85,6 +87,8 @@ class Daemon:
                           [json.dumps(self.containment.describe()).encode() + b"\n"],
                           mode=0o644)
         self.fence = EpochFence(os.path.join(self.state_dir, protocol.STATE_EPOCH))
+        self.space_id = load_space_id(os.path.join(self.state_dir, protocol.STATE_SPACE_ID),
+                                      self.writer)
         self.fences = FenceJournal(os.path.join(self.state_dir, protocol.STATE_FENCES))
         env = {k: v for k, v in (os.environ if base_env is None else base_env).items()
                if k not in _RESERVED_ENV}
@@ -104,6 +108,7 @@ class Daemon:
         cid = {"id": STR}
         self.ops: dict[str, Op] = {
             "capabilities": Op(self._capabilities, {}, "check"),
+            "describe": Op(self._describe, {}, "none"),
             "advance_epoch": Op(self._advance_epoch, {"owner": STR.with_default("")}, "advance",
                                 with_epoch=True),
             "exec_start": Op(self._exec_start, {"key": STR, "command": STR,
@@ -161,6 +166,8 @@ class Daemon:
             args["epoch"] = epoch
         if spec.fence == "advance":
             return spec.handler(**args)
+        if spec.fence == "none":
+            return spec.handler(**args)
         if spec.fence == "check":
             self.fence.check(epoch)
             return spec.handler(**args)
@@ -190,6 +197,12 @@ class Daemon:
     def _capabilities(self) -> dict[str, Any]:
         return {"capabilities": list(CAPABILITIES), "protocol": protocol.PROTOCOL_VERSION,
                 "containment": self.containment.mode}
+
+    def _describe(self) -> dict[str, Any]:
+        """Which Space this is and how high its fence stands: what a coordinator reads
+        before it chooses an epoch, and a host before it trusts the Space's files."""
+        return {"space_id": self.space_id, "floor": self.fence.floor,
+                "protocol": protocol.PROTOCOL_VERSION}
 
     def _advance_epoch(self, epoch: int, owner: str) -> dict[str, Any]:
         with self.fence.advancing(epoch, check_owner(owner)) as floor_before:

@@ -273,6 +273,8 @@ STATE_LEDGER = "ledger.jsonl"
 STATE_FENCES = "fences.jsonl"
 #: The epoch floor, one integer.
 STATE_EPOCH = "epoch"
+#: The Space's id, made when its daemon first started (``spacesd.space_identity``).
+STATE_SPACE_ID = "space_id"
 #: The per-command files: ``<id>.claim`` (the shim's pid or ``lost``), ``<id>.exit`` (the
 #: exit status), ``<id>.out`` (the output, not needed by an audit).
 STATE_EXEC_DIR = "exec"

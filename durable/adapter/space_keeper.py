@@ -48,6 +48,8 @@ class SpaceHandle:
     client: SpaceClient
     #: The daemon's capabilities, read when it was fenced.
     caps: frozenset[str]
+    #: Which Space it is (``SpaceClient.describe``); None for a daemon without ids.
+    space_id: str | None = None
 
 
 class SpaceKeeper:
@@ -92,6 +94,10 @@ class SpaceKeeper:
             exists = self.spaces.exists(name)
             if state.space == name and state.ready and exists:
                 handle = self._connect(name)
+                if state.space_id is not None and handle.space_id != state.space_id:
+                    # Not the Space the log describes: it was made again under its name
+                    # (removed and placed anew). Its files are not the log's: as lost.
+                    handle = self._rebuild(log, conversation, name, state, exists=False)
             elif state.space is None and exists:
                 handle = self._adopt(log, conversation, name)
             else:
@@ -135,7 +141,8 @@ class SpaceKeeper:
             # ``create`` is idempotent and brings an existing Space up.
             self.spaces.create(name)
             client = self.spaces.connect(name, epoch=self.epoch)
-        return SpaceHandle(name, client, self._advance(client))
+        caps = self._advance(client)
+        return SpaceHandle(name, client, caps, _space_id(client))
 
     def _advance(self, client: SpaceClient) -> frozenset[str]:
         """Fence the Space at this epoch (kills older commands); its capabilities."""
@@ -186,7 +193,8 @@ class SpaceKeeper:
         except ToolError:  # over the limits: the first call reports it
             baseline = None
         self._commit(log, conversation,
-                     lambda s: replace(s, space=name, generation=1, ready=True), extra=baseline)
+                     lambda s: replace(s, space=name, generation=1, ready=True,
+                                       space_id=handle.space_id), extra=baseline)
         return handle
 
     def _rebuild(self, log: Log, conversation: int, name: str, state: SpaceState,
@@ -225,6 +233,17 @@ class SpaceKeeper:
         event = self.recorder.event(kind, state.mode, conversation, None, "space",
                                     decision.cause,
                                     f"Space {name} rebuilt (generation {state.generation})")
-        self._commit(log, conversation, lambda s: replace(s, ready=True),
+        self._commit(log, conversation, lambda s: replace(s, ready=True, space_id=handle.space_id),
                      extra=lambda tx: self.recorder.record(tx, conversation, event))
         return handle
+
+
+def _space_id(client: SpaceClient) -> str | None:
+    """The Space's id, or None when its daemon has none (older than ids)."""
+    try:
+        space_id = client.describe().get("space_id")
+    except SpaceError as exc:
+        if exc.code == "not_found":  # "unknown operation": a daemon older than ids
+            return None
+        raise
+    return space_id if isinstance(space_id, str) else None

@@ -101,17 +101,25 @@ class SpaceState:
     mode: Mode | None = None
     mode_reason: str | None = None
     checkpoint: CheckpointMark | None = None
+    #: The id of the Space that holds the log's state (``SpaceClient.describe``), recorded
+    #: when it was adopted or rebuilt: a Space made again under the name has another id.
+    #: None in logs written before ids, and for a daemon that has none.
+    space_id: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"space": self.space, "generation": self.generation, "ready": self.ready,
-                "mode": self.mode, "mode_reason": self.mode_reason,
-                "checkpoint": None if self.checkpoint is None else self.checkpoint.to_json()}
+        out = {"space": self.space, "generation": self.generation, "ready": self.ready,
+               "mode": self.mode, "mode_reason": self.mode_reason,
+               "checkpoint": None if self.checkpoint is None else self.checkpoint.to_json()}
+        if self.space_id is not None:  # absent before ids: old documents encode as they were
+            out["space_id"] = self.space_id
+        return out
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> SpaceState:
         mark = raw["checkpoint"]
         return cls(raw["space"], raw["generation"], raw["ready"], raw["mode"],
-                   raw["mode_reason"], None if mark is None else CheckpointMark.from_json(mark))
+                   raw["mode_reason"], None if mark is None else CheckpointMark.from_json(mark),
+                   raw.get("space_id"))
 
 
 @dataclass(frozen=True)

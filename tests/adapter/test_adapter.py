@@ -107,6 +107,43 @@ def test_lost_space_is_rebuilt(tmp_path: Path, spaces: LocalSpaces, mode: str) -
     s.harness.close()
 
 
+@pytest.mark.parametrize("mode", ["transactional", "checkpoint"])
+def test_a_space_made_again_under_its_name_is_rebuilt_not_trusted(
+        tmp_path: Path, spaces: LocalSpaces, mode: str) -> None:
+    """A Space removed and placed anew under the same name between two drivers (by an
+    operator, a coordinator) exists and answers, but holds none of the log's files: the
+    next driver tells it by its id and rebuilds it, as a lost one."""
+    plan = steps(WRITE, APPEND, EDIT, APPEND)
+    s = open_session(tmp_path, spaces, plan[:2], epoch=1, mode=mode)
+    run(s)
+    first_id = s.adapter.ensure_space(s.harness, 1).describe()["space_id"]
+    s.harness.close()
+    spaces.delete(SPACE)
+    spaces.create(SPACE)  # empty, healthy, same name
+    s = open_session(tmp_path, spaces, plan, epoch=2, mode=mode)
+    run(s, "r2")
+    rebuilt = s.adapter.events[0]
+    assert (rebuilt.kind, rebuilt.cause) == (
+        "reimaged" if mode == "transactional" else "restored", "space_lost")
+    client = s.adapter.ensure_space(s.harness, 1)
+    assert client.describe()["space_id"] != first_id
+    assert client.read_file("a.txt") == b"beta\n"
+    assert client.read_file("log.txt") == b"step\nstep\n"
+    assert all(not r["is_error"] for r in results(s))
+    s.harness.close()
+
+
+def test_a_space_keeps_its_id_across_restarts(tmp_path: Path, spaces: LocalSpaces) -> None:
+    spaces.create(SPACE)
+    first = spaces.connect(SPACE, epoch=0).describe()
+    spaces.restart(SPACE)
+    spaces.kill_daemon(SPACE)
+    again = spaces.connect(SPACE, epoch=0).describe()
+    assert again["space_id"] == first["space_id"] and len(first["space_id"]) == 32
+    spaces.connect(SPACE, epoch=4).advance_epoch(4)
+    assert spaces.connect(SPACE, epoch=0).describe()["floor"] == 4  # any epoch may read it
+
+
 def test_lost_space_without_store_fails_permanently(tmp_path: Path, spaces: LocalSpaces) -> None:
     s = open_session(tmp_path, spaces, steps(WRITE), epoch=1, mode="checkpoint", store=False)
     run(s)

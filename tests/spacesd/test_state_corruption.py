@@ -93,6 +93,20 @@ def test_a_damaged_floor_stops_the_daemon_from_starting(spaces: LocalSpaces,
     assert floor.read_bytes() == content  # left for a person to look at
 
 
+@pytest.mark.parametrize("content", [b"", b"\n", b"not-an-id\n", b"\xff" * 32])
+def test_a_damaged_space_id_stops_the_daemon_from_starting(spaces: LocalSpaces,
+                                                           space: LocalSpace,
+                                                           content: bytes) -> None:
+    """A new id would make the host take this Space for another one and rebuild it over
+    its files; a made-up old one cannot be: the daemon stops, the file left as it is."""
+    ident = space.state / "space_id"
+    assert len(ident.read_text().strip()) == 32
+    ident.write_bytes(content)
+    with pytest.raises(SpaceUnavailable, match="does not hold a Space id"):
+        spaces.restart(space.name)
+    assert ident.read_bytes() == content
+
+
 def _ledger_with_two_keys(client: HttpSpaceClient, space: LocalSpace) -> Path:
     _ran(client, "a@1", "echo a >> runs.txt")
     _ran(client, "b@1", "echo b >> runs.txt")
