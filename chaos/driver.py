@@ -78,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         return durable_spaces(
             session=senv.name, spaces=spaces, snapshots=WorkspaceSnapshots(spaces, "", store),
             mode=args.mode, fence=fence, epoch=senv.epoch, space_prefix=SPACE_PREFIX,
+            root_space=senv.space,
             transactional=TransactionalLimits(max_files=preset.max_files,
                                               max_bytes=preset.max_bytes))
 

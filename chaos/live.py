@@ -20,11 +20,9 @@ removes them already).
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import shutil
-import signal
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -32,13 +30,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from durable.lifetime import die_with
 from spacesd import procfs
 from spacesd.protocol import ENV_SPACE_STATE
 
 LIVE_DIR_ENV = "CHAOS_LIVE_DIR"
 #: Set by the runner for its drivers: the pid they must not outlive.
 RUNNER_PID_ENV = "CHAOS_RUNNER_PID"
-_PR_SET_PDEATHSIG = 1
 
 
 def live_dir() -> Path:
@@ -49,14 +47,7 @@ def live_dir() -> Path:
 def die_with_parent() -> None:
     """In a driver: be SIGKILLed when the runner that launched it dies (even by SIGKILL),
     and exit at once if it is already gone."""
-    runner = os.environ.get(RUNNER_PID_ENV)
-    if not runner:
-        return
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-        return  # not Linux: ``chaos clean`` still ends it
-    if os.getppid() != int(runner):
-        os._exit(1)  # the runner died before the request took effect
+    die_with(os.environ.get(RUNNER_PID_ENV))
 
 
 @dataclass

@@ -12,6 +12,11 @@ Environment (all required unless a default is given):
   it where epochs are recorded (the log's floor, every entry, the Spaces' floors).
 - ``CUA_STATE_DIR``: the directory holding the session's log (``log.sqlite``).
 - ``CUA_SESSION_HEARTBEAT_SECS``: heartbeat interval, default 1.0.
+- ``CUA_SPACE_NAME`` (optional): the durable Space the coordinator placed for the session
+  and leased to it; the session's first conversation runs in it (without it, the Space is
+  named from the session, ``adapter.space_names``).
+- ``CUA_DIE_WITH_PID`` (optional): the coordinator's pid; the driver is SIGKILLed when it
+  dies (``durable.lifetime``).
 
 Exit codes: ``0`` finished, ``78`` permanent failure (``PermanentFailure``, a bad
 environment, a missing capability, an unanswered submission), ``75`` fenced (a newer epoch
@@ -39,6 +44,7 @@ from .errors import EpochTaken, HaltError, PermanentFailure, StaleEpochError
 from .failpoints import failpoint
 from .fence_contract import Fence
 from .harness import Harness, Submission
+from .lifetime import DIE_WITH_ENV, die_with
 from .log import Log
 from .models import Model
 from .storage.base import Storage
@@ -64,6 +70,9 @@ class SessionEnv:
     epoch: int
     state_dir: Path
     heartbeat_secs: float = 1.0
+    #: The durable Space of the session's first conversation (``CUA_SPACE_NAME``), if the
+    #: coordinator named one.
+    space: str | None = None
 
     @classmethod
     def from_environ(cls, environ: dict[str, str] | None = None) -> SessionEnv:
@@ -92,7 +101,8 @@ class SessionEnv:
             raise PermanentFailure(
                 f"CUA_SESSION_HEARTBEAT_SECS must be from {MIN_HEARTBEAT_S} to "
                 f"{MAX_HEARTBEAT_S:.0f} seconds, got {raw_hb!r}")
-        return cls(env["CUA_SESSION_NAME"], int(raw_epoch), state_dir, hb)
+        return cls(env["CUA_SESSION_NAME"], int(raw_epoch), state_dir, hb,
+                   env.get("CUA_SPACE_NAME") or None)
 
 
 @dataclass
@@ -155,6 +165,7 @@ def run_durable_session(
     epoch it runs at); ``start(session)`` opens the harness (``session.open_harness``) and
     submits the input with a fixed request id.
     """
+    die_with((os.environ if environ is None else environ).get(DIE_WITH_ENV))
     try:
         senv = SessionEnv.from_environ(environ)
     except PermanentFailure as exc:

@@ -59,7 +59,9 @@ class DurableSpaces:
 
     ``session`` names the session: its Spaces are ``<space_prefix>-<session>-c<conversation>``
     and its exec keys start with it (``space_names``), so sessions never share a Space or a
-    recorded result. ``epoch`` is this driver's (the session driver reads it from its
+    recorded result. ``root_space``: the Space of the first conversation instead, when a
+    coordinator placed one and leased it to the session (sessions take turns on it, each
+    with its own keys and epochs above the last). ``epoch`` is this driver's (the session driver reads it from its
     environment); every Space is fenced at it. ``on_stale`` is called once for each refusal
     by a newer epoch this adapter meets (the Space's floor, or the log's fence while a
     command streams), before the ``StaleEpochError`` propagates; the driver stops then.
@@ -73,7 +75,7 @@ class DurableSpaces:
                  on_stale: Callable[[StaleEpochError], None] | None = None,
                  on_halt: Callable[[HaltError], None] | None = None,
                  transactional: TransactionalLimits | None = None,
-                 space_prefix: str = "cua") -> None:
+                 space_prefix: str = "cua", root_space: str | None = None) -> None:
         requested = requested_mode(mode)
         if not isinstance(epoch, int) or isinstance(epoch, bool):
             raise TypeError(f"Expected an int epoch but got epoch={epoch!r} "
@@ -86,7 +88,7 @@ class DurableSpaces:
         self.modes = ModeKeeper(requested, snapshots.kind, self.image, self.checkpoints,
                                 self.recorder)
         self.space = SpaceKeeper(spaces=spaces, session=token, prefix=check_prefix(space_prefix),
-                                 epoch=epoch, on_stale=on_stale, on_halt=on_halt,
+                                 root_space=root_space, epoch=epoch, on_stale=on_stale, on_halt=on_halt,
                                  modes=self.modes, image=self.image,
                                  checkpoints=self.checkpoints, recorder=self.recorder)
         self.runner = CallRunner(session=token, epoch=epoch, cwd=cwd, fence=fence,

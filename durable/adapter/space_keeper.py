@@ -29,7 +29,7 @@ from ..errors import (
     ToolError,
 )
 from ..failpoints import failpoint
-from ..log import Log, Transaction
+from ..log import ROOT_CONVERSATION, Log, Transaction
 from ..spaces import SpaceClient, Spaces
 from .checkpoint_keeper import CheckpointKeeper
 from .events import EventRecorder
@@ -57,6 +57,7 @@ class SpaceKeeper:
     ``on_halt`` with every ``HaltError`` before it is raised."""
 
     def __init__(self, *, spaces: Spaces, session: str, prefix: str, epoch: int,
+                 root_space: str | None = None,
                  on_stale: Callable[[StaleEpochError], None] | None,
                  on_halt: Callable[[HaltError], None] | None, modes: ModeKeeper,
                  image: ImageKeeper, checkpoints: CheckpointKeeper,
@@ -64,6 +65,7 @@ class SpaceKeeper:
         self.spaces = spaces
         self.session = session
         self.prefix = prefix
+        self.root_space = root_space
         self.epoch = epoch
         #: This process's ``advance_epoch`` owner: one epoch of a Space has one owner.
         self.owner = uuid.uuid4().hex
@@ -77,6 +79,8 @@ class SpaceKeeper:
         self._lock = threading.RLock()
 
     def name(self, conversation: int) -> str:
+        if conversation == ROOT_CONVERSATION and self.root_space is not None:
+            return self.root_space
         return space_name(self.prefix, self.session, conversation)
 
     def ensure(self, log: Log, conversation: int, *, check_exists: bool = False) -> SpaceHandle:
