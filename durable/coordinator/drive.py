@@ -131,6 +131,8 @@ class DriverProcess:
                 break
         if self._reader is not None:
             self._reader.join(timeout=10)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
         return DriveResult(code, self._reason, stalled, stopped, self._heartbeats,
                            None if self._first_output is None else round(self._first_output, 3),
                            round(time.monotonic() - self.started_at, 3))

@@ -20,6 +20,10 @@ SessionState = Literal["pending", "running", "backoff", "done", "failed"]
 STATES: tuple[SessionState, ...] = ("pending", "running", "backoff", "done", "failed")
 TERMINAL: tuple[SessionState, ...] = ("done", "failed")
 MODES = ("auto", "transactional", "checkpoint")
+#: What the coordinator sets in every driver's environment: never a session's own.
+DRIVER_ENV = ("CUA_SESSION_NAME", "CUA_SESSION_EPOCH", "CUA_STATE_DIR",
+              "CUA_SESSION_HEARTBEAT_SECS", "CUA_SPACE_NAME", "CUA_SPACE_PROVIDER",
+              "CUA_SESSION_INPUT", "CUA_DIE_WITH_PID")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/-]{0,199}")
 
 
@@ -86,10 +90,10 @@ class SessionSpec:
             raise ValueError("a session needs a state directory (its log lives there)")
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
-        bad = [k for k in self.env if not k or "=" in k or k.startswith("CUA_")]
+        bad = [k for k in self.env if not k or "=" in k or k in DRIVER_ENV]
         if bad:
             raise ValueError(f"env names {bad} are not allowed: names are non-empty without "
-                             "'=', and CUA_* are the coordinator's to set")
+                             f"'=', and {', '.join(DRIVER_ENV)} are the coordinator's to set")
         object.__setattr__(self, "command", tuple(self.command))
 
     def to_json(self) -> dict[str, Any]:

@@ -1,0 +1,322 @@
+"""The coordinator with real driver processes (``fake_driver.py``) on real local Spaces and
+real stores: exit codes, backoff and the attempt cap, stalls, the Space checked before each
+drive, epochs, leases and the race for one Space, cancel; and the coordinator itself as a
+real process, SIGKILLed during a backoff and while its driver runs, restarted from its
+store, and two of them on one PostgreSQL store."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from backends.local import LocalSpaces
+from durable.coordinator import (
+    Backoff,
+    Coordinator,
+    CoordinatorConfig,
+    CoordinatorStore,
+    SessionSpec,
+    open_store,
+)
+from tests.coordinator.conftest import store_url
+
+FAKE = Path(__file__).with_name("fake_driver.py")
+FAST = CoordinatorConfig(backoff=Backoff(0.0), stall_secs=5.0, heartbeat_secs=0.2,
+                         poll_secs=0.05, claim_secs=2.0)
+
+
+def fake(name: str, tmp: Path, spaces: LocalSpaces, script: list[dict], *, space: str = "ws",
+         mode: str = "auto", store: bool = True) -> SessionSpec:
+    return SessionSpec(name, space, (sys.executable, str(FAKE)), str(tmp / name), mode=mode,
+                       checkpoint_store=store,
+                       env={"CUA_FAKE_SCRIPT": json.dumps(script),
+                            "FAKE_SPACES_DIR": str(spaces.base_dir)})
+
+
+def journal(tmp: Path, name: str) -> list[dict]:
+    path = tmp / name / "journal.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def serve(store: CoordinatorStore, spaces: LocalSpaces, config: CoordinatorConfig = FAST,
+          timeout: float = 60.0) -> Coordinator:
+    """A coordinator in a thread until every session ended (or ``timeout``: a failure)."""
+    coordinator = Coordinator(store, spaces, config=config, id="test")
+    stop = threading.Event()
+    thread = threading.Thread(target=coordinator.serve, args=(stop,),
+                              kwargs={"until_idle": True})
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        stop.set()
+        thread.join()
+        pytest.fail(f"sessions did not end within {timeout} s: "
+                    f"{[(r.name, r.state, r.reason) for r in store.sessions()]}")
+    return coordinator
+
+
+def kinds(store: CoordinatorStore, name: str) -> list[str]:
+    return [e.kind for e in store.events(name)]
+
+
+@pytest.fixture
+def spaces(local_spaces: LocalSpaces) -> LocalSpaces:
+    return local_spaces
+
+
+def test_exit_codes_decide_what_comes_next(store: CoordinatorStore, spaces: LocalSpaces,
+                                           tmp_path: Path) -> None:
+    store.submit(fake("s", tmp_path, spaces, [{"exit": 1}, {"exit": 75}, {"exit": 0}]), 0.0)
+    store.submit(fake("p", tmp_path, spaces, [{"exit": 78}], space="ws2"), 0.0)
+    serve(store, spaces)
+    s, p = store.get("s"), store.get("p")
+    assert (s.state, s.reason, s.attempts, s.last_exit) == ("done", "finished", 3, 0)
+    epochs = [e["epoch"] for e in journal(tmp_path, "s") if e["event"] == "start"]
+    assert epochs == [1, 2, 3]  # each drive above the last; the fenced one ignored
+    backoffs = [e.data for e in store.events("s") if e.kind == "backoff"]
+    assert [b["crashes"] for b in backoffs] == [1, 1]  # a fenced exit is no crash
+    assert (p.state, p.attempts) == ("failed", 1) and "permanent" in p.reason, p
+    assert store.lease("ws").session is None and store.lease("ws2").session is None
+
+
+def test_backoff_doubles_and_the_attempt_cap_ends_the_session(
+        store: CoordinatorStore, spaces: LocalSpaces, tmp_path: Path) -> None:
+    store.submit(fake("s", tmp_path, spaces, [{"exit": 3}]), 0.0)
+    config = CoordinatorConfig(backoff=Backoff(0.3, 2.0, 10.0), max_attempts=3,
+                               stall_secs=5.0, heartbeat_secs=0.2, poll_secs=0.05)
+    serve(store, spaces, config)
+    rec = store.get("s")
+    assert rec.state == "failed" and rec.attempts == 3, rec
+    assert rec.reason.startswith("gave up after 3 drives; the last: crashed (exit 3)"), rec
+    starts = [e["t"] for e in journal(tmp_path, "s") if e["event"] == "start"]
+    ends = [e["t"] for e in journal(tmp_path, "s") if e["event"] == "end"]
+    gaps = [b - a for a, b in zip(ends, starts[1:], strict=False)]
+    assert len(starts) == 3 and gaps[0] >= 0.3 and gaps[1] >= 0.6, gaps
+    assert [e.data["delay"] for e in store.events("s") if e.kind == "backoff"] == [0.3, 0.6]
+
+
+def test_a_silent_driver_is_replaced_and_a_busy_one_kept(store: CoordinatorStore,
+                                                         spaces: LocalSpaces,
+                                                         tmp_path: Path) -> None:
+    store.submit(fake("silent", tmp_path, spaces,
+                      [{"sleep": 60, "heartbeat": False}, {"exit": 0}]), 0.0)
+    store.submit(fake("busy", tmp_path, spaces, [{"sleep": 2.5, "exit": 0}], space="ws2"),
+                 0.0)
+    config = CoordinatorConfig(backoff=Backoff(0.0), stall_secs=1.0, heartbeat_secs=0.2,
+                               poll_secs=0.05)
+    t0 = time.time()
+    serve(store, spaces, config)
+    assert time.time() - t0 < 30
+    silent = store.get("silent")
+    assert (silent.state, silent.attempts) == ("done", 2)
+    assert "stalled" in kinds(store, "silent")
+    first = journal(tmp_path, "silent")[0]
+    assert first["event"] == "start" and not psutil.pid_exists(first["pid"])
+    assert [e["event"] for e in journal(tmp_path, "silent")] == ["start", "start", "end"]
+    busy = store.get("busy")
+    assert (busy.state, busy.attempts) == ("done", 1) and "stalled" not in kinds(store, "busy")
+
+
+def test_the_space_is_checked_before_each_drive(store: CoordinatorStore, spaces: LocalSpaces,
+                                                tmp_path: Path) -> None:
+    """Never made: placed. Removed right after a crash: noticed before the next drive and
+    placed again. Checkpoint mode without a store: nothing holds its state, failed."""
+    store.submit(fake("s", tmp_path, spaces, [{"delete_space": True, "exit": 1}, {"exit": 0}]),
+                 0.0)
+    store.submit(fake("c", tmp_path, spaces, [{"delete_space": True, "exit": 1}, {"exit": 0}],
+                      space="ws2", mode="checkpoint", store=False), 0.0)
+    serve(store, spaces)
+    s = store.get("s")
+    assert s.state == "done" and s.attempts == 2
+    k = kinds(store, "s")
+    assert k.index("space_placed") < k.index("drive")
+    second = [i for i, x in enumerate(k) if x == "drive"][1]
+    assert k.index("space_gone") < k.index("space_placed", k.index("space_gone")) < second
+    assert spaces.exists("ws")
+    c = store.get("c")
+    assert (c.state, c.attempts) == ("failed", 1), c
+    assert "use a CheckpointStore or mode transactional" in c.reason
+    assert not spaces.exists("ws2")
+
+
+def test_the_epoch_is_above_the_spaces_floor_and_the_lease_token(
+        store: CoordinatorStore, spaces: LocalSpaces, tmp_path: Path) -> None:
+    spaces.create("ws")
+    spaces.connect("ws", epoch=7).advance_epoch(7)
+    store.acquire_lease("ws2", "earlier", 0.0, 0.001)  # tokens 1..4 of ws2 went before
+    for _ in range(3):
+        store.acquire_lease("ws2", "earlier", 10.0 + _, 0.001)
+    store.submit(fake("s", tmp_path, spaces, [{"exit": 1}, {"exit": 0}]), 100.0)
+    store.submit(fake("t", tmp_path, spaces, [{"exit": 0}], space="ws2"), 100.0)
+    serve(store, spaces)
+    drives = [e.data for e in store.events("s") if e.kind == "drive"]
+    assert [(d["epoch"], d["floor"]) for d in drives] == [(8, 7), (9, 7)]
+    (t,) = [e.data for e in store.events("t") if e.kind == "drive"]
+    assert (t["token"], t["epoch"]) == (5, 5)  # max(previous + 1, lease token)
+
+
+def test_a_second_session_for_a_space_waits_and_starts_when_the_first_ends(
+        store: CoordinatorStore, spaces: LocalSpaces, tmp_path: Path) -> None:
+    store.submit(fake("first", tmp_path, spaces, [{"sleep": 1.0, "exit": 0}]), 0.0)
+    store.submit(fake("second", tmp_path, spaces, [{"exit": 0}]), 1.0)
+    serve(store, spaces)
+    assert store.get("first").state == store.get("second").state == "done"
+    held = [e for e in store.events("second") if e.kind == "held"]
+    assert held and held[0].data["holder"] == "first"
+    first_end = journal(tmp_path, "first")[-1]["t"]
+    second_start = journal(tmp_path, "second")[0]["t"]
+    assert 0 < second_start - first_end < 5.0, second_start - first_end
+    tokens = {n: store.get(n).lease_token for n in ("first", "second")}
+    assert tokens == {"first": 1, "second": 2}
+    assert journal(tmp_path, "second")[0]["epoch"] > journal(tmp_path, "first")[0]["epoch"]
+
+
+def test_cancel_kills_the_driver_and_ends_the_session(store: CoordinatorStore,
+                                                      spaces: LocalSpaces,
+                                                      tmp_path: Path) -> None:
+    store.submit(fake("s", tmp_path, spaces, [{"sleep": 60}]), 0.0)
+    threading.Timer(1.0, lambda: store.cancel("s", time.time())).start()
+    config = CoordinatorConfig(backoff=Backoff(0.0), stall_secs=30.0, heartbeat_secs=0.2,
+                               poll_secs=0.05, claim_secs=0.6)
+    serve(store, spaces, config)
+    rec = store.get("s")
+    assert (rec.state, rec.reason) == ("failed", "cancelled")
+    assert not psutil.pid_exists(journal(tmp_path, "s")[0]["pid"])
+
+
+# ---------------------------------------------------------------- the coordinator as a process
+
+
+class CoordinatorProcess:
+    """``python -m durable.coordinator serve`` on the test's store, ended by its pid."""
+
+    def __init__(self, url: str, spaces: LocalSpaces, tmp: Path, ident: str,
+                 *extra: str) -> None:
+        self.log = tmp / f"coordinator-{ident}-{time.monotonic_ns()}.log"
+        argv = [sys.executable, "-m", "durable.coordinator", "--store", url, "serve",
+                "--spaces", "backends.local:LocalSpaces",
+                "--spaces-arg", f"base_dir={spaces.base_dir}", "--id", ident,
+                "--poll-secs", "0.05", "--heartbeat-secs", "0.2", "--stall-secs", "10",
+                *extra]
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@pytest.fixture
+def procs() -> Iterator[list[CoordinatorProcess]]:
+    started: list[CoordinatorProcess] = []
+    yield started
+    for p in started:
+        p.kill()
+
+
+def wait_for(what: str, cond, timeout: float = 30.0) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.05)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def test_a_coordinator_sigkilled_in_a_backoff_restarts_from_its_store(
+        url: str, store: CoordinatorStore, spaces: LocalSpaces, tmp_path: Path,
+        procs: list[CoordinatorProcess]) -> None:
+    store.submit(fake("s", tmp_path, spaces, [{"exit": 1}, {"exit": 0}]), time.time())
+    procs.append(CoordinatorProcess(url, spaces, tmp_path, "c1", "--backoff", "2"))
+    wait_for("the backoff", lambda: store.get("s").state == "backoff")
+    procs[-1].kill()
+    procs.append(CoordinatorProcess(url, spaces, tmp_path, "c1", "--backoff", "2",
+                                    "--until-idle"))
+    assert procs[-1].proc.wait(timeout=60) == 0, procs[-1].log.read_text()
+    rec = store.get("s")
+    assert (rec.state, rec.attempts) == ("done", 2)
+    starts = [e for e in journal(tmp_path, "s") if e["event"] == "start"]
+    assert [e["epoch"] for e in starts] == [1, 2]  # no epoch launched twice
+    launched = [e.data["epoch"] for e in store.events("s") if e.kind == "launched"]
+    assert launched == [1, 2]
+
+
+def test_a_coordinator_sigkilled_mid_drive_takes_its_driver_with_it(
+        url: str, store: CoordinatorStore, spaces: LocalSpaces, tmp_path: Path,
+        procs: list[CoordinatorProcess]) -> None:
+    """The driver dies with the coordinator; another coordinator takes the session over
+    when the claim expires and drives it at a newer epoch: never two live drivers."""
+    store.submit(fake("s", tmp_path, spaces, [{"sleep": 60}, {"exit": 0}]), time.time())
+    procs.append(CoordinatorProcess(url, spaces, tmp_path, "c1", "--claim-secs", "1.5"))
+    wait_for("the first driver", lambda: len(journal(tmp_path, "s")) == 1)
+    driver = journal(tmp_path, "s")[0]["pid"]
+    procs[-1].kill()
+    wait_for("the driver to die with its coordinator", lambda: not psutil.pid_exists(driver)
+             or psutil.Process(driver).status() == psutil.STATUS_ZOMBIE, timeout=10)
+    procs.append(CoordinatorProcess(url, spaces, tmp_path, "c2", "--claim-secs", "1.5",
+                                    "--until-idle"))
+    assert procs[-1].proc.wait(timeout=60) == 0, procs[-1].log.read_text()
+    rec = store.get("s")
+    assert (rec.state, rec.attempts) == ("done", 2)
+    starts = [e["epoch"] for e in journal(tmp_path, "s") if e["event"] == "start"]
+    assert starts == [1, 2]
+    claims = [e.data for e in store.events("s") if e.kind == "claimed"]
+    assert claims[-1]["coordinator"] == "c2" and claims[-1]["from_owner"] == "c1"
+
+
+def test_two_coordinators_on_one_postgresql_store_never_drive_a_session_twice(
+        spaces: LocalSpaces, tmp_path: Path, procs: list[CoordinatorProcess],
+        request: pytest.FixtureRequest) -> None:
+    url = store_url("postgresql", tmp_path, request)
+    store = open_store(url)
+    names = [f"s{i}" for i in range(6)]
+    for n in names:
+        store.submit(fake(n, tmp_path, spaces, [{"sleep": 0.3, "exit": 1},
+                                                {"sleep": 0.3, "exit": 0}], space=f"ws-{n}"),
+                     time.time())
+    for ident in ("a", "b"):
+        procs.append(CoordinatorProcess(url, spaces, tmp_path, ident, "--backoff", "0",
+                                        "--claim-secs", "2", "--max-drives", "2"))
+    wait_for("a few drives", lambda: sum(len(journal(tmp_path, n)) for n in names) >= 6)
+    procs[0].kill()  # a dies mid-campaign: its drivers with it; b takes its sessions over
+    a_died = time.time()
+    wait_for("every session", lambda: all(r.ended for r in store.sessions()), timeout=90)
+    for n in names:
+        rec = store.get(n)
+        assert rec.state == "done", rec
+        by = {e.data["pid"]: e.data["coordinator"] for e in store.events(n)
+              if e.kind == "launched"}
+        starts = {e["pid"]: e for e in journal(tmp_path, n) if e["event"] == "start"}
+        ends = {e["pid"]: e["t"] for e in journal(tmp_path, n) if e["event"] == "end"}
+        lives = []
+        for pid, start in starts.items():
+            if pid not in ends:  # killed with coordinator a (it was a's driver)
+                assert by[pid] == "a" and not psutil.pid_exists(pid), (n, pid)
+            lives.append((start["t"], ends.get(pid, a_died), start["epoch"]))
+        lives.sort()
+        for (_, end, _), (start, _, _) in zip(lives, lives[1:], strict=False):
+            assert start >= end, (n, lives)  # no two drivers of a session alive at once
+        epochs = [e for _, _, e in lives]
+        assert epochs == sorted(set(epochs)), (n, epochs)  # every epoch once, growing
+    drivers = {e.data["coordinator"] for e in store.events() if e.kind == "launched"}
+    assert drivers == {"a", "b"}
+    store.close()
