@@ -24,12 +24,13 @@ from .records import ResultsDir
 from .run_pool import LocalPool, RunPool
 from .run_spec import RunSpec
 from .space_providers import make_spaces
-from .summary import cells_hit, summarize, summary_line
+from .summary import cells_hit, redrive_table, summarize, summary_line
 
-MODES = ("transactional", "checkpoint", "auto", "stale", "exhaustive")
+MODES = ("transactional", "checkpoint", "auto", "stale", "exhaustive", "redrive")
 DEFAULT_PRESET = {"auto": "auto", "exhaustive": "small"}
 DEFAULT_DURABLE = {"transactional": "transactional", "checkpoint": "checkpoint",
-                   "auto": "auto", "stale": "auto", "exhaustive": "checkpoint"}
+                   "auto": "auto", "stale": "auto", "exhaustive": "checkpoint",
+                   "redrive": "checkpoint"}
 EXIT = {"valid": 0, "invalid": 1, "unknown": 2, "interrupted": 130}
 #: How long an interrupted campaign waits for its running runs to end their drivers and
 #: delete their Spaces.
@@ -86,6 +87,18 @@ class CampaignConfig:
     #: Run on a Dask cluster: a scheduler's address (``tcp://HOST:8786``, ``tls://...``)
     #: or ``local:N`` (a cluster of N workers on this machine); None: ``jobs`` threads here.
     cluster: str | None = None
+    #: Redrive mode only: one kind for every run (``chaos.redrive.KINDS``); None: by seed.
+    redrive_kind: str | None = None
+    #: Redrive mode only: a PostgreSQL server for the runs' coordinator stores
+    #: (``postgresql://...``, a schema per run); None: SQLite in each run's directory.
+    store: str | None = None
+    #: Redrive mode only: coordinators per run sharing its store (default: 2 with a
+    #: PostgreSQL store, else 1).
+    coordinators: int | None = None
+
+    @property
+    def coordinator_count(self) -> int:
+        return self.coordinators or (2 if self.store else 1)
 
     def in_shard(self, index: int) -> bool:
         return self.shard is None or index % self.shard[1] == self.shard[0] - 1
@@ -108,7 +121,22 @@ class CampaignConfig:
         d["plans"] = [{"plan": p.plan.to_json(), "preset": p.preset} for p in self.plans]
         d["preset"] = self.preset_name
         d["durable_mode"] = self.adapter_mode
+        d["store"] = redacted(self.store)
+        d["coordinators"] = self.coordinator_count
         return d
+
+
+def redacted(url: str | None) -> str | None:
+    """``url`` without its password (campaign.json is shared; the password is not)."""
+    if url is None:
+        return None
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username}:***@{parts.hostname}{f':{parts.port}' if parts.port else ''}"
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def repro_command(results: Path, index: int) -> str:
@@ -157,7 +185,8 @@ def _specs(cfg: CampaignConfig, work: Path, pool: RunPool
     base = RunSpec(index=0, seed=cfg.seed_base, campaign_mode=cfg.mode,
                    durable_mode=cfg.adapter_mode, backend=cfg.backend, preset=cfg.preset_name,
                    steps=cfg.steps, work_dir=work, keep=cfg.keep, driver=cfg.driver,
-                   stale_kind=cfg.stale_kind)
+                   stale_kind=cfg.stale_kind, redrive_kind=cfg.redrive_kind,
+                   redrive_store=cfg.store, coordinators=cfg.coordinator_count)
     if cfg.mode != "exhaustive":
         drawn = 0 if cfg.plans and cfg.runs is None else cfg.runs or DEFAULT_RUNS
         seeds = cfg.seeds or range(cfg.seed_base, cfg.seed_base + drawn)
@@ -279,6 +308,9 @@ def publish(cfg: CampaignConfig, results: ResultsDir, records: list[dict[str, An
         print(f"cells not reached ({len(missed)}; mode, decision, tool, cause):", file=out)
         for cell in missed:
             print(f"  {' '.join(cell)}", file=out)
+    if cfg.mode == "redrive":
+        for line in redrive_table(records):
+            print(line, file=out)
     if interrupted:
         summary["verdict"] = "interrupted"  # of what ran: the finished runs' records
     results.write_json("summary.json", summary)

@@ -85,6 +85,13 @@ class Observation:
     #: Keys an earlier log of the same session started in the Space before this log's
     #: first driver (stale mode's foreign kind): not this log's calls.
     foreign_keys: list[str] = field(default_factory=list)
+    #: Redrive mode: what the coordinator did and what was done to it (``chaos.redrive``'s
+    #: facts: its sessions and events, the Space losses, the coordinator's kills, the lease
+    #: probes), for G6; None in every other mode.
+    coordinator: dict[str, Any] | None = None
+    #: A redrive race's second session on the same Space: ``{"scenario": how its agent is
+    #: drawn, "observation": its Observation as JSON}``; checked in full after the first.
+    second: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -124,7 +131,24 @@ def merge(verdicts: list[Valid]) -> Valid:
 
 
 def check(scenario: Scenario, obs: Observation, *, campaign_mode: str) -> Verdict:
-    """Run every check; see ``chaos.checks``."""
+    """Run every check; see ``chaos.checks``. A redrive race's second session (``second``)
+    ran on the first's Space after it: it is checked in full from the state the first
+    session's log implies, and the first's workspace check (G1) is left to it (the Space
+    holds both sessions' changes; the second's G1 sees a wrong first state too)."""
     from .checks import run_checks
 
-    return run_checks(scenario, obs, campaign_mode)
+    if obs.second is None:
+        return run_checks(scenario, obs, campaign_mode)
+    from dataclasses import replace
+
+    from .checks.implied import implied
+    from .redrive import second_scenario
+
+    first = run_checks(scenario, obs, campaign_mode, skip=("G1",))
+    after_first = implied(scenario, obs.calls).workspace
+    scenario_b = replace(second_scenario(obs.second["scenario"]), initial=after_first)
+    second = run_checks(scenario_b, Observation.from_json(obs.second["observation"]),
+                        campaign_mode)
+    checks = first.checks + [c for c in second.checks if c not in first.checks]
+    return Verdict(merge([first.valid, second.valid]),
+                   first.errors + [f"second session: {e}" for e in second.errors], checks)

@@ -182,6 +182,9 @@ SLICES: tuple[Slice, ...] = (
     Slice("stale-detached", "an older driver overtaken while its command left a writer in a "
           "session of its own: the newer driver's fence must kill the writer too",
           {"mode": "stale", "stale_kind": "detached", "runs": 20}, waits=4),
+    Slice("redrive", "the coordinator drives the session through driver kills, Spaces lost "
+          "after a kill and under a live driver, its own SIGKILL in a backoff, and a race of "
+          "two sessions for one Space", {"mode": "redrive", "runs": 10}),
     Slice("exhaustive-daemon", "a fault at every point inside the daemon and the shims "
           "(each command of the ci-commands agent), then one during recovery",
           {"mode": "exhaustive", "durable_mode": "checkpoint", **COMMANDS,

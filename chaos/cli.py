@@ -37,6 +37,7 @@ from .merge import merge
 from .repro import analyze, repro, shrink
 from .run_args import DURABLE_MODES, campaign_config
 from .space_providers import BACKENDS
+from .redrive import KINDS as REDRIVE_KINDS
 from .stale import KINDS
 
 EXIT_INTERRUPTED = EXIT["interrupted"]
@@ -62,6 +63,9 @@ def _one_run(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int)
     p.add_argument("--durable-mode", choices=DURABLE_MODES)
     p.add_argument("--stale-kind", choices=KINDS, default="race")
+    p.add_argument("--redrive-kind", choices=REDRIVE_KINDS, default=None)
+    p.add_argument("--store", default=None, metavar="URL",
+                   help="redrive: a PostgreSQL server for the coordinator store")
     return p
 
 
@@ -93,6 +97,17 @@ def build_parser() -> argparse.ArgumentParser:
                      help="stale mode: an older driver of the session (race), the same race "
                           "while a command that left a detached writer runs (detached), or "
                           "a second session on the same Spaces provider (foreign)")
+    run.add_argument("--redrive-kind", choices=REDRIVE_KINDS,
+                     default=os.environ.get("CRASH_REDRIVE_KIND") or None,
+                     help="redrive mode: only this kind of run (default: each run's kind by "
+                          "its seed)")
+    run.add_argument("--store", default=os.environ.get("CRASH_STORE") or None,
+                     metavar="URL", help="redrive mode: a PostgreSQL server for the runs' "
+                     "coordinator stores (postgresql://user:password@host:port/db; a schema "
+                     "per run); default: SQLite in each run's directory")
+    run.add_argument("--coordinators", type=int, default=None,
+                     help="redrive mode: coordinators sharing each run's store (default: 2 "
+                          "with --store, else 1)")
     run.add_argument("--stop-on-failure", action="store_true",
                      help="start no more runs once one failed")
     run.add_argument("--shard", default=os.environ.get("CRASH_SHARD") or None,

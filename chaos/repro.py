@@ -29,10 +29,14 @@ def _brief(fault: Fault) -> str:
     return f"{fault.action}@{fault.point or fault.delay}"
 
 
-def stored_spec(results_dir: Path, index: int | None) -> RunSpec:
+def stored_spec(results_dir: Path, index: int | None, store_url: str | None = None) -> RunSpec:
     if index is None:
         raise BadArguments("repro RESULTS needs --run N (the run index from the failure line)")
     results = ResultsDir.open(results_dir)
+    campaign = results.read_json("campaign.json")
+    # The campaign's PostgreSQL server is not in campaign.json with its password: a repro
+    # takes it from --store again, else the run keeps a SQLite store of its own.
+    store = store_url
     record = next((r for r in results.runs() if r["index"] == index), None)
     if record is None:
         raise BadArguments(f"{results_dir} has no run {index}")
@@ -41,8 +45,10 @@ def stored_spec(results_dir: Path, index: int | None) -> RunSpec:
                    backend=record["backend"], preset=record["preset"], steps=record["steps"],
                    work_dir=results.path / "repro", plan=FaultPlan.from_json(record["plan"]),
                    keep=True,
-                   driver=results.read_json("campaign.json").get("driver", "chaos.driver"),
-                   stale_kind=record.get("stale_kind") or "race")
+                   driver=campaign.get("driver", "chaos.driver"),
+                   stale_kind=record.get("stale_kind") or "race",
+                   redrive_kind=campaign.get("redrive_kind"), redrive_store=store,
+                   coordinators=campaign.get("coordinators") or 1 if store else 1)
 
 
 def drawn_spec(args: argparse.Namespace) -> RunSpec:
@@ -51,18 +57,21 @@ def drawn_spec(args: argparse.Namespace) -> RunSpec:
     if args.mode == "exhaustive":
         raise BadArguments("exhaustive plans are not drawn from a seed; use RESULTS --run N")
     cfg = CampaignConfig(mode=args.mode, backend=args.backend, preset=args.preset,
-                         durable_mode=args.durable_mode, stale_kind=args.stale_kind)
+                         durable_mode=args.durable_mode, stale_kind=args.stale_kind,
+                         store=args.store)
     return RunSpec(index=0, seed=args.seed, campaign_mode=args.mode,
                    durable_mode=cfg.adapter_mode, backend=args.backend,
                    preset=cfg.preset_name, steps=args.steps,
-                   work_dir=Path("results") / "repro", keep=True, stale_kind=args.stale_kind)
+                   work_dir=Path("results") / "repro", keep=True, stale_kind=args.stale_kind,
+                   redrive_kind=args.redrive_kind, redrive_store=args.store,
+                   coordinators=cfg.coordinator_count)
 
 
 def repro(args: argparse.Namespace) -> int:
     if args.plan is not None:
         spec = spec_of_shrunk(args.plan, args.plan.parent / "repro")
     elif args.results is not None:
-        spec = stored_spec(args.results, args.run)
+        spec = stored_spec(args.results, args.run, args.store)
     else:
         spec = drawn_spec(args)
     record = Run(spec).execute()
@@ -81,7 +90,7 @@ def shrink(args: argparse.Namespace) -> int:
     if args.jobs < 1 or args.tries < 1 or args.confirm < 1:
         raise BadArguments("--jobs, --tries and --confirm must be at least 1")
     if args.results is not None:
-        spec = stored_spec(args.results, args.run)
+        spec = stored_spec(args.results, args.run, args.store)
         results = ResultsDir.open(args.results)
         record = next(r for r in results.runs() if r["index"] == args.run)
         kept = Path(record["run_dir"]) if record.get("run_dir") else None

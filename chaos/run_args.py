@@ -74,6 +74,21 @@ def parse_shard(text: str | None) -> tuple[int, int] | None:
     return shard
 
 
+def _store(args: argparse.Namespace) -> str | None:
+    if args.store is None:
+        return None
+    if args.mode != "redrive":
+        raise BadArguments(f"--store is for --mode redrive (the coordinator's store), not "
+                           f"{args.mode}")
+    if not args.store.startswith(("postgresql://", "postgres://")):
+        raise BadArguments(f"--store {args.store!r}: pass a PostgreSQL server "
+                           "(postgresql://user:password@host:port/db); without --store each "
+                           "run keeps a SQLite store of its own")
+    if args.coordinators is not None and not 1 <= args.coordinators <= 8:
+        raise BadArguments(f"--coordinators is from 1 to 8, got {args.coordinators}")
+    return str(args.store)
+
+
 def campaign_config(args: argparse.Namespace) -> CampaignConfig:
     """The campaign ``chaos run`` asks for; ``BadArguments`` when it cannot run."""
     if args.mode is None:
@@ -104,6 +119,8 @@ def campaign_config(args: argparse.Namespace) -> CampaignConfig:
                          points=tuple(p for p in args.points.split(",") if p),
                          pairs=args.pairs, stop_on_failure=args.stop_on_failure,
                          stale_kind=args.stale_kind, shard=parse_shard(args.shard),
+                         redrive_kind=args.redrive_kind, store=_store(args),
+                         coordinators=args.coordinators,
                          cluster=None if args.cluster is None else check_address(args.cluster))
     unknown = sorted(set(cfg.points) - set(ALL_POINTS))
     if unknown:

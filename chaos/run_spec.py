@@ -25,6 +25,13 @@ class RunSpec:
     driver: str = "chaos.driver"
     #: Stale mode's kind (``stale.KINDS``).
     stale_kind: str = "race"
+    #: Redrive mode's kind (``redrive.KINDS``); None: drawn from the seed.
+    redrive_kind: str | None = None
+    #: Redrive mode: the PostgreSQL server of the coordinator stores (a schema per run);
+    #: None: a SQLite store in each run's directory.
+    redrive_store: str | None = None
+    #: Redrive mode: coordinators sharing the run's store.
+    coordinators: int = 1
     #: Only these steps of the scenario (their indices), for a shrunk run; None: all.
     keep_steps: tuple[int, ...] | None = None
     #: Steps (indices, among those kept) replaced by the simplest step, a write of their

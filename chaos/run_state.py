@@ -36,7 +36,7 @@ from .processes import OwnedProcess
 
 #: The counts of a run record, in the order records have always had them.
 COUNTS = ("kills", "daemon_kills", "space_restarts", "lost_spaces", "process_kills", "fenced",
-          "timeouts", "attempts", "foreign")
+          "timeouts", "attempts", "foreign", "drives", "refused_tokens", "coordinator_kills")
 
 
 class RunState:
@@ -80,9 +80,9 @@ class RunState:
         with self._lock:
             return sorted(self._history, key=lambda op: op["time"])
 
-    def count(self, key: str) -> None:
+    def count(self, key: str, n: int = 1) -> None:
         with self._lock:
-            self._counts[key] += 1
+            self._counts[key] = self._counts.get(key, 0) + n
 
     def counts(self) -> dict[str, int]:
         with self._lock:

@@ -39,11 +39,12 @@ from .checker import Observation, Verdict, check
 from .driver import SPACE_PREFIX
 from .fault_kinds import FaultNemesis
 from .fault_schedule import FaultSchedule
-from .faults import FaultPlan, draw_plan
+from .faults import FaultPlan, draw_plan, reachable_points
 from .holds import Holds
 from .launch import OtherSession, driver_argv, driver_env
 from .nemesis import NoopNemesis, Target, ValidatingNemesis
 from .observe import agent_history, observe
+from .redrive import DriverTracker, draw_redrive_plan, keys_of, kind_of, observe_second, run_redrive
 from .processes import OwnedProcess
 from .rendezvous import Rendezvous
 from .run_record import RunRecord
@@ -74,15 +75,19 @@ class Run:
         self.preset = load(spec.preset)
         self.scenario: Scenario = generate(spec.seed, self.preset, steps=spec.steps,
                                            keep=spec.keep_steps, simple=spec.simple_steps)
-        self.plan = spec.plan or (FaultPlan(spec.seed, ()) if spec.campaign_mode == "stale"
-                                  else draw_plan(spec.seed, self.scenario, spec.durable_mode,
-                                                 long_seconds=self.preset.long_seconds))
+        self.plan = spec.plan or self._draw_plan()
         self.state = RunState()
         self.scope = AttemptScope(note)
         self.holds = Holds()
         self.nemesis = ValidatingNemesis(FaultNemesis() if self.plan.faults else NoopNemesis(),
                                          self.plan, self.state)
         self.schedule = FaultSchedule(self.plan, self.nemesis, self.state, self.holds)
+        #: The rendezvous's handler: the schedule's, or in redrive mode the tracker that
+        #: tells the coordinator's drivers apart first.
+        self.on_hit = (DriverTracker(self).on_hit if spec.campaign_mode == "redrive"
+                       else self.schedule.on_hit)
+        #: Redrive mode: what the coordinator did (``chaos.redrive.Redrive.facts``).
+        self.redrive: dict[str, Any] | None = None
         self.note = note
         #: The newest epoch launched for the run's session.
         self.epoch = 0
@@ -97,6 +102,20 @@ class Run:
         #: Unix time before which the run is not observed (a leftover writer's time).
         self.settle_at = 0.0
         self._fired_at_launch = 0
+
+    def _draw_plan(self) -> FaultPlan:
+        spec = self.spec
+        if spec.campaign_mode == "stale":
+            return FaultPlan(spec.seed, ())
+        if spec.campaign_mode == "redrive":
+            return draw_redrive_plan(spec.seed, kind_of(spec.seed, spec.redrive_kind),
+                                     reachable_points(self.scenario, spec.durable_mode))
+        return draw_plan(spec.seed, self.scenario, spec.durable_mode,
+                         long_seconds=self.preset.long_seconds)
+
+    def note_launch(self) -> None:
+        """A driver of the session was launched: faults fired from now on are its."""
+        self._fired_at_launch = len(self.state.fired())
 
     def abort(self) -> None:
         """End the run now (the campaign was interrupted): no driver is launched any more,
@@ -147,7 +166,7 @@ class Run:
         for good; the last one's exit code."""
         code: int | None = None
         for attempt in range(1, self.plan.max_attempts + 1):
-            self._fired_at_launch = len(self.state.fired())
+            self.note_launch()
             with self.scope.attempt_timers() as timers:
                 driver = self.launch(attempt, failpoints)
                 self.schedule.arm(timers, attempt, driver)
@@ -179,7 +198,7 @@ class Run:
         t_done: float | None = None
         try:
             # Leaving the scope reaps every faulted driver before the channel closes.
-            with Rendezvous(os.path.join(sock_dir, "fp.sock"), self.schedule.on_hit,
+            with Rendezvous(os.path.join(sock_dir, "fp.sock"), self.on_hit,
                             shared=spec.backend == "docker") as rv, self.holds, self.scope:
                 final_exit = self._under_faults(rv)
             hits = rv.counts()
@@ -226,6 +245,8 @@ class Run:
         seed_space(self.spaces, self.space, self.scenario)
         if self.spec.campaign_mode == "stale":
             return run_kind(self, rv)
+        if self.spec.campaign_mode == "redrive":
+            return run_redrive(self, rv)
         return self._attempts(rv.address)
 
     def _observe(self, final_exit: int | None
@@ -233,11 +254,16 @@ class Run:
         """Phase 4: the observation, the recovery events, and the verdict (``unknown`` at
         best when the nemesis failed: a planned fault may not have happened)."""
         assert self.spaces is not None
+        second = self.redrive.get("second") if self.redrive else None
+        if second:  # the race's second session's keys in the Space are not this log's
+            self.foreign_keys = keys_of(self, session_token(second))
         obs, events = observe(self.dir, self.spaces, self.space,
                               session=session_token(self.session), epoch=self.epoch,
                               final_exit=final_exit, final_done=final_exit == EXIT_OK,
                               ledgers=self.state.ledgers(), stale_error=self.stale_error,
                               foreign_keys=self.foreign_keys)
+        obs.coordinator = self.redrive
+        obs.second = observe_second(self)
         verdict = check(self.scenario, obs, campaign_mode=self.spec.campaign_mode)
         errors = self.state.errors()
         if errors:

@@ -74,3 +74,10 @@ def make_spaces(backend: str, run_dir: Path, *,
         raise BackendUnavailable(
             "the microvm backend is not built yet; use --backend local or docker")
     raise BackendUnavailable(f"unknown backend {backend!r}; use one of {BACKENDS}")
+
+
+def coordinator_spaces(backend: str, run_dir: str, failpoints: str = "") -> CampaignSpaces:
+    """The provider a redrive run's coordinator places Spaces with (``python -m
+    durable.coordinator serve --spaces chaos.space_providers:coordinator_spaces``): the
+    run's, its daemons reporting to the run's failpoint channel."""
+    return make_spaces(backend, Path(run_dir), failpoints=failpoints or None)

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..errors import HaltError, SpaceUnavailable, StaleEpochError
+from ..errors import HaltError, SpaceNotFound, SpaceUnavailable, StaleEpochError
 from ..fence_contract import Fence
 from ..log import Log
 from ..spaces import SpaceClient, Spaces
@@ -121,11 +121,16 @@ class DurableSpaces:
         try:
             try:
                 return self.runner.run(tool, args, ctx)
-            except SpaceUnavailable:
+            except (SpaceUnavailable, SpaceNotFound):
                 # The Space's daemon went away mid-call (killed, restarted, or the Space was
-                # deleted). Wait for it, then recover this call in-process exactly as a new
-                # driver would: a command that survived the daemon is reattached.
-                self.space.wait_for(ctx.conversation)
+                # deleted). A daemon that comes back: recover this call in-process exactly
+                # as a new driver would (a command that survived the daemon is reattached).
+                # A Space that is gone: halt, never a tool error. Placing Spaces is the
+                # coordinator's: the next drive resumes on the one it places.
+                if not self.space.wait_for(ctx.conversation):
+                    raise HaltError(f"the Space {self.space.name(ctx.conversation)} is gone "
+                                    f"(during call {ctx.call_id}); the next drive resumes on "
+                                    "a new one", permanent=False) from None
                 return self.recovery.recover(tool, args, ctx, replay)
         except StaleEpochError as exc:
             self.space.stale(exc)

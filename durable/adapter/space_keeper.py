@@ -110,19 +110,19 @@ class SpaceKeeper:
             self.image.catch_up(log, conversation)
             return handle
 
-    def wait_for(self, conversation: int, timeout: float = 30.0) -> None:
-        """Block until the conversation's Space answers again or is known to be gone (the
-        next ``ensure`` reconnects or rebuilds it)."""
+    def wait_for(self, conversation: int, timeout: float = 30.0) -> bool:
+        """Block until the conversation's Space answers again (True) or is known to be gone
+        (False); the next ``ensure`` reconnects to it."""
         name = self.name(conversation)
         with self._lock:
             self._handles.pop(conversation, None)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if not self.spaces.exists(name):
-                return
+                return False
             try:
                 self.spaces.connect(name, epoch=self.epoch).health()
-                return
+                return True
             except SpaceError:
                 time.sleep(0.2)
         raise SpaceUnavailable(f"Space {name} did not come back within {timeout:.0f} s")

@@ -195,6 +195,31 @@ MUTANTS: tuple[Mutant, ...] = (
         "the epoch fence kills an older command's process group but not what it left in a "
         "session of its own, which writes into the workspace after the fence",
         "stale-detached", "G1", "a setsid writer of a command the newer driver fenced"),
+    # ---------------------------------------------------------------- the coordinator
+    Mutant(
+        "coordinator-skips-the-space-check", "durable/coordinator/coordinator.py",
+        (("        if self.spaces.exists(space):\n            if rec.placed:",
+          "        if True:\n            if rec.placed:"),),
+        "the coordinator launches each drive without asking whether the session's Space "
+        "still exists, so a Space removed under a host that is up is found by a driver",
+        "redrive", "G6", "a Space lost after a kill, or under a live driver"),
+    Mutant(
+        "vanished-space-is-a-tool-error", "durable/adapter/facade.py",
+        ((("                    raise HaltError(f\"the Space {self.space.name(ctx.conversation)} "
+           "is gone \"\n"),
+          "                    return ToolResult(\"Error: the Space is gone\", is_error=True)\n"
+          "                    raise HaltError(f\"the Space {self.space.name(ctx.conversation)} "
+          "is gone \"\n"),),
+        "a call that finds its Space vanished is recorded as the tool's error, so the session "
+        "goes on (and ends done) with that step undone",
+        "redrive", "G1", "a Space removed under a live driver"),
+    Mutant(
+        "new-session-at-the-spaces-epoch", "durable/coordinator/coordinator.py",
+        (("        chosen = floor + 1 if floor is not None and floor >= epoch else epoch",
+          "        chosen = floor if floor is not None and floor >= epoch else epoch"),),
+        "a session's drive whose epoch the Space's floor already reached runs at that very "
+        "epoch, the one the Space's earlier session ran at, instead of above it",
+        "redrive", "G6", "the race's second session"),
 )
 BY_ID = {m.id: m for m in MUTANTS}
 

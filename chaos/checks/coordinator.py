@@ -1,0 +1,146 @@
+"""G6 coordinator: what the coordinator did in a redrive run, from its store's sessions and
+events (``Observation.coordinator``), held against the rules it must keep. Written apart
+from ``durable.coordinator``: a rule restated here is checked, not trusted.
+
+- every session ended ``done`` (a driver exited 0), and the coordinator neither crashed nor
+  ran out of time;
+- every drive's epoch is ``max(previous + 1, lease token)``, or one above the Space's floor
+  when that already is at or above it; ``previous`` is the session's previous drive's;
+  epochs grow, and a later session of the Space runs above every epoch of an earlier one;
+- no two drivers were alive at once for a Space: each launch follows the end of the one
+  before it, and no epoch was launched twice;
+- a Space lost during a drive is noticed before the next drive (a ``space_gone`` event
+  between the loss and that drive), never found out by a failing driver;
+- in a race, the second session waited for the first (``held``), took the next lease token
+  and started promptly after the first ended; the first session's superseded token was
+  refused.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from . import CheckInput
+
+#: How soon after the first session of a Space ends the next must be launched.
+PROMPT_START_S = 5.0
+
+
+def check(inp: CheckInput) -> list[str]:
+    facts = inp.obs.coordinator
+    if facts is None:
+        return []
+    errors = list(facts["errors"])
+    records = {r["spec"]["name"]: r for r in facts["records"]}
+    events = facts["events"]
+    for name, rec in records.items():
+        if rec["state"] != "done":
+            errors.append(f"session {name} ended {rec['state']}: {rec['reason']}")
+    order = sorted(records, key=lambda n: first_at(events, n, "launched"))
+    errors += _epochs(events, order)
+    errors += _one_driver_at_a_time(events, order)
+    errors += _losses_noticed(events, facts["losses"])
+    if facts.get("second"):
+        errors += _race(events, records, facts["session"], facts["second"], facts["probes"])
+    return errors
+
+
+def of(events: list[dict[str, Any]], session: str, kind: str) -> list[dict[str, Any]]:
+    return [e for e in events if e["session"] == session and e["kind"] == kind]
+
+
+def first_at(events: list[dict[str, Any]], session: str, kind: str) -> float:
+    found = of(events, session, kind)
+    return found[0]["at"] if found else float("inf")
+
+
+def _epochs(events: list[dict[str, Any]], order: list[str]) -> list[str]:
+    errors = []
+    before = 0  # the highest epoch of the Space's earlier sessions
+    for name in order:
+        previous = 0
+        highest = 0
+        for e in of(events, name, "drive"):
+            d = e["data"]
+            want = max(previous + 1, d["token"] or 1)
+            if d["floor"] is not None and d["floor"] >= want:
+                want = d["floor"] + 1
+            if d["previous"] != previous:
+                errors.append(f"session {name} drive {d['attempt']}: recorded previous epoch "
+                              f"{d['previous']}, but its previous drive ran at {previous}")
+            if d["epoch"] != want:
+                errors.append(f"session {name} drive {d['attempt']} ran at epoch "
+                              f"{d['epoch']}; the rule gives {want} (previous {previous}, "
+                              f"lease token {d['token']}, the Space's floor {d['floor']})")
+            if d["epoch"] <= before:
+                errors.append(f"session {name} drive {d['attempt']} ran at epoch {d['epoch']}, "
+                              f"not above epoch {before} of an earlier session of its Space")
+            previous = d["epoch"]
+            highest = max(highest, d["epoch"])
+        before = max(before, highest)
+    return errors
+
+
+def _one_driver_at_a_time(events: list[dict[str, Any]], order: list[str]) -> list[str]:
+    errors = []
+    launches = sorted((e for e in events if e["kind"] == "launched" and e["session"] in order),
+                      key=lambda e: e["seq"])
+    epochs = [e["data"]["epoch"] for e in launches]
+    twice = sorted({x for x in epochs if epochs.count(x) > 1})
+    if twice:
+        errors.append(f"epoch(s) {twice} were launched twice")
+    ends = {(e["session"], e["data"]["epoch"]): e for e in events if e["kind"] == "exited"}
+    for a, b in zip(launches, launches[1:], strict=False):
+        end = ends.get((a["session"], a["data"]["epoch"]))
+        if end is None or end["seq"] > b["seq"]:
+            errors.append(f"the driver of session {a['session']} at epoch {a['data']['epoch']} "
+                          f"(pid {a['data']['pid']}) had not ended when session "
+                          f"{b['session']} was launched at epoch {b['data']['epoch']}: two "
+                          "drivers of one Space at once")
+    return errors
+
+
+def _losses_noticed(events: list[dict[str, Any]], losses: list[float]) -> list[str]:
+    errors = []
+    drives = [e for e in events if e["kind"] == "drive"]
+    for t in losses:
+        nxt = next((d for d in drives if d["at"] > t), None)
+        if nxt is None:
+            continue  # the session ended before another drive: the re-drive rebuilds it
+        noticed = [e for e in events if e["kind"] == "space_gone" and t < e["at"] <= nxt["at"]
+                   and e["session"] == nxt["session"]]
+        if not noticed:
+            errors.append(f"the Space was lost at {t:.3f} and drive {nxt['data']['attempt']} of "
+                          f"session {nxt['session']} was launched at {nxt['at']:.3f} without the "
+                          "coordinator noticing (no space_gone before it)")
+    return errors
+
+
+def _race(events: list[dict[str, Any]], records: dict[str, dict[str, Any]], first: str,
+          second: str, probes: list[dict[str, Any]]) -> list[str]:
+    errors = []
+    held = of(events, second, "held")
+    if not held or held[0]["data"].get("holder") != first:
+        errors.append(f"session {second} did not wait for {first} (no held event naming it)")
+    released = of(events, first, "lease_released")
+    launched = of(events, second, "launched")
+    if released and launched:
+        delay = launched[0]["at"] - released[-1]["at"]
+        if delay < 0:
+            errors.append(f"session {second} was launched {-delay:.3f} s before {first} "
+                          "released the Space")
+        elif delay > PROMPT_START_S:
+            errors.append(f"session {second} started {delay:.1f} s after {first} ended (at "
+                          f"most {PROMPT_START_S:.0f} s)")
+    a, b = records[first].get("lease_token"), records[second].get("lease_token")
+    if a is not None and b is not None and b != a + 1:
+        errors.append(f"session {second} holds lease token {b}; the next after {first}'s {a} "
+                      f"is {a + 1}")
+    if not probes:
+        errors.append("the superseded lease token was never probed")
+    for p in probes:
+        if not p["refused"]:
+            errors.append(f"{p['op']} with the superseded lease token {p['token']} was "
+                          "accepted")
+    return errors

@@ -1,0 +1,384 @@
+"""Redrive mode: the coordinator (``durable.coordinator``, a real process) drives the run's
+session while the nemesis attacks the drivers, the Space and the coordinator itself.
+
+Five kinds of runs, by seed (``KINDS``; ``--redrive-kind`` picks one):
+
+- ``driver_kill``: one to three SIGKILLs of the driver at seeded failpoints;
+- ``lost_after_kill``: the driver killed and its Space removed right after: the coordinator
+  must notice before the next drive and place a new Space;
+- ``lost_live``: the Space removed under a live driver, mid-call: the driver halts (exit 1,
+  never a tool error) and the next drive resumes on a new Space;
+- ``coordinator_kill``: a driver kill, then the coordinator SIGKILLed during the backoff that
+  follows and started again (same id): it resumes from its store without a second driver
+  for any epoch;
+- ``race``: two sessions submitted at once for one Space: the second must wait ("held by
+  session:<first>"), start promptly when the first ends, with the next lease token and
+  epochs above the first's; the first's superseded token is then refused.
+
+With ``--store postgresql://...`` each run keeps its coordinator store in a schema of its own
+on that server, and ``--coordinators`` (default 2 there, 1 with SQLite) coordinators share
+it. What the coordinator did (its sessions and events) and what the nemesis did to it go
+into the observation (``Observation.coordinator``), for the coordinator check (G6); a race's
+second session is observed and checked in full too (``Observation.second``).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import psutil
+
+from durable.adapter.space_names import session_token
+from durable.coordinator import (
+    CoordinatorStore,
+    LeaseSuperseded,
+    SessionRecord,
+    SessionSpec,
+    open_store,
+)
+from durable.errors import SpaceError
+from durable.lifetime import DIE_WITH_ENV
+from scenarios import generate, load
+
+from . import live
+from .faults import Fault, FaultPlan, reachable_points
+from .launch import OtherSession, driver_argv, driver_env
+from .observe import observe, save_ledger
+from .processes import OwnedProcess, python_argv
+from .rendezvous import Answer, Hit, Rendezvous
+
+if TYPE_CHECKING:
+    from .runner import Run
+
+KINDS = ("driver_kill", "lost_after_kill", "lost_live", "coordinator_kill", "race")
+#: The race's second session: its agent (no edits: the first session changed doc.txt), its
+#: seed (added to the run's) and the index of its first step (its markers never meet the
+#: first session's).
+SECOND_PRESET = "second"
+SECOND_SEED_OFFSET = 7919
+SECOND_FIRST_STEP = 100
+#: The coordinator of a redrive run: quick to notice, quick to retry; its backoff is long
+#: enough in the coordinator_kill kind for the kill to land inside it.
+POLL_S = 0.05
+BACKOFF_S = {"coordinator_kill": 1.5}
+DEFAULT_BACKOFF_S = 0.2
+CLAIM_S = 3.0
+HEARTBEAT_S = 0.5
+STALL_S = 60.0
+#: How long a run waits for its sessions to end.
+SESSIONS_TIMEOUT_S = 180.0
+#: Failpoints a driver reaches inside a call (a kill or a Space loss lands mid-call there).
+CALL_POINTS = ("call.intent", "space.start_mark", "space.before_spawn", "space.running",
+               "space.exited", "space.file_op", "space.outcome", "checkpoint.before",
+               "checkpoint.after", "call.returned", "call.result")
+#: Where a Space removed under a live driver meets it in a call: its next request fails.
+LIVE_LOSS_POINTS = ("space.before_spawn", "space.running", "space.file_op",
+                    "checkpoint.before")
+
+
+def kind_of(seed: int, chosen: str | None) -> str:
+    return chosen or KINDS[seed % len(KINDS)]
+
+
+def draw_redrive_plan(seed: int, kind: str, points: dict[str, int]) -> FaultPlan:
+    """The nemesis's plan for a run of ``kind`` (pure: from the seed alone). The
+    coordinator's own kill (``coordinator_kill``) is not in the plan: it is aimed at the
+    backoff the plan's kill starts."""
+    rng = random.Random(f"redrive:{kind}:{seed}")
+    calls = {p: n for p, n in points.items() if p in CALL_POINTS}
+
+    def at(choices: dict[str, int]) -> tuple[str, int]:
+        point = rng.choice(sorted(choices))
+        return point, rng.randint(1, choices[point])
+
+    faults: list[Fault] = []
+    if kind == "driver_kill":
+        for _ in range(rng.randint(1, 3)):
+            faults.append(Fault("kill_driver", "failpoint", *at(calls)))
+    elif kind == "lost_after_kill":
+        faults.append(Fault("delete_space", "failpoint", *at(calls), kill_driver=True))
+    elif kind == "lost_live":
+        live_points = {p: n for p, n in calls.items() if p in LIVE_LOSS_POINTS} or calls
+        faults.append(Fault("delete_space", "failpoint", *at(live_points), kill_driver=False))
+    elif kind in ("coordinator_kill", "race"):
+        faults.append(Fault("kill_driver", "failpoint", *at(calls)))
+    else:
+        raise ValueError(f"unknown redrive kind {kind!r}; one of {KINDS}")
+    return FaultPlan(seed, tuple(sorted(faults, key=lambda f: (f.point or "", f.occurrence))),
+                     max_attempts=10)
+
+
+@dataclass
+class LaunchedDriver:
+    """A driver the coordinator launched, as the nemesis sees it: by the pid it reported a
+    failpoint from (it waits for the answer meanwhile, so the pid is its own). It leads a
+    process group of its own (the coordinator starts it so)."""
+
+    pid: int
+
+    def poll(self) -> int | None:
+        try:
+            proc = psutil.Process(self.pid)
+            return None if proc.status() != psutil.STATUS_ZOMBIE else 0
+        except psutil.Error:
+            return 0
+
+    def kill_group(self) -> None:
+        try:
+            os.killpg(self.pid, 9)
+        except ProcessLookupError:
+            pass
+
+
+class DriverTracker:
+    """The rendezvous's handler in a redrive run: the first failpoint of a driver it has not
+    seen makes that driver the run's current attempt (the coordinator launched it), then
+    the fault schedule answers."""
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        self.pids: dict[int, int] = {}
+
+    def on_hit(self, hit: Hit) -> Answer:
+        if hit.info.get("process") is None and hit.pid not in self.pids:
+            attempt = len(self.pids) + 1
+            self.pids[hit.pid] = attempt
+            self.run.note_launch()
+            self.run.state.begin_attempt(attempt, LaunchedDriver(hit.pid))  # type: ignore[arg-type]
+            self.run.state.op("driver", "invoke", "attempt",
+                              {"attempt": attempt, "pid": hit.pid})
+        return self.run.schedule.on_hit(hit)
+
+
+@dataclass
+class Redrive:
+    run: Run
+    rv: Rendezvous
+    kind: str
+    store: CoordinatorStore
+    url: str
+    coordinators: dict[str, OwnedProcess] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    probes: list[dict[str, Any]] = field(default_factory=list)
+    coordinator_kills: list[float] = field(default_factory=list)
+
+    # ------------------------------------------------------------------ sessions
+
+    @property
+    def second_name(self) -> str:
+        return f"{self.run.session}-b"
+
+    def specs(self) -> list[SessionSpec]:
+        run, spec = self.run, self.run.spec
+        first = SessionSpec(run.session, run.space, tuple(driver_argv(spec, run.dir, None)),
+                            str(run.dir / "state"), f"play scenario {spec.seed}",
+                            spec.durable_mode, True)
+        if self.kind != "race":
+            return [first]
+        other = OtherSession(self.second_name, spec.seed + SECOND_SEED_OFFSET, SECOND_PRESET,
+                             run.dir / "b")
+        steps = load(SECOND_PRESET).steps
+        keep = ",".join(str(SECOND_FIRST_STEP + i) for i in range(steps))
+        argv = driver_argv(spec, run.dir, other) + [
+            "--steps", str(SECOND_FIRST_STEP + steps), "--keep-steps", keep]
+        return [first, SessionSpec(other.name, run.space, tuple(argv),
+                                   str(other.run_dir / "state"), "play the second scenario",
+                                   spec.durable_mode, True)]
+
+    # ------------------------------------------------------------------ coordinators
+
+    def coordinator_env(self) -> dict[str, str]:
+        """The run's driver environment without a session: the coordinator sets those."""
+        env = driver_env(session="-", epoch=1, state_dir=self.run.dir, heartbeat=HEARTBEAT_S,
+                         failpoints=self.rv.address)
+        for key in ("CUA_SESSION_NAME", "CUA_SESSION_EPOCH", "CUA_STATE_DIR",
+                    "CUA_SESSION_HEARTBEAT_SECS", live.RUNNER_PID_ENV):
+            env.pop(key, None)
+        env[DIE_WITH_ENV] = str(os.getpid())
+        return env
+
+    def start_coordinator(self, ident: str) -> None:
+        run = self.run
+        argv = python_argv(
+            "durable.coordinator", "--store", self.url, "serve",
+            "--spaces", "chaos.space_providers:coordinator_spaces",
+            "--spaces-arg", f"backend={run.spec.backend}",
+            "--spaces-arg", f"run_dir={run.dir}", "--spaces-arg", f"failpoints={self.rv.address}",
+            "--id", ident, "--backoff", str(BACKOFF_S.get(self.kind, DEFAULT_BACKOFF_S)),
+            "--backoff-cap", "2", "--poll-secs", str(POLL_S), "--claim-secs", str(CLAIM_S),
+            "--stall-secs", str(STALL_S), "--heartbeat-secs", str(HEARTBEAT_S),
+            "--max-attempts", str(run.plan.max_attempts), "--until-idle")
+        log = run.dir / f"coordinator-{ident}-{len(self.coordinator_kills)}.log"
+        self.coordinators[ident] = run.scope.launch(argv, self.coordinator_env(), log)
+        run.state.op("coordinator", "invoke", "serve", {"id": ident})
+
+    def kill_coordinator(self, ident: str) -> None:
+        proc = self.coordinators[ident]
+        proc.kill_group()
+        proc.wait()
+        self.coordinator_kills.append(time.time())
+        self.run.state.count("coordinator_kills")
+        self.run.state.op("nemesis", "info", "kill_coordinator", {"id": ident})
+        self.start_coordinator(ident)
+
+    # ------------------------------------------------------------------ the run
+
+    def execute(self) -> int | None:
+        run = self.run
+        for s in self.specs():
+            self.store.submit(s, time.time())
+        for i in range(run.spec.coordinators):
+            self.start_coordinator(f"c{i + 1}")
+        deadline = time.monotonic() + SESSIONS_TIMEOUT_S
+        while True:
+            recs = {r.name: r for r in self.store.sessions()}
+            if all(r.ended for r in recs.values()):
+                break
+            if time.monotonic() > deadline:
+                self.errors.append(f"the sessions did not end within {SESSIONS_TIMEOUT_S:.0f} "
+                                   f"s: {[(r.name, r.state, r.reason) for r in recs.values()]}")
+                break
+            if run.scope.cancelled:
+                break
+            self._attack(recs)
+            for ident, proc in self.coordinators.items():
+                if proc.poll() is not None:
+                    self.errors.append(f"coordinator {ident} exited {proc.poll()} before its "
+                                       "sessions ended (its log: "
+                                       f"{run.dir}/coordinator-{ident}-*.log)")
+                    deadline = 0.0
+            time.sleep(POLL_S)
+        for ident, proc in self.coordinators.items():
+            try:
+                proc.wait(timeout=15)
+            except Exception:  # noqa: BLE001 - it did not see the end: ended here
+                proc.kill_group()
+                proc.wait()
+        recs = {r.name: r for r in self.store.sessions()}
+        # A driver runs above a floor it meets (CUA-EPOCH), above what the coordinator
+        # recorded: the run observes (and a clean driver runs) above the Space's floor.
+        run.epoch = max([run.epoch, self._floor(), *(r.epoch for r in recs.values())])
+        run.state.count("drives", sum(r.attempts for r in recs.values()))
+        run.redrive = self.facts(recs)
+        first = recs[run.session]
+        return first.last_exit if first.state in ("done", "failed") else None
+
+    def _floor(self) -> int:
+        assert self.run.spaces is not None
+        try:
+            return int(self.run.spaces.connect(self.run.space, epoch=0).describe()["floor"])
+        except SpaceError:
+            return 0  # gone: nothing to be above
+
+    def _attack(self, recs: dict[str, SessionRecord]) -> None:
+        """The nemesis's moves that the plan cannot schedule: the coordinator's kill inside
+        a backoff, and the probes of a superseded lease token."""
+        if self.kind == "coordinator_kill" and not self.coordinator_kills and \
+                self.run.state.fired():
+            rec = recs[self.run.session]
+            if rec.state == "backoff" and (rec.next_retry or 0) - time.time() > 0.3:
+                launched = [e.data["coordinator"] for e in self.store.events(rec.name)
+                            if e.kind == "launched"]
+                self.kill_coordinator(launched[-1] if launched else "c1")
+        if self.kind == "race" and not self.probes:
+            first, second = recs[self.run.session], recs.get(self.second_name)
+            if first.ended and second is not None and second.lease_token is not None \
+                    and first.lease_token is not None:
+                self._probe(first.spec.space, first.lease_token)
+
+    def _probe(self, space: str, token: int) -> None:
+        """The first session's token, after the second took the Space: renew and release
+        must both be refused."""
+        for op, call in (("renew", lambda: self.store.renew_lease(space, token, time.time(),
+                                                                   60.0)),
+                         ("release", lambda: self.store.release_lease(space, token,
+                                                                      time.time()))):
+            try:
+                call()
+                self.probes.append({"op": op, "token": token, "refused": False})
+            except LeaseSuperseded as exc:
+                self.probes.append({"op": op, "token": token, "refused": True,
+                                    "error": str(exc)})
+                self.run.state.count("refused_tokens")
+
+    def facts(self, recs: dict[str, SessionRecord]) -> dict[str, Any]:
+        """What the coordinator check (G6) reads."""
+        run = self.run
+        losses = [run.state.t0 + op["time"] for op in run.state.history()
+                  if op["process"] == "nemesis" and op["f"] == "delete_space"
+                  and op["type"] == "info"]
+        return {"kind": self.kind, "session": run.session,
+                "second": self.second_name if self.kind == "race" else None,
+                "records": [r.to_json() for r in recs.values()],
+                "events": [e.to_json() for e in self.store.events()],
+                "losses": losses, "coordinator_kills": self.coordinator_kills,
+                "probes": self.probes, "errors": self.errors,
+                "coordinators": sorted(self.coordinators)}
+
+
+def store_url(run: Run) -> str:
+    """The run's coordinator store: a SQLite file in the run's directory, or a schema of
+    its own on the campaign's PostgreSQL server."""
+    base = run.spec.redrive_store
+    if not base:
+        return str(run.dir / "coordinator.sqlite")
+    digest = session_token(str(run.spec.work_dir.resolve())).replace("-", "_").lower()
+    schema = f"redrive_{digest[-8:]}_{run.spec.index}"
+    return f"{base}{'&' if '?' in base else '?'}schema={schema}"
+
+
+def run_redrive(run: Run, rv: Rendezvous) -> int | None:
+    kind = kind_of(run.spec.seed, run.spec.redrive_kind)
+    run.state.count(f"kind_{kind}")
+    url = store_url(run)
+    store = open_store(url)
+    try:
+        return Redrive(run, rv, kind, store, url).execute()
+    finally:
+        store.close()
+
+
+def second_scenario_params(seed: int) -> dict[str, Any]:
+    """How the race's second session's agent is drawn (the checker draws it again)."""
+    steps = load(SECOND_PRESET).steps
+    return {"seed": seed + SECOND_SEED_OFFSET, "preset": SECOND_PRESET,
+            "steps": SECOND_FIRST_STEP + steps,
+            "keep": [SECOND_FIRST_STEP + i for i in range(steps)]}
+
+
+def observe_second(run: Run) -> dict[str, Any] | None:
+    """The race's second session, observed like the run's own (its keys in the Space are
+    its own; the first session's are foreign to it)."""
+    facts = run.redrive
+    if not facts or not facts.get("second"):
+        return None
+    assert run.spaces is not None
+    name = facts["second"]
+    rec = next(r for r in facts["records"] if r["spec"]["name"] == name)
+    first_keys = keys_of(run, session_token(run.session))
+    obs, _ = observe(run.dir / "b", run.spaces, run.space, session=session_token(name),
+                     epoch=run.epoch, final_exit=rec["last_exit"],
+                     final_done=rec["state"] == "done", ledgers=run.state.ledgers(),
+                     foreign_keys=first_keys)
+    return {"scenario": second_scenario_params(run.spec.seed), "observation": obs.to_json()}
+
+
+def keys_of(run: Run, token: str) -> list[str]:
+    """Every exec key of session ``token`` in the run's Space, its lost generations too."""
+    assert run.spaces is not None
+    ledgers = list(run.state.ledgers())
+    try:
+        ledgers.append(save_ledger(run.spaces, run.space, run.dir / "ledgers" / "keys", "keys"))
+    except Exception:  # noqa: BLE001 - gone: the saved generations are all there is
+        pass
+    return sorted({k["key"] for ledger in ledgers for k in ledger["audit"]["keys"]
+                   if k["key"].startswith(f"{token}:")})
+
+
+def second_scenario(params: dict[str, Any]) -> Any:
+    return generate(params["seed"], load(params["preset"]), steps=params["steps"],
+                    keep=tuple(params["keep"]))
