@@ -228,6 +228,9 @@ class HttpSpaceClient:
     def capabilities(self) -> set[str]:
         return set(self._call("capabilities")["capabilities"])
 
+    def describe(self) -> dict[str, Any]:
+        return self._call("describe")
+
     def advance_epoch(self, epoch: int, *, owner: str | None = None) -> dict[str, Any]:
         return self._call("advance_epoch", epoch=epoch, owner=owner or PROCESS_OWNER)
 

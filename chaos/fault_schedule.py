@@ -29,7 +29,7 @@ from .attempts import DRIVER_TIMEOUT_S, FaultTimers
 from .faults import Action, Fault, FaultPlan
 from .holds import Holds
 from .nemesis import Operation, ValidatingNemesis
-from .processes import OwnedProcess
+from .processes import Driver, OwnedProcess
 from .rendezvous import Answer, Hit
 from .run_state import RunState
 
@@ -120,7 +120,7 @@ class FaultSchedule:
             self.state.fault_error(f"the nemesis failed to fire {fault.describe()}", exc)
 
     def _fire(self, index: int, fault: Fault, hit: Hit | None,
-              driver: OwnedProcess | None) -> tuple[bool, bool] | None:
+              driver: Driver | None) -> tuple[bool, bool] | None:
         """Fire ``fault`` once: (it killed the driver, it injured the Space), or None when it
         had fired already.
 
@@ -137,6 +137,6 @@ class FaultSchedule:
         return killed, injured
 
     def _invoke(self, index: int, fault: Fault, action: Action, hit: Hit | None,
-                driver: OwnedProcess | None) -> bool:
+                driver: Driver | None) -> bool:
         """Whether the operation happened (``info``)."""
         return self.nemesis.invoke(Operation(index, fault, action, hit, driver)).type == "info"

@@ -28,7 +28,7 @@ from typing import Literal, Protocol
 
 from .errors import NemesisContractError
 from .faults import Action, Fault, FaultPlan
-from .processes import OwnedProcess
+from .processes import Driver
 from .rendezvous import Hit
 from .run_state import RunState
 from .space_providers import CampaignSpaces
@@ -59,7 +59,7 @@ class Operation:
     #: The failpoint report that made the fault due (None: its timer).
     hit: Hit | None
     #: The driver of the fault's attempt.
-    driver: OwnedProcess | None
+    driver: Driver | None
 
 
 @dataclass(frozen=True)

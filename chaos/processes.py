@@ -15,7 +15,16 @@ import sys
 import threading
 import warnings
 from collections.abc import Sequence
-from typing import IO, Self
+from typing import IO, Protocol, Self
+
+
+class Driver(Protocol):
+    """A driver as the nemesis kills it: one the runner owns (``OwnedProcess``) or one a
+    coordinator launched (``chaos.redrive.LaunchedDriver``)."""
+
+    def poll(self) -> int | None: ...
+
+    def kill_group(self) -> None: ...
 
 
 class OwnedProcess:

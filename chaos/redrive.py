@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -36,6 +37,7 @@ from durable.adapter.space_names import session_token
 from durable.coordinator import (
     CoordinatorStore,
     LeaseSuperseded,
+    PostgresStore,
     SessionRecord,
     SessionSpec,
     open_store,
@@ -129,7 +131,7 @@ class LaunchedDriver:
 
     def kill_group(self) -> None:
         try:
-            os.killpg(self.pid, 9)
+            os.killpg(self.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
 
@@ -148,7 +150,7 @@ class DriverTracker:
             attempt = len(self.pids) + 1
             self.pids[hit.pid] = attempt
             self.run.note_launch()
-            self.run.state.begin_attempt(attempt, LaunchedDriver(hit.pid))  # type: ignore[arg-type]
+            self.run.state.begin_attempt(attempt, LaunchedDriver(hit.pid))
             self.run.state.op("driver", "invoke", "attempt",
                               {"attempt": attempt, "pid": hit.pid})
         return self.run.schedule.on_hit(hit)
@@ -339,7 +341,10 @@ def run_redrive(run: Run, rv: Rendezvous) -> int | None:
     try:
         return Redrive(run, rv, kind, store, url).execute()
     finally:
-        store.close()
+        if isinstance(store, PostgresStore):
+            store.drop()  # the run's schema: its record holds what the coordinator did
+        else:
+            store.close()
 
 
 def second_scenario_params(seed: int) -> dict[str, Any]:

@@ -32,7 +32,7 @@ import time
 from typing import Any
 
 from .faults import Fault
-from .processes import OwnedProcess
+from .processes import Driver
 
 #: The counts of a run record, in the order records have always had them.
 COUNTS = ("kills", "daemon_kills", "space_restarts", "lost_spaces", "process_kills", "fenced",
@@ -61,7 +61,7 @@ class RunState:
         self._ledgers: dict[int, dict[str, Any]] = {}
         self._generations = 0
         self._attempt = 0
-        self._driver: OwnedProcess | None = None
+        self._driver: Driver | None = None
 
     # ------------------------------------------------------------------ history
 
@@ -161,12 +161,12 @@ class RunState:
 
     # ------------------------------------------------------------------ the attempt
 
-    def begin_attempt(self, attempt: int, driver: OwnedProcess) -> None:
+    def begin_attempt(self, attempt: int, driver: Driver) -> None:
         """The run's session is now at ``attempt``, run by ``driver``: failpoint faults kill
         that driver."""
         with self._lock:
             self._attempt, self._driver = attempt, driver
 
-    def current(self) -> tuple[int, OwnedProcess | None]:
+    def current(self) -> tuple[int, Driver | None]:
         with self._lock:
             return self._attempt, self._driver

@@ -6,7 +6,8 @@
 #   2. start dockerd in the background when no engine answers (log: $DOCKERD_LOG);
 #   3. build the Space image (ci/build-images.sh: a debootstrap'd base when no registry);
 #   4. pytest -m docker;
-#   5. a short docker campaign per mode (transactional, checkpoint, auto), SUMMARY lines.
+#   5. a short docker campaign per mode (transactional, checkpoint, auto, redrive), SUMMARY
+#      lines.
 # Exits non-zero when any step fails; every SUMMARY line is printed before that.
 # `--prepare` stops after step 3 (engine and image ready); `--campaign` skips step 4.
 #
@@ -73,7 +74,7 @@ if [ "${1:-}" != "--campaign" ]; then
 fi
 
 # 5. a short campaign per mode ---------------------------------------------------------
-for mode in transactional checkpoint auto; do
+for mode in transactional checkpoint auto redrive; do
     .venv/bin/python -m chaos run --mode "$mode" --backend docker \
         --runs "${DOCKER_CAMPAIGN_RUNS:-10}" --jobs "${JOBS:-2}" \
         --seed-base "${CRASH_SEED_BASE:-1}" --results "${RESULTS:-results}" \

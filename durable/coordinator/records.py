@@ -25,6 +25,8 @@ DRIVER_ENV = ("CUA_SESSION_NAME", "CUA_SESSION_EPOCH", "CUA_STATE_DIR",
               "CUA_SESSION_HEARTBEAT_SECS", "CUA_SPACE_NAME", "CUA_SPACE_PROVIDER",
               "CUA_SESSION_INPUT", "CUA_DIE_WITH_PID")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/-]{0,199}")
+#: A Space's name is a directory and a container name on every backend.
+_SPACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 
 
 class CoordinatorError(Exception):
@@ -79,10 +81,13 @@ class SessionSpec:
     env: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for what, value in (("name", self.name), ("space", self.space)):
-            if not isinstance(value, str) or not _NAME.fullmatch(value):
-                raise ValueError(f"a session's {what} is 1-200 letters, digits and ._:@/- "
-                                 f"starting with a letter or digit; got {value!r}")
+        if not isinstance(self.name, str) or not _NAME.fullmatch(self.name):
+            raise ValueError(f"a session's name is 1-200 letters, digits and ._:@/- starting "
+                             f"with a letter or digit; got {self.name!r}")
+        if not isinstance(self.space, str) or not _SPACE.fullmatch(self.space):
+            raise ValueError(f"a Space's name is 1-63 letters, digits and ._- starting with a "
+                             f"letter or digit (a directory and a container name); got "
+                             f"{self.space!r}")
         if not self.command or not all(isinstance(a, str) and a for a in self.command):
             raise ValueError(f"a session needs its driver's command (non-empty strings), got "
                              f"{list(self.command)!r}")

@@ -503,6 +503,13 @@ class PostgresStore(SqlStore):
         cur.execute("BEGIN")
         cur.execute("SELECT pg_advisory_xact_lock(%s)", (self._key,))
 
+    def drop(self) -> None:
+        """Remove the store's schema and everything in it, and close (a campaign run's store
+        once its record holds what the coordinator did)."""
+        with self._lock:
+            self._conn.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE')
+        self.close()
+
 
 def open_store(url: str) -> CoordinatorStore:
     """The store ``url`` names: ``postgresql://...`` (or ``postgres://``), ``sqlite:///PATH``

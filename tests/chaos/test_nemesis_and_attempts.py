@@ -263,5 +263,6 @@ def test_a_run_record_is_the_line_every_campaign_wrote() -> None:
                                  "errors": ["the run did not get to its check"]}
     assert list(record["counts"]) == ["kills", "daemon_kills", "space_restarts",
                                       "lost_spaces", "process_kills", "fenced", "timeouts",
-                                      "attempts", "foreign"]
+                                      "attempts", "foreign", "drives", "refused_tokens",
+                                      "coordinator_kills"]  # new keys appended, old ones kept
     assert json.loads(json.dumps(record)) == record

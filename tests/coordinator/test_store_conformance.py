@@ -37,6 +37,8 @@ def test_submitting_is_idempotent_for_the_same_spec_only(store: CoordinatorStore
     assert [r.name for r in store.sessions()] == ["a"]
     with pytest.raises(ValueError, match="driver's command"):
         SessionSpec("b", "sp", (), "/s")
+    with pytest.raises(ValueError, match="a Space's name"):
+        SessionSpec("b", "a/b", ("d",), "/s")
     with pytest.raises(ValueError, match="CUA_"):
         SessionSpec("b", "sp", ("d",), "/s", env={"CUA_SESSION_EPOCH": "9"})
 
