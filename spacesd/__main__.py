@@ -73,6 +73,10 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--busy-wait", type=float, default=None,
                    help="seconds a request waits for room before its 503")
     p.add_argument("--daemonize", action="store_true", help="fork into a new session")
+    p.add_argument("--sync-exits", action="store_true",
+                   help="flush the filesystems before a command's exit is recorded, so that "
+                        "a recorded exit survives a power loss with the command's writes "
+                        "(a Space that can lose power: a microVM)")
     p.add_argument("--verbose", action="store_true", help="log every request to stderr")
     p.add_argument("--containment", choices=MODES, default="auto",
                    help="how commands' processes are tracked and killed (default: auto)")
@@ -142,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)
     try:
         daemon = Daemon(os.path.abspath(args.root), state, failpoints=failpoints,
-                        containment=containment)
+                        containment=containment, sync_exits=args.sync_exits)
     except (DamagedFloor, DamagedJournal, DamagedIdentity) as exc:
         raise SystemExit(f"spacesd: damaged state: {exc}") from None
     limits = {"max_body": args.max_body, "body_budget": args.body_budget,

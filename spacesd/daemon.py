@@ -35,6 +35,7 @@ from .fence_journal import Advance, FenceJournal, Restore, Sweep
 from .file_ops import Workspace
 from .fsio import AtomicWriter
 from .params import BOOL, INT, NUM, STR, STR_LIST, STR_MAP, Field, check
+from .shim import SYNC_ENV
 from .space_identity import load_space_id
 from .workspace_scan import Scanner
 
@@ -44,7 +45,7 @@ _MAX_KEY = 1024
 _MAX_WAIT = 30.0
 #: Variables the daemon sets or keeps for itself: never taken from a request, never given
 #: to a command as they are (``SPACESD_STATE`` is set to the state directory).
-_RESERVED_ENV = frozenset({protocol.ENV_SPACE_STATE, ENV_VAR, SHIM_ENV_VAR})
+_RESERVED_ENV = frozenset({protocol.ENV_SPACE_STATE, ENV_VAR, SHIM_ENV_VAR, SYNC_ENV})
 
 FenceUse = Literal["admit", "check", "advance", "none"]
 
@@ -74,7 +75,7 @@ class Daemon:
 
     def __init__(self, root: str, state_dir: str, *, python: str = sys.executable,
                  base_env: dict[str, str] | None = None, failpoints: str | None = None,
-                 containment: Containment | None = None) -> None:
+                 containment: Containment | None = None, sync_exits: bool = False) -> None:
         if not os.path.isdir(root):
             raise SystemExit(f"spacesd: workspace root {root!r} is not a directory")
         os.makedirs(state_dir, exist_ok=True)
@@ -94,7 +95,8 @@ class Daemon:
                if k not in _RESERVED_ENV}
         env[protocol.ENV_SPACE_STATE] = self.state_dir
         self.ledger = ExecLedger(self.state_dir, python=python, base_env=env,
-                                 failpoints=self.failpoints, containment=self.containment)
+                                 failpoints=self.failpoints, containment=self.containment,
+                                 sync_exits=sync_exits)
         self.workspace = Workspace(root, self.writer)
         self.scanner = Scanner(root)
         self.checkpoints = Checkpoints(self.state_dir, self.workspace, self.scanner,

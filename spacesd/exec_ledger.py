@@ -36,6 +36,7 @@ from .errors import Conflict
 from .failpoints import Channel
 from .journal import DamagedJournal, Journal
 from .protocol import OUTPUT_TAIL_BYTES, STATE_EXEC_DIR, STATE_LEDGER, ExecInfo
+from .shim import SYNC_ENV
 
 #: The most output one read returns (a client that fell far behind reads in several steps).
 MAX_READ = 1024 * 1024
@@ -148,7 +149,8 @@ class _State:
 
 class ExecLedger:
     def __init__(self, state_dir: str, *, python: str, base_env: dict[str, str],
-                 failpoints: Channel, containment: Containment | None = None) -> None:
+                 failpoints: Channel, containment: Containment | None = None,
+                 sync_exits: bool = False) -> None:
         self._dir = os.path.join(state_dir, STATE_EXEC_DIR)
         os.makedirs(self._dir, exist_ok=True)
         self._python = python
@@ -157,6 +159,8 @@ class ExecLedger:
         self._failpoints = failpoints
         #: What finds a command's processes that left its group (default: see Subreaper).
         self._containment = containment or Subreaper()
+        #: Whether shims flush the filesystems before recording an exit (``shim.SYNC_ENV``).
+        self._sync_env = {SYNC_ENV: "1"} if sync_exits else {}
         self._lock = threading.Lock()
         self._journal = Journal(os.path.join(state_dir, STATE_LEDGER))
         self._records = replay(self._journal.records)
@@ -270,7 +274,7 @@ class ExecLedger:
             try:
                 pid = exec_files.spawn(self._python, self._bash, self._path(rec, ".claim"),
                                        self._path(rec, ".exit"), self._path(rec, ".out"),
-                                       cwd, command, {**self._base_env, **env,
+                                       cwd, command, {**self._base_env, **env, **self._sync_env,
                                                       **self._failpoints.shim_env(key=key)},
                                        self._containment.shim_arg(rec.id))
             except OSError as exc:

@@ -57,6 +57,9 @@ LOST = "lost\n"
 #: ``CONTAIN`` for the sandbox and subreaper mechanisms (else it is a cgroup directory).
 SUBREAPER = "subreaper"
 _PR_SET_CHILD_SUBREAPER = 36
+#: Set (to 1) by a daemon started with ``--sync-exits``: the shim flushes the filesystems
+#: before it records an exit (removed before the command starts, like the failpoints').
+SYNC_ENV = "SPACESD_SHIM_SYNC"
 #: The variable through which the daemon gives a shim its failpoint channel (only when on).
 SHIM_ENV_VAR = "SPACESD_SHIM_FAILPOINTS"
 
@@ -210,11 +213,15 @@ def _failpoint(channel: str, point: str) -> None:
     Channel.for_shim(channel).report(point, {})
 
 
-def _write_exit(path: str, status: int, failpoints: str | None) -> None:
+def _write_exit(path: str, status: int, failpoints: str | None, sync: bool = False) -> None:
     """The exit record, atomically. fsynced, but its directory is not: after a power loss
     a missing exit file reads as ``lost`` (outcome unknown), which is safe, and the
-    command's own writes were not synced either. ``failpoints``: the shim's channel, if
-    any."""
+    command's own writes were not synced either. With ``sync`` (``SYNC_ENV``: a Space that
+    can lose power) every filesystem is flushed first and the directory after, so an exit
+    that was recorded survives a power loss with every write the command made before it.
+    ``failpoints``: the shim's channel, if any."""
+    if sync:
+        os.sync()
     code = os.waitstatus_to_exitcode(status)
     exit_code, sig = (code, "null") if code >= 0 else ("null", -code)
     record = (f'{{"exit_code": {exit_code}, "signal": {sig}, '
@@ -229,6 +236,12 @@ def _write_exit(path: str, status: int, failpoints: str | None) -> None:
     if failpoints:
         _failpoint(failpoints, "spacesd.exec.exit_writing")
     os.replace(tmp, path)
+    if sync:
+        dir_fd = os.open(os.path.dirname(path), os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
 
 
 def _contain(contain: str) -> None:
@@ -247,6 +260,7 @@ def _main(argv: list) -> None:
     bash, claim, exit_path, cwd, command, *contained = argv
     contain = contained[0] if contained else ""
     failpoints = os.environ.pop(SHIM_ENV_VAR, None)  # before the command inherits it
+    sync = os.environ.pop(SYNC_ENV, None) == "1"
     if not publish(claim, f"{os.getpid()} {_start_time()}\n"):
         return  # a restarted daemon declared this key lost: it must never run
     try:
@@ -255,7 +269,7 @@ def _main(argv: list) -> None:
     except OSError as exc:
         os.write(2, f"spacesd: cannot contain the command, so it did not run: {exc}\n"
                  .encode())
-        _write_exit(exit_path, 127 << 8, failpoints)  # the wait status of "exit 127"
+        _write_exit(exit_path, 127 << 8, failpoints, sync)  # the wait status of "exit 127"
         return
     pipe, writer = os.pipe()
     child = os.fork()
@@ -278,7 +292,7 @@ def _main(argv: list) -> None:
         _signal.signal(sig, _signal.SIG_IGN)
     out = Output(1)
     status = relay(pipe, out, child)
-    _write_exit(exit_path, status, failpoints)
+    _write_exit(exit_path, status, failpoints, sync)
     out.ended()
     drain(pipe, out)
     if contain == SUBREAPER:

@@ -1,0 +1,218 @@
+"""One QEMU ``microvm`` guest: its command line, its start, and the two channels to it.
+
+- QMP (``qmp.sock``): QEMU's own control, for whole-machine snapshots (``savevm``/``loadvm``
+  through ``human-monitor-command``) and resets;
+- the guest agent (``ctl.sock``, a virtio-serial port named ``cua.control``,
+  ``spacesd.guest_agent``): sync, kill the daemon, kill a process, read the daemon's state.
+
+QEMU runs daemonized (``-daemonize -pidfile``): it outlives the process that started it,
+as a machine does, and is found again from its pid file (pid and start time, so a reused
+pid is never taken for it). Networking is QEMU's user mode, restricted (the guest reaches
+nothing), with one port of 127.0.0.1 forwarded to spacesd in the guest.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from durable.errors import SpaceUnavailable
+from spacesd import procfs
+
+from .artifacts import Artifacts
+
+GUEST_PORT = 3211
+#: Under TCG the guest has no way to measure its TSC (no PIT or HPET in microvm's reduced
+#: ACPI): it is told a frequency, and trusts its TSC as a clocksource.
+TCG_CLOCK = "tsc_early_khz=2000000 tsc=reliable"
+
+
+@dataclass(frozen=True)
+class MachineSpec:
+    memory_mb: int = 512
+    vcpus: int = 1
+    #: ``tcg`` or ``kvm``.
+    accel: str = "tcg"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"memory_mb": self.memory_mb, "vcpus": self.vcpus, "accel": self.accel}
+
+
+def qemu_argv(art: Artifacts, spec: MachineSpec, *, overlay: Path, sockets: Path, port: int,
+              token: str, console: Path, pid_file: Path, loadvm: str | None = None,
+              probe: bool = False) -> list[str]:
+    append = ["console=ttyS0", "root=/dev/vda", "rw", "quiet", "panic=-1", f"cua.token={token}"]
+    if spec.accel == "tcg":
+        append.append(TCG_CLOCK)
+    if probe:
+        append.append("cua.probe")
+    argv = ["qemu-system-x86_64", "-M", "microvm,isa-serial=on,rtc=on", "-accel", spec.accel,
+            "-cpu", "host" if spec.accel == "kvm" else "max", "-m", str(spec.memory_mb),
+            "-smp", str(spec.vcpus), "-no-user-config", "-display", "none", "-monitor", "none",
+            "-serial", f"file:{console}", "-kernel", str(art.kernel), "-initrd", str(art.initrd),
+            "-append", " ".join(append)]
+    if probe:
+        return argv + ["-no-reboot"]
+    return argv + [
+        "-drive", f"id=d0,file={overlay},format=qcow2,if=none",
+        "-device", "virtio-blk-device,drive=d0",
+        "-netdev", f"user,id=n0,restrict=on,hostfwd=tcp:127.0.0.1:{port}-:{GUEST_PORT}",
+        "-device", "virtio-net-device,netdev=n0",
+        "-device", "virtio-serial-device",
+        "-chardev", f"socket,id=ctl,path={sockets / 'ctl.sock'},server=on,wait=off",
+        "-device", "virtserialport,chardev=ctl,name=cua.control",
+        "-qmp", f"unix:{sockets / 'qmp.sock'},server=on,wait=off",
+        "-daemonize", "-pidfile", str(pid_file),
+        *(["-loadvm", loadvm] if loadvm else [])]
+
+
+def start(argv: list[str]) -> None:
+    """Start QEMU; it daemonizes once its devices are up (errors come before that)."""
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL)
+    if done.returncode != 0:
+        raise SpaceUnavailable(f"qemu-system-x86_64 exited {done.returncode}: "
+                               f"{done.stderr.strip()[-500:]}")
+
+
+def read_pid(pid_file: Path) -> tuple[int, int] | None:
+    """``(pid, start time)`` of a QEMU that is running now, from its pid file, else None."""
+    try:
+        pid = int(pid_file.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    started = procfs.start_time(pid)
+    if started is None:
+        return None
+    recorded = pid_file.with_suffix(".start")
+    try:
+        if int(recorded.read_text()) != started:
+            return None  # the pid was reused: not our QEMU
+    except (OSError, ValueError):
+        recorded.write_text(f"{started}\n")  # first look since QEMU wrote its pid file
+    return pid, started
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LineChannel:
+    """Request/answer lines over a unix socket (one request at a time per channel)."""
+
+    def __init__(self, path: Path, timeout: float) -> None:
+        self.path, self.timeout = path, timeout
+        self._lock = threading.Lock()
+
+    def _connect(self) -> socket.socket:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(self.timeout)
+        try:
+            s.connect(str(self.path))
+        except OSError as exc:
+            s.close()
+            raise SpaceUnavailable(f"cannot reach {self.path.name} of the microVM: {exc}") \
+                from None
+        return s
+
+
+class QMP(LineChannel):
+    """QEMU's machine protocol: one connection per command (QEMU takes one client)."""
+
+    def command(self, name: str, **arguments: Any) -> Any:
+        with self._lock, self._connect() as s:
+            f = s.makefile("rw", encoding="utf-8")
+            f.readline()  # the greeting
+            for cmd in ({"execute": "qmp_capabilities"},
+                        {"execute": name, **({"arguments": arguments} if arguments else {})}):
+                f.write(json.dumps(cmd) + "\n")
+                f.flush()
+                while True:
+                    reply = json.loads(f.readline() or "{}")
+                    if "event" in reply:
+                        continue
+                    break
+                if "error" in reply:
+                    raise SpaceUnavailable(f"QMP {cmd['execute']}: {reply['error']}")
+            return reply.get("return")
+
+    def hmp(self, line: str) -> str:
+        """A human-monitor command (savevm, loadvm, delvm, info snapshots); its output."""
+        out = str(self.command("human-monitor-command", **{"command-line": line}) or "")
+        if out.lstrip().lower().startswith("error"):
+            raise SpaceUnavailable(f"{line}: {out.strip()}")
+        return out
+
+
+class Agent(LineChannel):
+    """The guest agent (``spacesd.guest_agent``)."""
+
+    _ids = itertools.count(1)
+
+    def call(self, command: str) -> str:
+        """Send ``command`` and return the answer's data. A ping goes first, again every
+        0.2 s until answered: the guest sees a new connection only after a moment, and what
+        reaches it before then is lost (a ping is harmless twice; a command is not)."""
+        with self._lock, self._connect() as s:
+            reader = _Lines(s)
+            deadline = time.monotonic() + self.timeout
+            ping = self._id()
+            while True:
+                s.sendall(f"{ping} ping\n".encode())
+                if reader.answer(ping, "ping", time.monotonic() + 0.2,
+                                 missing_ok=True) is not None:
+                    break
+                if time.monotonic() > deadline:
+                    raise SpaceUnavailable("the guest agent does not answer")
+            rid = self._id()
+            s.sendall(f"{rid} {command}\n".encode())
+            answer = reader.answer(rid, command, deadline)
+            assert answer is not None
+            return answer
+
+    def _id(self) -> str:
+        return f"r{os.getpid()}-{next(self._ids)}"
+
+
+class _Lines:
+    """The answer lines of one connection to the guest agent."""
+
+    def __init__(self, s: socket.socket) -> None:
+        self.s, self.pending = s, b""
+
+    def answer(self, rid: str, command: str, deadline: float, *,
+               missing_ok: bool = False) -> str | None:
+        """The data of the answer to ``rid``; None by ``deadline`` if ``missing_ok``."""
+        while True:
+            while b"\n" in self.pending:
+                line, self.pending = self.pending.split(b"\n", 1)
+                got_id, _, rest = line.decode("utf-8", "replace").partition(" ")
+                if got_id != rid:
+                    continue  # an earlier ping's answer, or a request whose client left
+                status, _, payload = rest.partition(" ")
+                if status != "ok":
+                    raise SpaceUnavailable(f"the guest agent refused {command!r}: {payload}")
+                return payload
+            left = deadline - time.monotonic()
+            if left <= 0:
+                if missing_ok:
+                    return None
+                raise SpaceUnavailable(f"the guest agent did not answer {command!r}")
+            self.s.settimeout(left)
+            try:
+                chunk = self.s.recv(1 << 20)
+            except TimeoutError:
+                continue
+            if not chunk:
+                raise SpaceUnavailable(f"the guest agent closed before answering {command!r}")
+            self.pending += chunk

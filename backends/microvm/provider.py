@@ -1,0 +1,295 @@
+"""``MicroVMSpaces``: Spaces that are QEMU ``microvm`` guests running spacesd.
+
+``<base_dir>/<name>/`` holds the Space: its qcow2 overlay on the base disk (its whole-machine
+checkpoints are internal snapshots of it), token, forwarded port, QEMU's pid file, console
+log and ``machine.json`` (memory, vCPUs, accelerator, the artifacts it boots). The sockets
+(QMP, the guest agent) live in a short private directory of their own (a unix socket path
+has at most 107 bytes), named by a hash of the Space's directory. Nothing lives in memory:
+any process finds a Space by name; Spaces outlive the process that made them.
+
+Faults a microVM can have that a container cannot: ``power_off`` (SIGKILL of QEMU: the
+guest's unsynced writes are lost; ``create`` boots it again) beside ``restart`` (a clean
+reboot: a sync through the guest agent, then a reset; processes gone, every write kept).
+The guest's daemon runs with ``--sync-exits``, so a recorded exit survives a power loss
+with the command's writes. The daemon's own failpoints are not reported from inside a guest (no
+channel crosses the machine's boundary); the driver's are.
+
+The accelerator: ``auto`` probes once per host (cached beside the artifacts) whether KVM
+boots a guest here, and falls back to TCG; ``kvm`` or ``tcg`` choose.
+"""
+
+from __future__ import annotations
+
+import base64
+import fcntl
+import hashlib
+import io
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import tarfile
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from backends.space_client import Endpoint, HttpSpaceClient
+from durable.errors import SpaceError, SpaceNotFound, SpaceUnavailable
+from spacesd import procfs
+
+from .artifacts import Artifacts, cache_dir, ensure
+from .machine import QMP, Agent, MachineSpec, free_port, qemu_argv, read_pid, start
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+BOOT_TIMEOUT_S = 180.0
+ACCELS = ("auto", "kvm", "tcg")
+
+
+class MicroVMSpaces:
+    kind = "microvm"
+
+    def __init__(self, base_dir: str | os.PathLike[str], *, memory_mb: int = 512,
+                 vcpus: int = 1, accel: str = "auto", failpoints: str | None = None) -> None:
+        if accel not in ACCELS:
+            raise ValueError(f"accel must be one of {ACCELS}, got {accel!r}")
+        if not 128 <= memory_mb <= 65536 or not 1 <= vcpus <= 64:
+            raise ValueError(f"memory_mb is from 128 to 65536 and vcpus from 1 to 64, got "
+                             f"{memory_mb} and {vcpus}")
+        self.base_dir = Path(base_dir).resolve()
+        self.base_dir.mkdir(parents=True, exist_ok=True)
+        self.memory_mb, self.vcpus, self.accel = memory_mb, vcpus, accel
+        #: Accepted for the campaign's providers' signature: a guest's daemon cannot
+        #: report to a channel on the host (see the module docstring).
+        self.failpoints = failpoints
+
+    # ---------------------------------------------------------------- paths
+
+    def space_dir(self, name: str) -> Path:
+        if not _NAME.fullmatch(name):
+            raise SpaceError(f"bad Space name {name!r}: 1-100 letters, digits, '.', '_' or "
+                             "'-', starting with a letter or digit")
+        return self.base_dir / name
+
+    def _sockets(self, name: str) -> Path:
+        digest = hashlib.sha256(str(self.space_dir(name)).encode()).hexdigest()[:16]
+        path = Path(tempfile.gettempdir()) / f"cua-vm-{os.getuid()}" / digest
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(path.parent, 0o700)
+        return path
+
+    def qmp(self, name: str, timeout: float = 60.0) -> QMP:
+        return QMP(self._sockets(name) / "qmp.sock", timeout)
+
+    def agent(self, name: str, timeout: float = 60.0) -> Agent:
+        return Agent(self._sockets(name) / "ctl.sock", timeout)
+
+    @contextmanager
+    def _locked(self, name: str) -> Iterator[None]:
+        locks = self.base_dir / ".locks"
+        locks.mkdir(exist_ok=True)
+        with open(locks / name, "w") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            yield
+
+    # ---------------------------------------------------------------- the protocol
+
+    def exists(self, name: str) -> bool:
+        return (self.space_dir(name) / "token").is_file()
+
+    def names(self) -> list[str]:
+        return sorted(p.name for p in self.base_dir.iterdir()
+                      if p.is_dir() and (p / "token").is_file())
+
+    def running(self, name: str) -> bool:
+        return read_pid(self.space_dir(name) / "qemu.pid") is not None
+
+    def create(self, name: str, *, loadvm: str | None = None) -> None:
+        """Make the Space (idempotent) and boot it unless it runs; back when it serves."""
+        with self._locked(name):
+            d = self.space_dir(name)
+            if not self.exists(name):
+                self._make(d)
+            if not self.running(name):
+                self._boot(name, loadvm=loadvm)
+        self._wait_healthy(name)
+
+    def _make(self, d: Path) -> None:
+        art = ensure()
+        tmp = d.with_name(f".{d.name}.new")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b",
+                        str(art.disk), str(tmp / "overlay.qcow2")], check=True,
+                       capture_output=True)
+        spec = MachineSpec(self.memory_mb, self.vcpus, self._accel())
+        (tmp / "machine.json").write_text(json.dumps({**spec.to_json(), "artifacts": {
+            "kernel": str(art.kernel), "initrd": str(art.initrd), "disk": str(art.disk),
+            "key": art.key}}) + "\n")
+        fd = os.open(tmp / "token", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32) + "\n")
+        os.rename(tmp, d)  # the token last: a Space exists once it is all there
+
+    def _machine(self, name: str) -> tuple[MachineSpec, Artifacts]:
+        raw = json.loads((self.space_dir(name) / "machine.json").read_text())
+        a = raw["artifacts"]
+        art = Artifacts(Path(a["kernel"]), Path(a["initrd"]), Path(a["disk"]), a["key"])
+        return MachineSpec(raw["memory_mb"], raw["vcpus"], raw["accel"]), art
+
+    def _boot(self, name: str, *, loadvm: str | None = None) -> None:
+        d = self.space_dir(name)
+        spec, art = self._machine(name)
+        socks = self._sockets(name)
+        for sock in ("qmp.sock", "ctl.sock"):
+            (socks / sock).unlink(missing_ok=True)
+        for stale in ("qemu.pid", "qemu.start"):
+            (d / stale).unlink(missing_ok=True)
+        token = (d / "token").read_text().strip()
+        for attempt in range(5):  # a forwarded port taken meanwhile: another one
+            port = free_port()
+            try:
+                start(qemu_argv(art, spec, overlay=d / "overlay.qcow2", sockets=socks,
+                                port=port, token=token, console=d / "console.log",
+                                pid_file=d / "qemu.pid", loadvm=loadvm))
+                break
+            except SpaceUnavailable as exc:
+                if "host forwarding" not in str(exc) or attempt == 4:
+                    raise
+        (d / "port").write_text(f"{port}\n")
+        read_pid(d / "qemu.pid")  # records its start time now
+
+    def _wait_healthy(self, name: str, *, after_ms: int = 0) -> None:
+        deadline = time.monotonic() + BOOT_TIMEOUT_S
+        client = self.connect(name, epoch=0)
+        while time.monotonic() < deadline:
+            if not self.running(name):
+                raise SpaceUnavailable(f"the microVM of Space {name} stopped while booting; "
+                                       f"its console ends: {self._console_tail(name)}")
+            try:
+                if client.health()["started_ms"] > after_ms:
+                    return
+            except SpaceError:
+                pass
+            time.sleep(0.1)
+        raise SpaceUnavailable(f"Space {name} did not serve within {BOOT_TIMEOUT_S:.0f} s; "
+                               f"its console ends: {self._console_tail(name)}")
+
+    def _console_tail(self, name: str) -> str:
+        try:
+            return (self.space_dir(name) / "console.log").read_text(errors="replace")[-400:]
+        except OSError:
+            return "(no console log)"
+
+    def _endpoint(self, name: str) -> Endpoint:
+        d = self.space_dir(name)
+        if not self.exists(name):
+            raise SpaceNotFound(f"no Space {name!r} in {self.base_dir}; create it first")
+        if not self.running(name):
+            raise SpaceUnavailable(f"the microVM of Space {name} is not running")
+        try:
+            port = int((d / "port").read_text())
+        except (OSError, ValueError):
+            raise SpaceUnavailable(f"Space {name} has no forwarded port yet") from None
+        return Endpoint("127.0.0.1", port, (d / "token").read_text().strip())
+
+    def connect(self, name: str, *, epoch: int) -> HttpSpaceClient:
+        if not self.exists(name):
+            raise SpaceNotFound(f"no Space {name!r} in {self.base_dir}; create it first")
+        return HttpSpaceClient(name, epoch, lambda: self._endpoint(name))
+
+    def delete(self, name: str) -> None:
+        with self._locked(name):
+            self._kill(name)
+            shutil.rmtree(self.space_dir(name), ignore_errors=True)
+            shutil.rmtree(self._sockets(name), ignore_errors=True)
+
+    def _kill(self, name: str) -> None:
+        found = read_pid(self.space_dir(name) / "qemu.pid")
+        if found is None:
+            return
+        procfs.kill_exact(*found)
+        deadline = time.monotonic() + 10
+        while procfs.is_alive(*found) and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    # ---------------------------------------------------------------- faults
+
+    def power_off(self, name: str) -> None:
+        """As a power cut: QEMU SIGKILLed, the guest's unsynced writes lost. The Space
+        stays; ``create`` boots it again."""
+        if not self.exists(name):
+            raise SpaceNotFound(f"no Space {name!r}")
+        with self._locked(name):
+            self._kill(name)
+
+    def power_loss(self, name: str) -> None:
+        """A power cut and the machine back on (booted, serving) before this returns."""
+        self.power_off(name)
+        self.create(name)
+
+    def restart(self, name: str) -> None:
+        """A clean reboot: the guest flushes its filesystems (through the agent), then the
+        machine is reset (QMP ``system_reset``: every process gone, the synced disk kept);
+        back, serving, before this returns."""
+        before = self.connect(name, epoch=0).health()["started_ms"]
+        self.sync(name)
+        self.qmp(name).command("system_reset")
+        self._wait_healthy(name, after_ms=before)
+
+    def kill_daemon(self, name: str) -> None:
+        self.agent(name).call("kill-daemon")
+
+    def kill_process(self, name: str, pid: int) -> None:
+        self.agent(name).call(f"kill {int(pid)}")
+
+    def sync(self, name: str) -> None:
+        self.agent(name).call("sync")
+
+    def save_state(self, name: str, dest: Path) -> None:
+        """The daemon's audit files, read through the guest agent (booting a stopped
+        machine first)."""
+        if not self.exists(name):
+            raise SpaceNotFound(f"no Space {name!r}")
+        if not self.running(name):
+            self.create(name)
+        data = base64.b64decode(self.agent(name).call("state"))
+        dest.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            tar.extractall(dest, filter="data")
+
+    def _accel(self) -> str:
+        if self.accel != "auto":
+            return self.accel
+        return probe_accel()
+
+
+def probe_accel() -> str:
+    """``kvm`` when a guest boots under KVM here (a short probe boot, cached per host),
+    else ``tcg``. Nested virtualisation often offers /dev/kvm and then hangs the guest."""
+    if not os.access("/dev/kvm", os.R_OK | os.W_OK):
+        return "tcg"
+    art = ensure()
+    cached = cache_dir() / f"accel-{art.key}"
+    if cached.is_file():
+        return cached.read_text().strip()
+    with tempfile.TemporaryDirectory(prefix="cua-probe-") as tmp:
+        console = Path(tmp) / "console.log"
+        argv = qemu_argv(art, MachineSpec(256, 1, "kvm"), overlay=Path(tmp) / "none",
+                         sockets=Path(tmp), port=0, token="probe", console=console,
+                         pid_file=Path(tmp) / "pid", probe=True)
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        ok = console.exists() and "cua-probe: booted" in console.read_text(errors="replace")
+    accel = "kvm" if ok else "tcg"
+    cached.write_text(accel + "\n")
+    return accel

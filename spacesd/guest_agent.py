@@ -1,0 +1,137 @@
+"""``python -m spacesd.guest_agent``: the host's hand inside a microVM Space.
+
+A container's host reaches inside with ``docker exec``; a microVM's host has only what the
+machine gives it. The agent answers one line at a time on a virtio-serial port (named
+``cua.control``; only the host, through the QEMU character device it owns, is at the other
+end) so the host can do to the guest what a campaign and a provider need, without going
+through spacesd (which may be down, or the thing being injured):
+
+    ping                 nothing: the host learns the channel is up (it pings first)
+    sync                 flush every filesystem (``sync(2)``): what a clean shutdown does
+    kill-daemon          SIGKILL spacesd and wait for the supervisor's next one
+    kill PID             SIGKILL one process of the guest (by the pid the guest sees)
+    state                the daemon's audit files (``protocol.is_audit_file``), as a
+                         base64 tar on the answer line
+
+Each request is ``<id> <command> [args]``; each answer ``<id> ok [data]`` or ``<id> error
+<message>``. Standard library only: it is copied into the guest's disk.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+import signal
+import sys
+import tarfile
+import time
+
+from . import protocol
+from .supervisor import kill_daemon
+
+PORT_NAME = "cua.control"
+
+
+def find_port(name: str = PORT_NAME, timeout: float = 30.0) -> str:
+    """The device of the virtio-serial port called ``name`` (``/dev/vportNpM``)."""
+    base = "/sys/class/virtio-ports"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for port in sorted(os.listdir(base)) if os.path.isdir(base) else []:
+            try:
+                with open(f"{base}/{port}/name") as f:
+                    if f.read().strip() == name:
+                        return f"/dev/{port}"
+            except OSError:
+                continue
+        time.sleep(0.1)
+    raise SystemExit(f"spacesd.guest_agent: no virtio-serial port named {name!r} within "
+                     f"{timeout:.0f} s; start the guest with the port (backends.microvm)")
+
+
+class Agent:
+    def __init__(self, state_dir: str, pid_file: str) -> None:
+        self.state_dir, self.pid_file = state_dir, pid_file
+
+    def answer(self, line: str) -> str:
+        """The answer line to one request line."""
+        rid, _, rest = line.strip().partition(" ")
+        command, _, arg = rest.partition(" ")
+        try:
+            data = self._do(command, arg.strip())
+        except Exception as exc:  # noqa: BLE001 - every failure is an answer, never a crash
+            return f"{rid} error {type(exc).__name__}: {exc}".replace("\n", " ")
+        return f"{rid} ok{'' if not data else ' ' + data}"
+
+    def _do(self, command: str, arg: str) -> str:
+        if command == "ping":
+            return ""
+        if command == "sync":
+            os.sync()
+            return ""
+        if command == "kill-daemon":
+            code = kill_daemon(self.pid_file, timeout=30.0)
+            if code:
+                raise RuntimeError(f"kill-daemon exited {code}")
+            return ""
+        if command == "kill":
+            os.kill(int(arg), signal.SIGKILL)
+            return ""
+        if command == "state":
+            return self._state()
+        raise ValueError(f"unknown command {command!r}; known: ping, sync, kill-daemon, "
+                         "kill PID, state")
+
+    def _state(self) -> str:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            for top, _dirs, files in os.walk(self.state_dir):
+                for name in files:
+                    path = os.path.join(top, name)
+                    rel = os.path.relpath(path, self.state_dir)
+                    if protocol.is_audit_file(rel):
+                        try:
+                            tar.add(path, arcname=rel)
+                        except FileNotFoundError:
+                            continue  # removed while we walked
+        return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def serve(port: str, agent: Agent) -> None:
+    """Answer requests on ``port`` forever. The port stays open: while no host end is
+    connected a read finds nothing (end of file), and what a host sends once it connects
+    is queued for it (closing the port in between would drop that)."""
+    fd = os.open(port, os.O_RDWR)
+    pending = b""
+    while True:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            time.sleep(0.05)
+            continue
+        pending += chunk
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            reply = agent.answer(line.decode("utf-8", "replace"))
+            try:
+                os.write(fd, reply.encode() + b"\n")
+            except OSError:
+                pass  # the host went away before the answer: it asks again
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m spacesd.guest_agent", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--state", required=True, help="spacesd's state directory")
+    p.add_argument("--pid-file", required=True, help="the supervisor's daemon pid file")
+    p.add_argument("--port", default=None, help=f"the device (default: the port named "
+                                                f"{PORT_NAME})")
+    args = p.parse_args(argv)
+    serve(args.port or find_port(), Agent(args.state, args.pid_file))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
