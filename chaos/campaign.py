@@ -87,6 +87,9 @@ class CampaignConfig:
     #: Run on a Dask cluster: a scheduler's address (``tcp://HOST:8786``, ``tls://...``)
     #: or ``local:N`` (a cluster of N workers on this machine); None: ``jobs`` threads here.
     cluster: str | None = None
+    #: Checkpoints as ``workspace`` or ``machine`` snapshots (microvm); ``auto``: machine on
+    #: microvm, else workspace.
+    snapshots: str = "auto"
     #: Redrive mode only: one kind for every run (``chaos.redrive.KINDS``); None: by seed.
     redrive_kind: str | None = None
     #: Redrive mode only: a PostgreSQL server for the runs' coordinator stores
@@ -186,6 +189,7 @@ def _specs(cfg: CampaignConfig, work: Path, pool: RunPool
                    durable_mode=cfg.adapter_mode, backend=cfg.backend, preset=cfg.preset_name,
                    steps=cfg.steps, work_dir=work, keep=cfg.keep, driver=cfg.driver,
                    stale_kind=cfg.stale_kind, redrive_kind=cfg.redrive_kind,
+                   snapshots=cfg.snapshots,
                    redrive_store=cfg.store, coordinators=cfg.coordinator_count)
     if cfg.mode != "exhaustive":
         drawn = 0 if cfg.plans and cfg.runs is None else cfg.runs or DEFAULT_RUNS

@@ -97,6 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="stale mode: an older driver of the session (race), the same race "
                           "while a command that left a detached writer runs (detached), or "
                           "a second session on the same Spaces provider (foreign)")
+    run.add_argument("--snapshots", choices=("auto", "workspace", "machine"),
+                     default=os.environ.get("CRASH_SNAPSHOTS", "auto"),
+                     help="checkpoints as workspace snapshots or whole-machine ones "
+                          "(microvm); auto: machine on microvm, else workspace")
     run.add_argument("--redrive-kind", choices=REDRIVE_KINDS,
                      default=os.environ.get("CRASH_REDRIVE_KIND") or None,
                      help="redrive mode: only this kind of run (default: each run's kind by "

@@ -16,6 +16,7 @@ from pathlib import Path
 from durable.adapter import (
     DirectoryCheckpointStore,
     DurableSpaces,
+    SnapshotProvider,
     TransactionalLimits,
     WorkspaceSnapshots,
     durable_spaces,
@@ -29,7 +30,7 @@ from scenarios import generate, load
 from scenarios.host_tools import effect_tools
 
 from .live import die_with_parent
-from .space_providers import make_spaces
+from .space_providers import make_spaces, snapshot_kind
 
 REQUEST_ID = "campaign-input"
 SPACE_PREFIX = "cua"
@@ -54,6 +55,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--spaces-dir", type=Path, default=None,
                    help="the run directory whose Spaces provider to use (default: --run-dir); "
                         "a second session of a run shares its provider this way")
+    p.add_argument("--snapshots", choices=("auto", "workspace", "machine"), default="auto",
+                   help="checkpoints as workspace snapshots or whole-machine ones (microvm); "
+                        "auto: machine on microvm, else workspace")
     p.add_argument("--no-store", action="store_true",
                    help="checkpoint mode without a CheckpointStore (lost Spaces are fatal)")
     return p.parse_args(argv)
@@ -73,10 +77,17 @@ def main(argv: list[str] | None = None) -> int:
     spaces = make_spaces(args.backend, args.spaces_dir or args.run_dir,
                          failpoints=os.environ.get(SPACE_FAILPOINTS_ENV) or None)
     store = None if args.no_store else DirectoryCheckpointStore(args.run_dir / "store")
+    if snapshot_kind(args.backend, args.snapshots) == "machine":
+        from backends.microvm import MicroVMSpaces, SandboxSnapshots
+
+        assert isinstance(spaces, MicroVMSpaces)
+        snapshots: SnapshotProvider = SandboxSnapshots(spaces)
+    else:
+        snapshots = WorkspaceSnapshots(spaces, "", store)
 
     def build(fence: Fence, senv: SessionEnv) -> DurableSpaces:
         return durable_spaces(
-            session=senv.name, spaces=spaces, snapshots=WorkspaceSnapshots(spaces, "", store),
+            session=senv.name, spaces=spaces, snapshots=snapshots,
             mode=args.mode, fence=fence, epoch=senv.epoch, space_prefix=SPACE_PREFIX,
             root_space=senv.space,
             transactional=TransactionalLimits(max_files=preset.max_files,

@@ -2,9 +2,9 @@
 
 ``KillDriver`` (SIGKILL of the driver's process group), ``KillDaemon`` (the Space's daemon
 only; its commands survive), ``RestartSpace`` (the daemon and every process, the disk
-kept), ``LoseSpace`` (the Space is deleted; its ledger is saved first, for G2) and
-``KillProcess`` (the one process of the Space that reported the failpoint: a command's
-shim). ``FaultNemesis`` holds them all, by action. Each ends an operation in one
+kept), ``LoseSpace`` (the Space is deleted; its ledger is saved first, for G2), ``KillProcess``
+(the one process of the Space that reported the failpoint: a command's shim) and
+``PowerLoss`` (a microVM's power cut: unsynced writes lost, the machine booted again). ``FaultNemesis`` holds them all, by action. Each ends an operation in one
 completion (``chaos.nemesis`` has the contract): ``info`` when it struck, ``fail`` with the
 reason when it could not.
 """
@@ -112,6 +112,20 @@ class LoseSpace(_SpaceKind):
         t.spaces.delete(t.space)
 
 
+class PowerLoss(_SpaceKind):
+    """The machine loses power (its unsynced writes with it) and is booted again: a backend
+    with a power switch only (``power_loss``: microVMs)."""
+
+    action = "power_loss"
+
+    def strike(self, op: Operation) -> None:
+        power_loss = getattr(self.target.spaces, "power_loss", None)
+        if power_loss is None:
+            raise SpaceError(f"the {self.target.spaces.kind} backend has no power to cut; "
+                             "power losses need --backend microvm")
+        power_loss(self.target.space)
+
+
 class KillProcess(_SpaceKind):
     action = "kill_process"
 
@@ -123,7 +137,8 @@ class KillProcess(_SpaceKind):
         self.target.spaces.kill_process(self.target.space, op.hit.pid)
 
 
-KINDS: tuple[type[_Kind], ...] = (KillDriver, KillDaemon, RestartSpace, LoseSpace, KillProcess)
+KINDS: tuple[type[_Kind], ...] = (KillDriver, KillDaemon, RestartSpace, LoseSpace, KillProcess,
+                                  PowerLoss)
 
 
 class FaultNemesis:

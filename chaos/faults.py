@@ -14,7 +14,8 @@ Triggers:
 Actions: ``kill_driver`` (SIGKILL of the driver's process group), ``kill_daemon`` (only the
 Space's daemon; its commands survive), ``restart_space`` (daemon and every process gone,
 disk kept), ``delete_space`` (the Space is lost), ``kill_process`` (SIGKILL of the one
-process that reported the failpoint: a command's shim). A Space fault may also kill the
+process that reported the failpoint: a command's shim), ``power_loss`` (a microVM only: the
+machine loses power, with its unsynced writes, and is booted again). A Space fault may also kill the
 driver (``kill_driver=True``) or let it run into the fault itself.
 
 Combined faults: a plan's later faults often aim at the recovery of an earlier one (a Space
@@ -27,14 +28,15 @@ its seed alone, and ``exhaustive_plans`` enumerates plans without any randomness
 from __future__ import annotations
 
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 from durable.failpoints import POINTS as DRIVER_POINTS
 from scenarios.plan import Scenario
 from spacesd.failpoints import POINTS as SPACE_POINTS
 
-Action = Literal["kill_driver", "kill_daemon", "restart_space", "delete_space", "kill_process"]
+Action = Literal["kill_driver", "kill_daemon", "restart_space", "delete_space", "kill_process",
+                 "power_loss"]
 SPACE_ACTIONS: tuple[Action, ...] = ("kill_daemon", "restart_space", "delete_space")
 #: Every failpoint a plan may name: the drivers' and the Space's.
 ALL_POINTS: dict[str, str] = {**DRIVER_POINTS, **SPACE_POINTS}
@@ -154,6 +156,41 @@ def draw_plan(seed: int, scenario: Scenario, durable_mode: str, *,
                                 kill_driver=action == "kill_driver" or rng.random() < 0.5))
     backoff = rng.choice((0.0, 0.0, 0.05))
     return FaultPlan(seed, tuple(faults), backoff, max_attempts=len(faults) + 4)
+
+
+#: Where a fault aimed inside the daemon lands on a microVM, whose daemon reports no
+#: failpoints to the host: the driver's point of the same moment.
+GUEST_POINT = {"spacesd.exec.recorded": "space.before_spawn",
+               "spacesd.exec.spawned": "space.running",
+               "spacesd.exec.exit_writing": "space.exited",
+               "spacesd.checkpoint.objects": "checkpoint.during",
+               "spacesd.restore.partial": "recovery.restore",
+               "spacesd.advance.persisted": "call.begin"}
+
+
+def on_machine(plan: FaultPlan, *, durable_checkpoints: bool) -> FaultPlan:
+    """``plan`` for a microVM Space (pure: from the plan's seed): faults at the daemon's
+    points land at the driver's point of the same moment, a shim's kill becomes the
+    daemon's (the host cannot see the guest's shims), half the machine restarts become
+    power losses, and a Space loss becomes one too when the checkpoints live inside the
+    Space (``durable_checkpoints`` false: whole-machine snapshots). A plan with no power
+    loss gets one, at a seeded call point, so every run loses power at least once."""
+    rng = random.Random(f"machine:{plan.seed}")
+    faults: list[Fault] = []
+    for f in plan.faults:
+        action: Action = f.action
+        if action == "kill_process":
+            action = "kill_daemon"
+        if action == "restart_space" and rng.random() < 0.5 or \
+                action == "delete_space" and not durable_checkpoints:
+            action = "power_loss"
+        point = GUEST_POINT.get(f.point or "", f.point)
+        faults.append(replace(f, action=action, point=point))
+    if not any(f.action == "power_loss" for f in faults):
+        point = rng.choice(("space.running", "space.exited", "call.returned", "space.file_op"))
+        faults.append(Fault("power_loss", "failpoint", point, 1,
+                            kill_driver=rng.random() < 0.5))
+    return replace(plan, faults=tuple(faults), max_attempts=len(faults) + 4)
 
 
 #: What follows the first kill of an exhaustive plan: one kind of fault during the next

@@ -44,6 +44,8 @@ def driver_argv(spec: RunSpec, run_dir: Path, other: OtherSession | None) -> lis
         argv += ["--steps", str(spec.steps)]
     if spec.keep_steps is not None and other is None:
         argv += ["--keep-steps", ",".join(map(str, spec.keep_steps))]
+    if spec.snapshots != "auto":
+        argv += ["--snapshots", spec.snapshots]
     if spec.simple_steps and other is None:
         argv += ["--simple-steps", ",".join(map(str, spec.simple_steps))]
     return argv

@@ -114,7 +114,8 @@ def _under(path: str, roots: list[str]) -> bool:
 
 def _orphans_of(roots: list[str]) -> list[tuple[int, int]]:
     """Daemons (``--state`` under a root) and commands (``SPACESD_STATE`` under a root) of
-    local Spaces whose directories may be gone."""
+    local Spaces, and QEMUs (a disk under a root) of microVM Spaces, whose directories may
+    be gone."""
     found = []
     for pid in procfs.snapshot():
         try:
@@ -126,6 +127,9 @@ def _orphans_of(roots: list[str]) -> list[tuple[int, int]]:
                   if arg == b"--state"]
         marker = ENV_SPACE_STATE.encode() + b"="
         states += [os.fsdecode(v[len(marker):]) for v in env if v.startswith(marker)]
+        # a microVM's QEMU names its disk under the Space's directory: -drive ...,file=PATH
+        states += [seg[len("file="):] for arg in argv for seg in os.fsdecode(arg).split(",")
+                   if seg.startswith("file=")]
         started = procfs.start_time(pid)
         if started is not None and any(_under(s, roots) for s in states):
             found.append((pid, started))

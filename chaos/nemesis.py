@@ -80,7 +80,7 @@ class Nemesis(Protocol):
 #: The run's count an ``info`` completion of each action adds one to.
 COUNTERS: dict[str, str] = {"kill_driver": "kills", "kill_daemon": "daemon_kills",
                             "restart_space": "space_restarts", "delete_space": "lost_spaces",
-                            "kill_process": "process_kills"}
+                            "kill_process": "process_kills", "power_loss": "power_losses"}
 
 
 class NoopNemesis:

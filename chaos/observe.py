@@ -126,12 +126,14 @@ def observe(run_dir: Path, spaces: CampaignSpaces, space_name: str, *, session: 
             log_txt = client.read_file(LOG_FILE).decode("utf-8", "replace")
     except SpaceError:
         rows = []  # the Space is gone: the hash comparison reports it
-    all_ledgers = list(ledgers)
+    all_ledgers: list[dict[str, Any]] | None = list(ledgers)
     try:
         all_ledgers.append(save_ledger(spaces, space_name, run_dir / "ledgers" / "final",
                                        "final"))
     except SpaceError:
-        pass  # gone: the earlier generations' ledgers are all there is
+        if spaces.exists(space_name):
+            all_ledgers = None  # there but unreadable: the audits cannot decide
+        # else gone: the earlier generations' ledgers are all there is
     obs = Observation(
         calls=calls, workspace=rows, log_txt=log_txt,
         effects=read_effects(run_dir / "effects"), final_exit=final_exit,

@@ -74,6 +74,15 @@ def parse_shard(text: str | None) -> tuple[int, int] | None:
     return shard
 
 
+def _snapshots(args: argparse.Namespace) -> str:
+    _env_choice("--snapshots", args.snapshots, "CRASH_SNAPSHOTS", ("auto", "workspace",
+                                                                  "machine"))
+    if args.snapshots == "machine" and args.backend != "microvm":
+        raise BadArguments(f"--snapshots machine needs --backend microvm (whole-machine "
+                           f"checkpoints), not {args.backend}")
+    return str(args.snapshots)
+
+
 def _store(args: argparse.Namespace) -> str | None:
     if args.store is None:
         return None
@@ -120,6 +129,7 @@ def campaign_config(args: argparse.Namespace) -> CampaignConfig:
                          pairs=args.pairs, stop_on_failure=args.stop_on_failure,
                          stale_kind=args.stale_kind, shard=parse_shard(args.shard),
                          redrive_kind=args.redrive_kind, store=_store(args),
+                         snapshots=_snapshots(args),
                          coordinators=args.coordinators,
                          cluster=None if args.cluster is None else check_address(args.cluster))
     unknown = sorted(set(cfg.points) - set(ALL_POINTS))

@@ -25,6 +25,9 @@ class RunSpec:
     driver: str = "chaos.driver"
     #: Stale mode's kind (``stale.KINDS``).
     stale_kind: str = "race"
+    #: Checkpoints as ``workspace`` or ``machine`` snapshots (microvm); ``auto``: the
+    #: backend's (``space_providers.snapshot_kind``).
+    snapshots: str = "auto"
     #: Redrive mode's kind (``redrive.KINDS``); None: drawn from the seed.
     redrive_kind: str | None = None
     #: Redrive mode: the PostgreSQL server of the coordinator stores (a schema per run);

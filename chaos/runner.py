@@ -39,7 +39,7 @@ from .checker import Observation, Verdict, check
 from .driver import SPACE_PREFIX
 from .fault_kinds import FaultNemesis
 from .fault_schedule import FaultSchedule
-from .faults import FaultPlan, draw_plan, reachable_points
+from .faults import FaultPlan, draw_plan, on_machine, reachable_points
 from .holds import Holds
 from .launch import OtherSession, driver_argv, driver_env
 from .nemesis import NoopNemesis, Target, ValidatingNemesis
@@ -51,7 +51,7 @@ from .run_record import RunRecord
 from .run_spaces import delete_spaces, save_workspace, seed_space
 from .run_spec import RunSpec
 from .run_state import RunState
-from .space_providers import CampaignSpaces, make_spaces
+from .space_providers import CampaignSpaces, make_spaces, snapshot_kind
 from .stale import run_kind
 
 #: The attempt number of the clean driver that finishes a run (drawn plans have at most ten
@@ -110,8 +110,12 @@ class Run:
         if spec.campaign_mode == "redrive":
             return draw_redrive_plan(spec.seed, kind_of(spec.seed, spec.redrive_kind),
                                      reachable_points(self.scenario, spec.durable_mode))
-        return draw_plan(spec.seed, self.scenario, spec.durable_mode,
+        plan = draw_plan(spec.seed, self.scenario, spec.durable_mode,
                          long_seconds=self.preset.long_seconds)
+        if spec.backend == "microvm":
+            durable = snapshot_kind(spec.backend, spec.snapshots) == "workspace"
+            plan = on_machine(plan, durable_checkpoints=durable)
+        return plan
 
     def note_launch(self) -> None:
         """A driver of the session was launched: faults fired from now on are its."""
@@ -188,7 +192,7 @@ class Run:
         sock_dir = tempfile.mkdtemp(prefix="cua-fp-")
         if self.note is not None:
             self.note.temp(sock_dir)
-            if spec.backend == "local":
+            if spec.backend in ("local", "microvm"):
                 self.note.spaces(self.dir / "spaces")
         final_exit: int | None = None
         verdict = Verdict("unknown", ["the run did not get to its check"])

@@ -71,9 +71,29 @@ def make_spaces(backend: str, run_dir: Path, *,
         except DockerUnavailable as exc:
             raise BackendUnavailable(str(exc)) from None
     if backend == "microvm":
-        raise BackendUnavailable(
-            "the microvm backend is not built yet; use --backend local or docker")
+        import shutil
+
+        from backends.microvm import ArtifactsUnavailable, MicroVMSpaces, ensure
+
+        if shutil.which("qemu-system-x86_64") is None or shutil.which("qemu-img") is None:
+            raise BackendUnavailable("the microvm backend needs QEMU: apt-get install "
+                                     "qemu-system-x86 qemu-utils busybox-static")
+        try:
+            ensure()  # built once (as root); a clear reason here when it cannot be
+        except ArtifactsUnavailable as exc:
+            raise BackendUnavailable(f"the microvm backend cannot run here: {exc}") from None
+        return MicroVMSpaces(run_dir / "spaces", failpoints=failpoints)
     raise BackendUnavailable(f"unknown backend {backend!r}; use one of {BACKENDS}")
+
+
+def snapshot_kind(backend: str, chosen: str) -> str:
+    """The snapshots a run's checkpoints are: ``chosen``, or for ``auto`` whole-machine
+    ones on microVMs and workspace ones elsewhere."""
+    if chosen != "auto":
+        if chosen == "machine" and backend != "microvm":
+            raise BackendUnavailable(f"machine snapshots need --backend microvm, not {backend}")
+        return chosen
+    return "machine" if backend == "microvm" else "workspace"
 
 
 def coordinator_spaces(backend: str, run_dir: str, failpoints: str = "") -> CampaignSpaces:

@@ -48,6 +48,7 @@ def summarize(*, mode: str, backend: str, seed_base: int, records: list[dict[str
     reachable = reachable_cells(durable_mode or mode)
     out["cells"] = f"{len(cells_hit(records) & reachable)}/{len(reachable)}"
     out.update(redrive_summary(records))
+    out["power_losses"] = sum(r["counts"].get("power_losses", 0) for r in records)
     out["seconds"] = round(seconds, 1)
     out["verdict"] = VERDICT_NAMES[merge(valid)]
     return out

@@ -7,6 +7,8 @@ end) so the host can do to the guest what a campaign and a provider need, withou
 through spacesd (which may be down, or the thing being injured):
 
     ping                 nothing: the host learns the channel is up (it pings first)
+    time NS              set the guest's clock to the host's (unix time in ns): after a
+                         boot (the RTC has whole seconds) and a restore (back in time)
     sync                 flush every filesystem (``sync(2)``): what a clean shutdown does
     kill-daemon          SIGKILL spacesd and wait for the supervisor's next one
     kill PID             SIGKILL one process of the guest (by the pid the guest sees)
@@ -67,6 +69,9 @@ class Agent:
     def _do(self, command: str, arg: str) -> str:
         if command == "ping":
             return ""
+        if command == "time":
+            time.clock_settime_ns(time.CLOCK_REALTIME, int(arg))
+            return ""
         if command == "sync":
             os.sync()
             return ""
@@ -80,8 +85,8 @@ class Agent:
             return ""
         if command == "state":
             return self._state()
-        raise ValueError(f"unknown command {command!r}; known: ping, sync, kill-daemon, "
-                         "kill PID, state")
+        raise ValueError(f"unknown command {command!r}; known: ping, time NS, sync, "
+                         "kill-daemon, kill PID, state")
 
     def _state(self) -> str:
         buf = io.BytesIO()
@@ -112,9 +117,10 @@ def serve(port: str, agent: Agent) -> None:
         pending += chunk
         while b"\n" in pending:
             line, pending = pending.split(b"\n", 1)
-            reply = agent.answer(line.decode("utf-8", "replace"))
+            out = memoryview(agent.answer(line.decode("utf-8", "replace")).encode() + b"\n")
             try:
-                os.write(fd, reply.encode() + b"\n")
+                while out:  # a port takes a long answer in parts
+                    out = out[os.write(fd, out):]
             except OSError:
                 pass  # the host went away before the answer: it asks again
 

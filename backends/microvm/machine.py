@@ -30,9 +30,15 @@ from spacesd import procfs
 from .artifacts import Artifacts
 
 GUEST_PORT = 3211
-#: Under TCG the guest has no way to measure its TSC (no PIT or HPET in microvm's reduced
-#: ACPI): it is told a frequency, and trusts its TSC as a clocksource.
-TCG_CLOCK = "tsc_early_khz=2000000 tsc=reliable"
+def host_tsc_khz() -> int:
+    """The host's TSC frequency (TCG hands the guest the host's TSC), from /proc/cpuinfo."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("cpu MHz"):
+                return int(float(line.split(":")[1]) * 1000)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 2_000_000
 
 
 @dataclass(frozen=True)
@@ -51,7 +57,9 @@ def qemu_argv(art: Artifacts, spec: MachineSpec, *, overlay: Path, sockets: Path
               probe: bool = False) -> list[str]:
     append = ["console=ttyS0", "root=/dev/vda", "rw", "quiet", "panic=-1", f"cua.token={token}"]
     if spec.accel == "tcg":
-        append.append(TCG_CLOCK)
+        # No PIT or HPET in microvm's reduced ACPI: under TCG the guest cannot measure its
+        # TSC; it is told the frequency (the host's) and trusts the TSC as its clock.
+        append += [f"tsc_early_khz={host_tsc_khz()}", "tsc=reliable"]
     if probe:
         append.append("cua.probe")
     argv = ["qemu-system-x86_64", "-M", "microvm,isa-serial=on,rtc=on", "-accel", spec.accel,

@@ -66,6 +66,7 @@ class SandboxSnapshots:
             raise PermanentFailure(f"Space {space} has no checkpoint {checkpoint_id!r}")
         if self.spaces.running(space):
             self.spaces.qmp(space).hmp(f"loadvm {checkpoint_id}")
+            self.spaces.set_clock(space)  # back at the checkpoint's time until told
         else:
             self.spaces.create(space, loadvm=checkpoint_id)
 

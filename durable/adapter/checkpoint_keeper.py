@@ -9,6 +9,7 @@ reaches the failpoints of taking one and records them in ``cua.space``
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from ..failpoints import failpoint
@@ -23,6 +24,10 @@ class CheckpointKeeper:
     def __init__(self, snapshots: SnapshotProvider, epoch: int) -> None:
         self.snapshots = snapshots
         self.epoch = epoch
+        #: Fences a Space at this driver's epoch again (``SpaceKeeper.refence``): a machine
+        #: restore brings back the daemon's floor of the checkpoint's time, and the
+        #: processes of older epochs alive then.
+        self.refence: Callable[[SpaceClient], object] | None = None
 
     def after_call(self, ctx: CallContext, client: SpaceClient) -> None:
         """Checkpoint the Space and record it with the call's result (and that entry)."""
@@ -48,8 +53,11 @@ class CheckpointKeeper:
         return CheckpointMark(ref.space, ref.id)
 
     def restore(self, client: SpaceClient, mark: CheckpointMark) -> None:
-        """Make the Space equal to ``mark`` (its callers reach ``recovery.restore`` first)."""
+        """Make the Space equal to ``mark`` (its callers reach ``recovery.restore`` first);
+        after a whole-machine restore, fence it at this epoch again before anything runs."""
         self.snapshots.restore(client, mark.ref)
+        if self.snapshots.kind == "machine" and self.refence is not None:
+            self.refence(client)
 
     def only_inside(self, mark: CheckpointMark, space: str) -> bool:
         """Whether ``mark`` lives only inside ``space`` (lost with it: no durable store)."""

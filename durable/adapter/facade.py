@@ -91,6 +91,7 @@ class DurableSpaces:
                                  root_space=root_space, epoch=epoch, on_stale=on_stale, on_halt=on_halt,
                                  modes=self.modes, image=self.image,
                                  checkpoints=self.checkpoints, recorder=self.recorder)
+        self.checkpoints.refence = self.space.refence
         self.runner = CallRunner(session=token, epoch=epoch, cwd=cwd, fence=fence,
                                  space=self.space, modes=self.modes, image=self.image,
                                  checkpoints=self.checkpoints, recorder=self.recorder)

@@ -148,6 +148,11 @@ class SpaceKeeper:
         caps = self._advance(client)
         return SpaceHandle(name, client, caps, _space_id(client))
 
+    def refence(self, client: SpaceClient) -> None:
+        """Fence the Space behind ``client`` at this epoch again (after a machine restore
+        brought back an older floor and older processes)."""
+        self._advance(client)
+
     def _advance(self, client: SpaceClient) -> frozenset[str]:
         """Fence the Space at this epoch (kills older commands); its capabilities."""
         try:

@@ -264,5 +264,5 @@ def test_a_run_record_is_the_line_every_campaign_wrote() -> None:
     assert list(record["counts"]) == ["kills", "daemon_kills", "space_restarts",
                                       "lost_spaces", "process_kills", "fenced", "timeouts",
                                       "attempts", "foreign", "drives", "refused_tokens",
-                                      "coordinator_kills"]  # new keys appended, old ones kept
+                                      "coordinator_kills", "power_losses"]  # appended only
     assert json.loads(json.dumps(record)) == record
