@@ -26,11 +26,11 @@ from .run_spec import RunSpec
 from .space_providers import make_spaces
 from .summary import cells_hit, redrive_table, summarize, summary_line
 
-MODES = ("transactional", "checkpoint", "auto", "stale", "exhaustive", "redrive")
+MODES = ("transactional", "checkpoint", "auto", "stale", "exhaustive", "redrive", "machine")
 DEFAULT_PRESET = {"auto": "auto", "exhaustive": "small"}
 DEFAULT_DURABLE = {"transactional": "transactional", "checkpoint": "checkpoint",
                    "auto": "auto", "stale": "auto", "exhaustive": "checkpoint",
-                   "redrive": "checkpoint"}
+                   "redrive": "checkpoint", "machine": "checkpoint"}
 EXIT = {"valid": 0, "invalid": 1, "unknown": 2, "interrupted": 130}
 #: How long an interrupted campaign waits for its running runs to end their drivers and
 #: delete their Spaces.

@@ -108,6 +108,9 @@ def campaign_config(args: argparse.Namespace) -> CampaignConfig:
     _env_choice("--backend", args.backend, "CRASH_BACKEND", BACKENDS)
     _env_choice("--durable-mode", args.durable_mode, "CRASH_DURABLE_MODE", DURABLE_MODES)
     _env_choice("--stale-kind", args.stale_kind, "CRASH_STALE_KIND", KINDS)
+    if args.mode == "machine" and args.backend != "microvm":
+        raise BadArguments(f"--mode machine checks whole-machine checkpoints: it needs "
+                           f"--backend microvm, not {args.backend}")
     _check_driver(args.driver)
     if args.results.exists() and not args.results.is_dir():
         raise BadArguments(f"--results {args.results} is a file, not a directory; pass the "

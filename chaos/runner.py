@@ -43,6 +43,7 @@ from .faults import FaultPlan, draw_plan, on_machine, reachable_points
 from .holds import Holds
 from .launch import OtherSession, driver_argv, driver_env
 from .nemesis import NoopNemesis, Target, ValidatingNemesis
+from .machine_check import run_machine_check
 from .observe import agent_history, observe
 from .redrive import DriverTracker, draw_redrive_plan, keys_of, kind_of, observe_second, run_redrive
 from .processes import OwnedProcess
@@ -105,7 +106,7 @@ class Run:
 
     def _draw_plan(self) -> FaultPlan:
         spec = self.spec
-        if spec.campaign_mode == "stale":
+        if spec.campaign_mode in ("stale", "machine"):
             return FaultPlan(spec.seed, ())
         if spec.campaign_mode == "redrive":
             return draw_redrive_plan(spec.seed, kind_of(spec.seed, spec.redrive_kind),
@@ -186,6 +187,8 @@ class Run:
     def execute(self) -> RunRecord:
         spec, state = self.spec, self.state
         state.t0 = time.time()
+        if spec.campaign_mode == "machine":
+            return run_machine_check(self)
         if self.dir.exists():
             shutil.rmtree(self.dir)
         (self.dir / "state").mkdir(parents=True)

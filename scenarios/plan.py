@@ -140,6 +140,11 @@ def _command(k: int, kind: str, rng: random.Random, preset: Preset
         return append, {}
     if kind == "long":
         return f"sleep {preset.long_seconds}; {append}", {}
+    if kind == "synced_append":
+        # Its append reaches the disk (fsync of the file) while it still runs: a power
+        # loss then keeps the line; only a ledger that recorded the start durably first
+        # tells the next driver the command ran.
+        return f"{append} && sync {LOG_FILE}; sleep {preset.long_seconds}", {}
     if kind == "background":
         return f"(sleep {BACKGROUND_SECONDS} >/dev/null 2>&1 &); {append}", {}
     if kind == "detached":

@@ -210,10 +210,11 @@ def _sums(step: Step, ws: WorkspaceModel) -> tuple[int, str]:
 #: The effect (and the exit status and output it gives) of each shell step kind.
 EFFECTS: dict[str, Effect] = {
     "append": _append, "long": _append, "background": _append, "detached": _append,
+    "synced_append": _append,
     "many_files": _many_files,
     "fail": _fail, "write_fail": _write_fail, "big_output": _big_output, "rm": _rm, "mv": _mv,
     "mkdir": _mkdir, "symlink": _symlink, "chmod": _chmod, "binary": _binary,
     "large": _large, "sums": _sums,
 }
 APPENDING = frozenset({"append", "long", "background", "detached", "write_fail",
-                       "big_output"})
+                       "big_output", "synced_append"})

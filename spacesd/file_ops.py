@@ -243,6 +243,7 @@ class Workspace:
                     raise
                 raise Conflict(f"directory {path!r} is not empty; pass recursive=true "
                                "to remove it with its contents") from None
+        os.fsync(dir_fd)  # the entry is gone for good, also after a power loss
         return True
 
     def mkdir(self, path: str) -> None:
@@ -251,6 +252,7 @@ class Workspace:
                 return
             try:
                 os.mkdir(w.name, 0o777, dir_fd=w.fd)
+                os.fsync(w.fd)  # the new entry survives a power loss
             except FileExistsError:
                 st = os.stat(w.name, dir_fd=w.fd, follow_symlinks=False)
                 if not stat.S_ISDIR(st.st_mode):

@@ -103,5 +103,6 @@ class AtomicWriter:
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(tmp, dir_fd=tmp_fd)
                     raise
+            os.fsync(parent_fd)  # a link is an entry: it survives a power loss only so
         finally:
             os.close(parent_fd)

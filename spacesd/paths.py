@@ -185,6 +185,7 @@ class Walk:
                 made += 1
                 try:
                     os.mkdir(name, 0o777, dir_fd=self.fd)
+                    os.fsync(self.fd)  # the new entry survives a power loss
                 except FileExistsError:
                     pass
                 todo.insert(0, name)

@@ -264,5 +264,6 @@ def test_a_run_record_is_the_line_every_campaign_wrote() -> None:
     assert list(record["counts"]) == ["kills", "daemon_kills", "space_restarts",
                                       "lost_spaces", "process_kills", "fenced", "timeouts",
                                       "attempts", "foreign", "drives", "refused_tokens",
-                                      "coordinator_kills", "power_losses"]  # appended only
+                                      "coordinator_kills", "power_losses",
+                                      "machine_checks"]  # appended only
     assert json.loads(json.dumps(record)) == record

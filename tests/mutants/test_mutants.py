@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("durable", "spacesd", "backends", "chaos", "scenarios")
+PACKAGES = ("durable", "spacesd", "backends", "chaos", "scenarios", "ci")
 SLICE_TIMEOUT_S = 600
 
 
@@ -62,6 +62,15 @@ MUTANTS: tuple[Mutant, ...] = (
         "the start record is written after the spawn, so a daemon that dies in between "
         "forgets a command that runs",
         "exhaustive-daemon", "G1", "ran bash key_unknown after a daemon kill at exec.spawned"),
+    Mutant(
+        "ledger-record-not-synced", "spacesd/journal.py",
+        (("            os.fdatasync(self._fd)\n",
+          "            if record.get(\"t\") != \"start\":\n"
+          "                os.fdatasync(self._fd)\n"),),
+        "the ledger's start record is not fsynced before the command is spawned, so a power "
+        "cut while the command runs can lose the record of a command whose writes reached "
+        "the disk, and it runs again",
+        "microvm-power", "G1", "a power cut while a command that fsynced its append sleeps"),
     Mutant(
         "known-exited-key-restarted", "spacesd/exec_ledger.py",
         (("            if rec is not None:\n                if (rec.command, rec.cwd)",
@@ -246,6 +255,17 @@ def _apply(mutant: Mutant, tree: Path) -> None:
 @pytest.mark.parametrize("mutant_id", [m.id for m in MUTANTS])
 def test_mutant_is_caught(mutant_id: str, tmp_path: Path) -> None:
     mutant = BY_ID[mutant_id]
+    from chaos.ci_subset import BY_NAME
+
+    needs = BY_NAME[mutant.slice].needs
+    if needs is not None:
+        from chaos.errors import BackendUnavailable
+        from chaos.space_providers import make_spaces
+
+        try:
+            make_spaces(needs, tmp_path / "probe")
+        except BackendUnavailable as exc:
+            pytest.skip(f"mutant {mutant.id}'s slice needs the {needs} backend: {exc}")
     tree = tmp_path / "tree"
     _copy_project(tree)
     _apply(mutant, tree)
