@@ -5,7 +5,8 @@ and Space, seeded with ``files`` files of 4 KiB through the Space client (or, un
 through ``LocalEnv``) before anything is timed. Modes: ``unwrapped`` (the harness on
 ``LocalEnv``, no adapter, no Space: the baseline), ``transactional``, ``checkpoint`` (workspace
 snapshots kept in the Space), ``checkpoint+store`` (also copied to a
-``DirectoryCheckpointStore``) and ``auto``.
+``DirectoryCheckpointStore``), ``auto`` and, on microVMs, ``machine`` (checkpoint mode with
+whole-machine snapshots, ``SandboxSnapshots``).
 
 What is timed: from the start of the call's intent commit to the end of its result commit,
 read off the storage (``MeteredStorage``), so the model turns around the call are not in it
@@ -43,6 +44,7 @@ from chaos.space_providers import BackendUnavailable, make_spaces
 from durable.adapter import (
     SPACE_DOC,
     DirectoryCheckpointStore,
+    SnapshotProvider,
     TransactionalLimits,
     WorkspaceSnapshots,
     durable_spaces,
@@ -56,10 +58,13 @@ from durable.spaces import Spaces
 from durable.storage import Batch, Snapshot, SqliteStorage
 from durable.tools import ToolRegistry
 
-MODES = ("unwrapped", "transactional", "checkpoint", "checkpoint+store", "auto")
+MODES = ("unwrapped", "transactional", "checkpoint", "checkpoint+store", "auto", "machine")
 #: The adapter mode each benchmark mode asks for (what ``effective_mode`` is compared to).
 ADAPTER_MODE = {"unwrapped": "unwrapped", "transactional": "transactional",
-                "checkpoint": "checkpoint", "checkpoint+store": "checkpoint", "auto": "auto"}
+                "checkpoint": "checkpoint", "checkpoint+store": "checkpoint", "auto": "auto",
+                "machine": "checkpoint"}
+#: Modes only some backends have: whole-machine checkpoints need a microVM.
+ONLY_ON = {"machine": "microvm"}
 KINDS = ("write", "edit", "bash")
 SIZES = (10, 100, 1000)
 FILE_SIZE = 4096
@@ -210,8 +215,14 @@ def _open_cell(backend: str, mode: str, files: int, spaces: Spaces, work: Path,
     # Transactional is measured within its limits; auto keeps the defaults, so the
     # report shows where it switches to checkpoint.
     limits = TransactionalLimits(max_files=files + 100) if mode == "transactional" else None
-    adapter = durable_spaces(session=slug, spaces=spaces,
-                             snapshots=WorkspaceSnapshots(spaces, "", store),
+    if mode == "machine":
+        from backends.microvm import MicroVMSpaces, SandboxSnapshots
+
+        assert isinstance(spaces, MicroVMSpaces)
+        snapshots: SnapshotProvider = SandboxSnapshots(spaces)
+    else:
+        snapshots = WorkspaceSnapshots(spaces, "", store)
+    adapter = durable_spaces(session=slug, spaces=spaces, snapshots=snapshots,
                              mode=ADAPTER_MODE[mode], epoch=1, fence=None, space_prefix="cost",
                              transactional=limits)
     registry.extend(adapter.extension)
@@ -256,6 +267,8 @@ def open_cells(backend: str, spaces: Spaces, modes: tuple[str, ...], sizes: tupl
         stack.callback(delete_spaces)
         cells = []
         for mode in modes:
+            if ONLY_ON.get(mode, backend) != backend:
+                continue  # e.g. machine snapshots off a microVM
             for files in sizes:
                 cell = _open_cell(backend, mode, files, spaces, work, created)
                 stack.callback(cell.close)

@@ -133,6 +133,7 @@ def ensure(say: Callable[[str], None] = lambda _line: None) -> Artifacts:
             os.rename(work, out)
         finally:
             shutil.rmtree(work, ignore_errors=True)
+        prune()
     found = _complete(out, key)
     assert found is not None
     return found
@@ -141,8 +142,31 @@ def ensure(say: Callable[[str], None] = lambda _line: None) -> Artifacts:
 def _complete(out: Path, key: str) -> Artifacts | None:
     paths = Artifacts(out / "vmlinuz", out / "initrd.gz", out / "base.qcow2", key)
     if all(p.is_file() for p in (paths.kernel, paths.initrd, paths.disk)):
+        os.utime(out)  # used now: pruning keeps it
         return paths
     return None
+
+
+#: Recipes kept in the cache (the most recently used), and how recently used one must be
+#: to be kept anyway (a Space booted from it may boot again).
+KEEP_RECIPES = 6
+KEEP_USED_WITHIN_S = 3600.0
+
+
+def prune() -> list[str]:
+    """Remove the cached builds of old recipes (every spacesd change makes a new one);
+    the removed keys."""
+    import time
+
+    builds = sorted((p for p in cache_dir().iterdir()
+                     if p.is_dir() and not p.name.startswith(".")),
+                    key=lambda p: p.stat().st_mtime, reverse=True)
+    removed = []
+    for old in builds[KEEP_RECIPES:]:
+        if time.time() - old.stat().st_mtime > KEEP_USED_WITHIN_S:
+            shutil.rmtree(old, ignore_errors=True)
+            removed.append(old.name)
+    return removed
 
 
 def _build(work: Path, kernel: str, say: Callable[[str], None]) -> None:

@@ -281,7 +281,10 @@ def probe_accel() -> str:
     if not os.access("/dev/kvm", os.R_OK | os.W_OK):
         return "tcg"
     art = ensure()
-    cached = cache_dir() / f"accel-{art.key}"
+    version = subprocess.run(["qemu-system-x86_64", "--version"], capture_output=True,
+                             text=True).stdout.split("\n")[0]
+    kernel = hashlib.sha256(art.kernel.read_bytes() + version.encode()).hexdigest()[:16]
+    cached = cache_dir() / f"accel-{kernel}"  # per kernel and QEMU, not per recipe
     if cached.is_file():
         return cached.read_text().strip()
     with tempfile.TemporaryDirectory(prefix="cua-probe-") as tmp:
