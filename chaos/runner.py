@@ -114,7 +114,10 @@ class Run:
         plan = draw_plan(spec.seed, self.scenario, spec.durable_mode,
                          long_seconds=self.preset.long_seconds)
         if spec.backend == "microvm":
-            durable = snapshot_kind(spec.backend, spec.snapshots) == "workspace"
+            # A lost Space is rebuilt from the log's image (transactional) or a store;
+            # whole-machine checkpoints go with it.
+            durable = spec.durable_mode == "transactional" or \
+                snapshot_kind(spec.backend, spec.snapshots) == "workspace"
             plan = on_machine(plan, durable_checkpoints=durable)
         return plan
 

@@ -32,11 +32,7 @@ SUDO=()
 missing=()
 command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)
 command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
-if [ ${#missing[@]} -gt 0 ]; then
-    say "installing ${missing[*]}"
-    "${SUDO[@]}" apt-get update -q >/dev/null
-    "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null
-fi
+bash ci/apt-install.sh "${missing[@]}"
 bash ci/setup.sh
 
 # 2. engine -----------------------------------------------------------------

@@ -21,11 +21,7 @@ command -v qemu-system-x86_64 >/dev/null 2>&1 || missing+=(qemu-system-x86)
 command -v qemu-img >/dev/null 2>&1 || missing+=(qemu-utils)
 [ -x /bin/busybox ] && ! grep -q /lib64/ld-linux /bin/busybox 2>/dev/null || missing+=(busybox-static)
 command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
-if [ ${#missing[@]} -gt 0 ]; then
-    say "installing ${missing[*]}"
-    "${SUDO[@]}" apt-get update -q >/dev/null
-    "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null
-fi
+bash ci/apt-install.sh "${missing[@]}"
 bash ci/setup.sh
 "${SUDO[@]}" .venv/bin/python -m backends.microvm build >/dev/null
 say "guest built; accelerator: $(.venv/bin/python -m backends.microvm probe)"
