@@ -127,6 +127,11 @@ def observe(run_dir: Path, spaces: CampaignSpaces, space_name: str, *, session: 
     except SpaceError:
         rows = []  # the Space is gone: the hash comparison reports it
     all_ledgers: list[dict[str, Any]] | None = list(ledgers)
+    # A machine restore takes the Space's audit files back in time: what they said before
+    # each one was kept on the host (microVM Spaces).
+    for kept in getattr(spaces, "audit_history", lambda _name: [])(space_name):
+        all_ledgers.append({"why": "before a machine restore", "audit": read_state(str(kept))
+                            .to_json()})
     try:
         all_ledgers.append(save_ledger(spaces, space_name, run_dir / "ledgers" / "final",
                                        "final"))

@@ -23,7 +23,7 @@ from typing import Any
 from . import exec_files, journal
 from .epoch_fence import read_floor
 from .exec_ledger import recorded_end, replay
-from .protocol import STATE_EPOCH, STATE_EXEC_DIR, STATE_FENCES, STATE_LEDGER
+from .protocol import STATE_EPOCH, STATE_EXEC_DIR, STATE_FENCES, STATE_LEDGER, STATE_SPACE_ID
 
 
 @dataclass(frozen=True)
@@ -58,10 +58,15 @@ class StateAudit:
     keys: list[KeyAudit]
     #: The fence journal's records as stored (see ``fence_journal``), in order.
     fences: list[dict[str, Any]]
+    #: Which Space the state is of (``space_identity``); None for state older than ids.
+    space_id: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"floor": self.floor, "keys": [asdict(k) for k in self.keys],
-                "fences": list(self.fences)}
+        out = {"floor": self.floor, "keys": [asdict(k) for k in self.keys],
+               "fences": list(self.fences)}
+        if self.space_id is not None:  # absent before ids: old records read as they were
+            out["space_id"] = self.space_id
+        return out
 
     def key(self, key: str) -> KeyAudit:
         """The audit of ``key``; KeyError if the ledger never recorded it."""
@@ -96,5 +101,10 @@ def read_state(state_dir: str) -> StateAudit:
             fenced_by=fenced_by,
             starts=starts[rec.key],
         ))
+    try:
+        with open(os.path.join(state_dir, STATE_SPACE_ID)) as f:
+            space_id: str | None = f.read().strip() or None
+    except FileNotFoundError:
+        space_id = None
     return StateAudit(read_floor(os.path.join(state_dir, STATE_EPOCH)), keys,
-                      journal.load(os.path.join(state_dir, STATE_FENCES)).records)
+                      journal.load(os.path.join(state_dir, STATE_FENCES)).records, space_id)

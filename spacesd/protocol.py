@@ -283,9 +283,9 @@ _AUDIT_EXEC_SUFFIXES = (".claim", ".exit")
 
 def is_audit_file(rel: str) -> bool:
     """Whether ``rel``, a path relative to a state directory, is one an audit reads:
-    the ledger, the fence journal, the epoch, and the claim and exit file of each command
-    (not their output, not checkpoints, not temp files)."""
-    if rel in (STATE_LEDGER, STATE_FENCES, STATE_EPOCH):
+    the ledger, the fence journal, the epoch, the Space's id, and the claim and exit file of
+    each command (not their output, not checkpoints, not temp files)."""
+    if rel in (STATE_LEDGER, STATE_FENCES, STATE_EPOCH, STATE_SPACE_ID):
         return True
     parent, _, name = rel.partition("/")
     return (parent == STATE_EXEC_DIR and "/" not in name and not name.startswith(".")

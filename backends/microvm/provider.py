@@ -269,6 +269,20 @@ class MicroVMSpaces:
         with tarfile.open(fileobj=io.BytesIO(data)) as tar:
             tar.extractall(dest, filter="data")
 
+    def keep_audit(self, name: str) -> Path:
+        """Save the daemon's audit files now, on the host, under the Space (before a machine
+        restore takes them back in time); where they went."""
+        history = self.space_dir(name) / "audit-history"
+        history.mkdir(exist_ok=True)
+        dest = history / f"{len(list(history.iterdir())):04d}"
+        self.save_state(name, dest)
+        return dest
+
+    def audit_history(self, name: str) -> list[Path]:
+        """The audit files kept before each machine restore, oldest first."""
+        history = self.space_dir(name) / "audit-history"
+        return sorted(history.iterdir()) if history.is_dir() else []
+
     def _accel(self) -> str:
         if self.accel != "auto":
             return self.accel

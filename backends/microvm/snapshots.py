@@ -5,6 +5,10 @@ A checkpoint is an internal snapshot of the Space's qcow2 overlay, taken with QE
 their memory), and every write after the checkpoint is gone. ``fork`` starts a new Space
 from a copy of the disk (with its snapshots) at the checkpoint.
 
+A restore takes the daemon's audit files (its exec ledger, fence journal) back in time with
+everything else; what they said before is kept on the host first (``MicroVMSpaces.
+keep_audit``), so an audit of the Space still sees every fence and every start.
+
 Checkpoints live in the Space's overlay on the host, outside the guest (nothing in the
 guest can touch them), and go with the Space when it is deleted: the provider is not
 ``durable`` (a lost Space in checkpoint mode ends its session, as without a
@@ -64,6 +68,8 @@ class SandboxSnapshots:
         self._check(checkpoint_id)
         if checkpoint_id not in self.list(space):
             raise PermanentFailure(f"Space {space} has no checkpoint {checkpoint_id!r}")
+        # The daemon's audit files go back in time with the machine: keep what they said.
+        self.spaces.keep_audit(space)
         if self.spaces.running(space):
             self.spaces.qmp(space).hmp(f"loadvm {checkpoint_id}")
             self.spaces.set_clock(space)  # back at the checkpoint's time until told

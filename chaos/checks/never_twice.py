@@ -25,13 +25,16 @@ KEY = re.compile(r"^(?P<session>[^:]+):(?P<conv>\d+):(?P<call>.+):(?P<n>\d+)@(?P
 
 
 def started_keys(ledgers: list[dict]) -> list[dict]:
-    """Every key of every saved ledger that reached a spawn, once per generation."""
-    seen: set[tuple[int, str]] = set()
+    """Every key of every saved ledger that reached a spawn, once per Space generation.
+    Copies of one Space's state (taken before a machine restore, and its final one) share
+    its id: a key in several of them is one start."""
+    seen: set[tuple[int | str, str]] = set()
     out = []
     for generation, ledger in enumerate(ledgers):
+        space = ledger["audit"].get("space_id") or generation
         for k in ledger["audit"]["keys"]:
-            if k["spawned"] and (generation, k["key"]) not in seen:
-                seen.add((generation, k["key"]))
+            if k["spawned"] and (space, k["key"]) not in seen:
+                seen.add((space, k["key"]))
                 out.append({**k, "generation": generation, "why": ledger["why"]})
     return out
 
