@@ -2,16 +2,28 @@
 
 First every dead campaign's note (``live.clean_dead``: its drivers, Spaces, daemons,
 commands and temp directories, even after its results directory was deleted), then the
-local Spaces found under a results directory, then, unless only local ones are asked for,
-every campaign's docker Spaces (by their labels).
+local and microVM Spaces found under a results directory, then, unless only local ones are
+asked for, every campaign's docker Spaces (by their labels).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from . import live
+
+
+def _microvms(spaces_dir: Path) -> int:
+    """Delete the microVM Spaces (their QEMUs by pid and start time) under ``spaces_dir``."""
+    from backends.microvm import MicroVMSpaces
+
+    provider = MicroVMSpaces(spaces_dir)
+    names = provider.names()
+    for name in names:
+        provider.delete(name)
+    return len(names)
 
 
 def clean(args: argparse.Namespace) -> int:
@@ -27,6 +39,7 @@ def clean(args: argparse.Namespace) -> int:
         for name in provider.names():
             provider.delete(name)
             removed += 1
+        removed += _microvms(spaces_dir)
     if args.backend == "local":
         print(f"clean: removed {removed} Space(s)")
         return 0
