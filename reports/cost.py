@@ -136,6 +136,7 @@ STYLE: dict[str, dict[str, Any]] = {
     "checkpoint": {"marker": "^", "linestyle": "--"},
     "checkpoint+store": {"marker": "v", "linestyle": "-."},
     "auto": {"marker": "D", "linestyle": ":", "markerfacecolor": "none"},
+    "machine": {"marker": "P", "linestyle": (0, (5, 1, 1, 1))},
 }
 PLAIN = FuncFormatter(lambda value, _pos: f"{value:g}")
 #: Minor ticks of a log axis labelled at 2 and 5 times a power of ten only.

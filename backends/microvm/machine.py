@@ -138,21 +138,34 @@ class QMP(LineChannel):
     """QEMU's machine protocol: one connection per command (QEMU takes one client)."""
 
     def command(self, name: str, **arguments: Any) -> Any:
-        with self._lock, self._connect() as s:
-            f = s.makefile("rw", encoding="utf-8")
-            f.readline()  # the greeting
-            for cmd in ({"execute": "qmp_capabilities"},
-                        {"execute": name, **({"arguments": arguments} if arguments else {})}):
-                f.write(json.dumps(cmd) + "\n")
-                f.flush()
-                while True:
-                    reply = json.loads(f.readline() or "{}")
-                    if "event" in reply:
+        """Run one QMP command; its ``return``. A machine that goes away meanwhile (power
+        cut, deleted) raises ``SpaceUnavailable``: whether the command took effect is
+        unknown, as for any request to a Space that broke off."""
+        try:
+            with self._lock, self._connect() as s:
+                f = s.makefile("rw", encoding="utf-8")
+                self._line(f, name)  # the greeting
+                for cmd in ({"execute": "qmp_capabilities"},
+                            {"execute": name, **({"arguments": arguments} if arguments else {})}):
+                    f.write(json.dumps(cmd) + "\n")
+                    f.flush()
+                    while "event" in (reply := self._line(f, name)):
                         continue
-                    break
-                if "error" in reply:
-                    raise SpaceUnavailable(f"QMP {cmd['execute']}: {reply['error']}")
-            return reply.get("return")
+                    if "error" in reply:
+                        raise SpaceUnavailable(f"QMP {cmd['execute']}: {reply['error']}")
+                return reply.get("return")
+        except (OSError, ValueError) as exc:  # reset, cut short, or garbage mid-answer
+            raise SpaceUnavailable(f"QMP {name}: the machine's channel broke ({exc!r}); "
+                                   "whether it took effect is unknown") from exc
+
+    @staticmethod
+    def _line(f: Any, name: str) -> dict[str, Any]:
+        line = f.readline()
+        if not line:
+            raise SpaceUnavailable(f"QMP {name}: QEMU closed the channel (the machine is "
+                                   "gone or stopping)")
+        reply: dict[str, Any] = json.loads(line)
+        return reply
 
     def hmp(self, line: str) -> str:
         """A human-monitor command (savevm, loadvm, delvm, info snapshots); its output."""
@@ -170,7 +183,15 @@ class Agent(LineChannel):
     def call(self, command: str) -> str:
         """Send ``command`` and return the answer's data. A ping goes first, again every
         0.2 s until answered: the guest sees a new connection only after a moment, and what
-        reaches it before then is lost (a ping is harmless twice; a command is not)."""
+        reaches it before then is lost (a ping is harmless twice; a command is not). A
+        channel that breaks raises ``SpaceUnavailable``."""
+        try:
+            return self._call(command)
+        except OSError as exc:
+            raise SpaceUnavailable(f"the guest agent's channel broke during {command!r} "
+                                   f"({exc!r}); whether it took effect is unknown") from exc
+
+    def _call(self, command: str) -> str:
         with self._lock, self._connect() as s:
             reader = _Lines(s)
             deadline = time.monotonic() + self.timeout

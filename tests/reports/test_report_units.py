@@ -73,6 +73,12 @@ def test_markdown_table_aligns_columns() -> None:
                                  "| transactional |  1.5 |", "| auto          | 12.0 |"]
 
 
+def test_every_cost_mode_has_a_line_style() -> None:
+    from reports import cost_bench
+
+    assert set(cost.STYLE) == set(cost_bench.MODES)
+
+
 def test_cost_tables_and_the_fitted_growth() -> None:
     rows = [{"backend": "local", "mode": mode, "files": files, "kind": kind, "round": r,
              "call": r, "ms": base + slope * files + r * 0.01, "log_bytes": 4096 + files,
