@@ -10,7 +10,9 @@ everything else; what they said before is kept on the host first (``MicroVMSpace
 keep_audit``), so an audit of the Space still sees every fence and every start.
 
 Checkpoints live in the Space's overlay on the host, outside the guest (nothing in the
-guest can touch them), and go with the Space when it is deleted: the provider is not
+guest can touch them); the adapter's keeps the newest three of a Space (``keep``), so a
+conversation forked at an older entry cannot start from its machine state. They go with the
+Space when it is deleted: the provider is not
 ``durable`` (a lost Space in checkpoint mode ends its session, as without a
 ``CheckpointStore``). After a restore the daemon inside has the checkpoint's older epoch
 floor; the adapter raises it again before it runs anything (``CheckpointKeeper``).
@@ -39,13 +41,22 @@ class SandboxSnapshots:
     kind: Literal["workspace", "machine"] = "machine"
     durable = False
 
-    def __init__(self, spaces: MicroVMSpaces) -> None:
+    def __init__(self, spaces: MicroVMSpaces, *, keep: int = 3) -> None:
+        if keep < 2:
+            raise ValueError(f"keep at least 2 machine checkpoints (recovery may need the one "
+                             f"before the newest), got {keep}")
         self.spaces = spaces
+        self.keep = keep
 
     # ---------------------------------------------------------------- the adapter's side
 
     def take(self, client: SpaceClient, checkpoint_id: str) -> CheckpointRef:
+        """A checkpoint after a call; only the newest ``keep`` of the Space are kept (each
+        holds the machine's memory: about 125 MB for a 512 MiB guest). Recovery restores
+        the newest recorded one, which is one of the last two taken."""
         self.checkpoint(client.name, checkpoint_id)
+        for old in self.list(client.name)[:-self.keep]:
+            self.delete(client.name, old)
         return CheckpointRef(client.name, checkpoint_id)
 
     def restore(self, client: SpaceClient, ref: CheckpointRef) -> None:

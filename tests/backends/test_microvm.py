@@ -118,6 +118,9 @@ def test_a_machine_checkpoint_brings_processes_back_and_writes_after_it_are_gone
     assert b.describe()["space_id"] == c.describe()["space_id"]  # the same machine, forked
     snaps.delete("a", "cp1")
     assert snaps.list("a") == []
+    for i in range(4):  # the adapter's checkpoints: the newest three are kept
+        snaps.take(c, f"t{i}")
+    assert snaps.list("a") == ["t1", "t2", "t3"]
 
 
 def test_a_power_loss_loses_unsynced_writes_and_a_clean_restart_keeps_them(vms) -> None:
