@@ -72,9 +72,10 @@ def test_the_saved_state_reads_as_exec_status_says(spaces: LocalSpaces,
         "starts": 1}
 
     copied = files_under(tmp_path / "saved")
-    assert {"ledger.jsonl", "fences.jsonl", "epoch"} <= copied
-    assert {os.path.splitext(f)[1] for f in copied - {"ledger.jsonl", "fences.jsonl",
-                                                      "epoch"}} == {".claim", ".exit"}
+    top = {"ledger.jsonl", "fences.jsonl", "epoch", "space_id"}
+    assert top <= copied
+    assert {os.path.splitext(f)[1] for f in copied - top} == {".claim", ".exit"}
+    assert saved.space_id == new.describe()["space_id"]
     assert all(f.startswith("exec/") for f in copied if f.endswith((".claim", ".exit")))
 
     kill_process(*space.daemon())  # with no daemon: the same files, the same audit
