@@ -74,6 +74,14 @@ class Doc:
         return text
 
 
+def updated(fn: Callable[[Any], Any], value: Any) -> Any:
+    """``fn`` applied to a draft (a deep copy) of ``value``: what it returns, or, when it
+    returns None, the draft it changed in place (``lambda d: d["items"].append(x)``)."""
+    draft = copy.deepcopy(value)
+    returned = fn(draft)
+    return draft if returned is None else returned
+
+
 _registry: dict[str, Doc] = {}
 _registry_lock = threading.Lock()
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from . import schema
 from .env import ExecutionEnv
-from .errors import DurableError, ToolError
+from .errors import DocConflict, DurableError, ToolError
 from .failpoints import failpoint
 from .log import ROOT_CONVERSATION, Log
 from .models import Model, ModelError, ModelRequest
@@ -47,6 +47,8 @@ from .tools import (
 #: Builds the env of a conversation: ``factory(log, conversation_id)``.
 EnvFactory = Callable[[Log, int], ExecutionEnv]
 DEFAULT_MAX_TURNS = 200
+#: How often a result is committed again over documents another process keeps changing.
+DOC_RETRIES = 50
 
 
 @dataclass(frozen=True)
@@ -94,10 +96,14 @@ class Harness:
         registry: ToolRegistry,
         env: ExecutionEnv | EnvFactory | None = None,
         max_turns: int = DEFAULT_MAX_TURNS,
+        context: Callable[[Log, int], list[dict[str, Any]]] | None = None,
     ) -> None:
         self.log = log
         self._models = models
         self.registry = registry
+        #: Messages put before the history at each model turn, not logged
+        #: (``doc_context.prompt_docs``).
+        self.context = context
         self._env = env
         self._envs: dict[int, ExecutionEnv] = {}
         self.max_turns = max_turns
@@ -114,12 +120,13 @@ class Harness:
         env: ExecutionEnv | EnvFactory | None = None,
         extensions: list[Extension] | None = None,
         max_turns: int = DEFAULT_MAX_TURNS,
+        context: Callable[[Log, int], list[dict[str, Any]]] | None = None,
     ) -> Harness:
         log = storage if isinstance(storage, Log) else Log.open(storage)
         reg = registry if registry is not None else ToolRegistry()
         for ext in extensions or []:
             reg.extend(ext)
-        return cls(log, models=models, registry=reg, env=env, max_turns=max_turns)
+        return cls(log, models=models, registry=reg, env=env, max_turns=max_turns, context=context)
 
     def close(self) -> None:
         self.log.close()
@@ -222,6 +229,8 @@ class Harness:
 
     def _model_turn(self, conversation: int) -> None:
         messages = to_messages(self.log.entries(conversation))
+        if self.context is not None:
+            messages = [*self.context(self.log, conversation), *messages]
         reply = self.model_for(conversation).complete(
             ModelRequest(conversation, messages, self.registry.specs())
         )
@@ -292,13 +301,24 @@ class Harness:
         return out if isinstance(out, ToolResult) else ToolResult(str(out))
 
     def _commit_result(self, ctx: CallContext, result: ToolResult) -> None:
-        slot = self.log.slot(ctx.conversation, ctx.call_id) or ctx.slot
-        with self.log.transaction() as tx:
-            entry = tx.append(ctx.conversation, "tool_result", {
-                "call_id": slot.call_id, "name": slot.name, **result.to_json()})
-            tx.put_slot(replace(slot, state="done", result_entry=entry,
-                               progress=ctx.progress_text))
-            ctx.finish_into(tx, entry)
+        """Commit the result with the call's document edits. A document another process
+        changed meanwhile (``DocConflict``) is read again and the call's edits applied on
+        it anew (they are ops on the value, ``CallContext``), so no edit is lost."""
+        for attempt in range(DOC_RETRIES):
+            slot = self.log.slot(ctx.conversation, ctx.call_id) or ctx.slot
+            try:
+                with self.log.transaction() as tx:
+                    entry = tx.append(ctx.conversation, "tool_result", {
+                        "call_id": slot.call_id, "name": slot.name, **result.to_json()})
+                    tx.put_slot(replace(slot, state="done", result_entry=entry,
+                                       progress=ctx.progress_text))
+                    ctx.finish_into(tx, entry)
+                return
+            except DocConflict:
+                if not ctx.staged_docs or attempt == DOC_RETRIES - 1:
+                    raise
+                for doc in ctx.staged_docs:
+                    self.log.refresh_doc(ctx.conversation, doc)
 
 
 class Submission:

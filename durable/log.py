@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .docs import Doc, defined_docs
+from .docs import Doc, defined_docs, updated
 from .errors import (
     DocConflict,
     DocError,
@@ -326,13 +326,17 @@ class Log:
     def request_entry(self, conversation: int, request_id: str) -> int | None:
         return self._requests.get((conversation, request_id))
 
-    def read_doc(self, conversation: int, doc: Doc, *, as_of: int | None = None) -> DocValue:
+    def read_doc(self, conversation: int, doc: Doc, *, as_of: int | None = None,
+                 fresh: bool = False) -> DocValue:
         """The value of ``doc`` in ``conversation`` (migrated to the code's version).
 
         ``as_of`` an entry id reads the value as it was right after that entry; it needs a
-        rewindable document.
+        rewindable document. ``fresh`` reads it from the storage first, with what other
+        processes committed (``refresh_doc``); otherwise this log's view is read.
         """
         with self._lock:
+            if fresh:
+                self._refresh(conversation, doc)
             history = self._docs.get((conversation, doc.kind), [])
             if as_of is not None:
                 if doc.history != "rewindable":
@@ -347,6 +351,18 @@ class Log:
             value = doc.decode(copy.deepcopy(last.value), last.version)
             return DocValue(value, last.revision, last.at)
 
+    def refresh_doc(self, conversation: int, doc: Doc) -> DocValue:
+        """Read ``doc`` again from the storage: another process (an app beside a running
+        session) may have written it since this log last looked."""
+        return self.read_doc(conversation, doc, fresh=True)
+
+    def _refresh(self, conversation: int, doc: Doc) -> None:
+        self._check_open()
+        stored = self.storage.load_docs(conversation, doc.kind)
+        mine = self._docs.get((conversation, doc.kind), [])
+        if stored and (not mine or stored[-1].revision >= mine[-1].revision):
+            self._docs[(conversation, doc.kind)] = stored
+
     def update_doc(
         self,
         conversation: int,
@@ -358,26 +374,58 @@ class Log:
     ) -> DocValue:
         """Apply ``fn`` to the current value and commit the result.
 
-        ``fn`` runs outside the lock on the revision it read; when another edit landed first
-        it is called again on the new value. With ``expect_revision``, a mismatch raises
+        ``fn`` gets a copy of the value (a draft) and returns the new value, or changes the
+        draft in place and returns None (``lambda d: d["items"].append(x)``). It runs outside
+        any lock on the revision it read; when another edit landed first (in this process or
+        another: the value is read again from the storage then) it is called again on the
+        new value. With ``expect_revision``, a mismatch with the stored revision raises
         ``DocConflict`` instead.
         """
         for _ in range(attempts):
             current = self.read_doc(conversation, doc)
             if expect_revision is not None and current.revision != expect_revision:
-                raise DocConflict(
-                    f"document {doc.kind!r} of conversation {conversation} is at revision "
-                    f"{current.revision}, expected {expect_revision}; read it again"
-                )
-            new_value = fn(copy.deepcopy(current.value))
+                current = self.refresh_doc(conversation, doc)  # this view may lag
+                if current.revision != expect_revision:
+                    raise DocConflict(
+                        f"document {doc.kind!r} of conversation {conversation} is at "
+                        f"revision {current.revision}, expected {expect_revision}; read it "
+                        "again"
+                    )
+            new_value = updated(fn, current.value)
             try:
                 with self.transaction() as tx:
                     tx.write_doc(conversation, doc, new_value, expect_revision=current.revision)
             except DocConflict:
                 if expect_revision is not None:
                     raise
+                self.refresh_doc(conversation, doc)
                 continue
             return self.read_doc(conversation, doc)
         raise DocConflict(
             f"document {doc.kind!r} kept changing under update_doc ({attempts} attempts)"
         )
+
+    def watch_doc(self, conversation: int, doc: Doc, *, after: int = 0,
+                  interval: float = 0.1, stop: threading.Event | None = None,
+                  timeout: float | None = None) -> Iterator[DocValue]:
+        """The revisions of ``doc`` after revision ``after``, in order, as they are
+        committed by any process (the storage is polled every ``interval`` seconds), until
+        ``stop`` is set or ``timeout`` seconds have passed. A rewindable document yields
+        every revision; a ``latest`` one keeps only its newest, so a watcher that polls
+        slower than it changes sees the newest at each look."""
+        seen = after
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            for rec in self.storage.load_docs(conversation, doc.kind):
+                if rec.revision > seen:
+                    seen = rec.revision
+                    yield DocValue(doc.decode(copy.deepcopy(rec.value), rec.version),
+                                   rec.revision, rec.at)
+            if stop is not None and stop.is_set():
+                return
+            if deadline is not None and time.monotonic() >= deadline:
+                return
+            if stop is not None:
+                stop.wait(interval)
+            else:
+                time.sleep(interval)

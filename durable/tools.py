@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from .docs import Doc
+from .docs import Doc, updated
 from .errors import ToolError, UnknownTool
 from .storage.records import SlotRecord
 
@@ -95,7 +95,7 @@ class CallContext:
         self.env = env
         #: True when this call is being finished by recovery after a crash.
         self.recovering = recovering
-        self._staged: dict[str, tuple[Doc, Any]] = {}
+        self._staged: dict[str, tuple[Doc, list[tuple[str, Any]]]] = {}
         self._hooks: list[ResultHook] = []
         self._progress = slot.progress
         self._progress_sent = slot.progress
@@ -103,22 +103,36 @@ class CallContext:
         self._lock = threading.Lock()
 
     # -- documents -------------------------------------------------------------
+    #
+    # A call's document edits are staged and committed with its result, each as an op on
+    # the value found at commit time: a write sets it, an update is a function of it. So an
+    # edit another process committed meanwhile is kept: the harness reads the document
+    # again and applies the ops anew (``DocConflict`` at the result's commit).
 
     def read_doc(self, doc: Doc) -> Any:
         """The value as this call sees it (its own staged edits included)."""
-        staged = self._staged.get(doc.kind)
-        if staged is not None:
-            return copy.deepcopy(staged[1])
-        return self.log.read_doc(self.conversation, doc).value
+        return self._apply(doc, self.log.read_doc(self.conversation, doc).value)
 
     def write_doc(self, doc: Doc, value: Any) -> None:
         doc.encode(value)
-        self._staged[doc.kind] = (doc, copy.deepcopy(value))
+        self._staged[doc.kind] = (doc, [("set", copy.deepcopy(value))])
 
     def update_doc(self, doc: Doc, fn: Callable[[Any], Any]) -> Any:
-        value = fn(self.read_doc(doc))
-        self.write_doc(doc, value)
+        """Stage ``fn`` (returns the new value, or changes its draft and returns None);
+        the value it gives on what the document holds now."""
+        doc.encode(updated(fn, self.read_doc(doc)))  # a value that cannot be stored: now
+        ops = self._staged.get(doc.kind, (doc, []))[1]
+        self._staged[doc.kind] = (doc, [*ops, ("fn", fn)])
+        return self.read_doc(doc)
+
+    def _apply(self, doc: Doc, value: Any) -> Any:
+        for op, arg in self._staged.get(doc.kind, (doc, []))[1]:
+            value = copy.deepcopy(arg) if op == "set" else updated(arg, value)
         return value
+
+    @property
+    def staged_docs(self) -> list[Doc]:
+        return [doc for doc, _ops in self._staged.values()]
 
     def commit_now(self, extra: Callable[[Transaction], object] | None = None) -> None:
         """Commit the staged document edits (and ``extra``'s additions) now, in one
@@ -139,8 +153,9 @@ class CallContext:
         self._hooks.append(hook)
 
     def stage_into(self, tx: Transaction) -> None:
-        for doc, value in self._staged.values():
-            tx.write_doc(self.conversation, doc, value)
+        for doc, _ops in self._staged.values():
+            tx.write_doc(self.conversation, doc, self._apply(
+                doc, tx.read_doc(self.conversation, doc)))
 
     def finish_into(self, tx: Transaction, result_entry: int) -> None:
         """Called by the harness inside the result transaction: the hooks first (they may
@@ -270,12 +285,20 @@ def host_tool(
 
 
 def doc_tools(docs: list[Doc]) -> list[Tool]:
-    """A ``read_<kind>`` and an ``update_<kind>`` tool per document (update replaces the
-    value; the write commits with the call's result)."""
+    """A ``read_<name>`` and an ``update_<name>`` tool per document, named from the last
+    part of its kind (``read_todos`` and ``update_todos`` for ``app.todos``); update
+    replaces the value, and the write commits with the call's result. Two documents whose
+    kinds end alike are refused (their tools would share names)."""
 
     out: list[Tool] = []
+    names: dict[str, str] = {}
     for doc in docs:
-        safe = doc.kind.replace(".", "_")
+        safe = doc.kind.rsplit(".", 1)[-1].replace("-", "_")
+        if safe in names:
+            raise ValueError(f"documents {names[safe]!r} and {doc.kind!r} would both have tools "
+                             f"named read_{safe}/update_{safe}; give one a kind whose last part "
+                             "differs")
+        names[safe] = doc.kind
 
         def read(args: dict[str, Any], ctx: CallContext, doc: Doc = doc) -> ToolResult:
             return ToolResult(json.dumps(ctx.read_doc(doc)))

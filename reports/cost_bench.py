@@ -56,6 +56,7 @@ from durable.harness import Conversation, Harness
 from durable.models import PlannedCall, ScriptedModel
 from durable.spaces import Spaces
 from durable.storage import Batch, Snapshot, SqliteStorage
+from durable.storage.records import DocRecord
 from durable.tools import ToolRegistry
 
 MODES = ("unwrapped", "transactional", "checkpoint", "checkpoint+store", "auto", "machine")
@@ -103,6 +104,9 @@ class MeteredStorage:
 
     def load(self) -> Snapshot:
         return self.inner.load()
+
+    def load_docs(self, conversation: int, kind: str) -> list[DocRecord]:
+        return self.inner.load_docs(conversation, kind)
 
     def commit(self, batch: Batch) -> None:
         if self.intent_at is None and any(s.state == "running" for s in batch.slots):

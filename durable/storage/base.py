@@ -12,6 +12,12 @@ each have their own in-memory ``Log``:
 - request ids: a (conversation, request_id) pair is admitted once (else ``DuplicateRequest``);
 - document revisions: a write carries the stored revision + 1 (else ``DocConflict``).
 
+A batch that writes only documents (no conversation, entry, slot or request, no id) does not
+need the counter to match: its revisions are its guard. So another process (an app) can
+update a session's documents while the session runs and writes entries: each side's
+writes are refused only when they meet on the same document. The storage stamps such a
+batch's documents with its own position (``rebased``), not the writer's, which may lag.
+
 ``validate_batch`` implements all three against lookups the storage provides, so every
 storage applies exactly the same rules.
 """
@@ -21,6 +27,7 @@ from __future__ import annotations
 import copy
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Protocol, runtime_checkable
 
 from ..errors import (
@@ -51,9 +58,29 @@ class Storage(Protocol):
         """
         ...
 
+    def load_docs(self, conversation: int, kind: str) -> list[DocRecord]:
+        """The stored writes of one document, oldest first (only the newest for a
+        ``latest`` document): what another process committed too."""
+        ...
+
     def close(self) -> None:
         """Release the storage. Every later call raises ``StorageClosed``. Idempotent."""
         ...
+
+
+def docs_only(batch: Batch) -> bool:
+    """Whether ``batch`` writes only documents (allocates no id, touches nothing else)."""
+    return bool(batch.docs) and batch.next_id == batch.base_id and not (
+        batch.conversations or batch.entries or batch.slots or batch.requests)
+
+
+def rebased(batch: Batch, next_id: int) -> Batch:
+    """``batch`` as a storage at ``next_id`` commits it: a documents-only batch built on an
+    older counter is moved onto the current one, its writes stamped at the newest entry."""
+    if not docs_only(batch) or batch.base_id == next_id:
+        return batch
+    return replace(batch, base_id=next_id, next_id=next_id,
+                   docs=[replace(d, at=next_id - 1) for d in batch.docs])
 
 
 def validate_batch(
@@ -68,7 +95,7 @@ def validate_batch(
     ``has_request(conversation, request_id)`` tells whether the pair was admitted;
     ``doc_revision(conversation, kind)`` gives the stored revision (0 when never written).
     """
-    if batch.base_id != next_id:
+    if batch.base_id != next_id and not docs_only(batch):
         raise LogConflict(
             f"batch was built on id {batch.base_id} but the log is at {next_id}: another "
             "writer committed since this log was opened; reopen it"
@@ -127,9 +154,21 @@ class MemoryStorage:
             self._check_open()
             return copy.deepcopy(self._snap)
 
+    @property
+    def next_id(self) -> int:
+        with self._lock:
+            return self._snap.next_id
+
+    def load_docs(self, conversation: int, kind: str) -> list[DocRecord]:
+        with self._lock:
+            self._check_open()
+            return [copy.deepcopy(d) for d in self._snap.docs
+                    if (d.conversation, d.kind) == (conversation, kind)]
+
     def commit(self, batch: Batch) -> None:
         with self._lock:
             self._check_open()
+            batch = rebased(batch, self._snap.next_id)
             validate_batch(
                 batch,
                 next_id=self._snap.next_id,

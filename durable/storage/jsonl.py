@@ -66,9 +66,9 @@ from ..atomic_file import fsync_dir
 from ..errors import CorruptLog, NotALog, StorageClosed, StorageError, StorageUncertain
 from ..fence_contract import Fence
 from . import commit_mark
-from .base import MemoryStorage
+from .base import MemoryStorage, rebased
 from .log_path import stat_existing
-from .records import Batch, Snapshot, encode_json
+from .records import Batch, DocRecord, Snapshot, encode_json
 
 LOG_NAME = "log.jsonl"
 LOCK_NAME = "log.lock"
@@ -252,13 +252,18 @@ class JsonlStorage:
             return self._state.load()
 
     def commit(self, batch: Batch) -> None:
-        line, replayed = _encode(batch)
         with self.commit_lock():
             if self._fence is not None:
                 self._fence.check()
             self._catch_up()
+            line, replayed = _encode(rebased(batch, self._state.next_id))
             self._state.commit(replayed)
             self._append(line)
+
+    def load_docs(self, conversation: int, kind: str) -> list[DocRecord]:
+        with self.commit_lock():
+            self._catch_up()
+            return self._state.load_docs(conversation, kind)
 
     def close(self) -> None:
         with self._lock:

@@ -82,7 +82,7 @@ from typing import Any, TypeVar
 
 from ..errors import CorruptLog, NotALog, StorageClosed, StorageError, StorageUncertain
 from . import commit_mark
-from .base import validate_batch
+from .base import rebased, validate_batch
 from .epochs import EpochGuard
 from .log_path import stat_existing
 from .records import (
@@ -416,15 +416,34 @@ class SqliteStorage:
         with self._lock:
             return self._transaction(_READ, self._read_snapshot)
 
-    def commit(self, batch: Batch) -> None:
-        rows = _rows(batch)
+    def load_docs(self, conversation: int, kind: str) -> list[DocRecord]:
+        """One document's stored writes, each row verified against its checksum."""
+        def read(conn: sqlite3.Connection) -> list[DocRecord]:
+            out = []
+            for *values, crc in conn.execute(
+                    f"SELECT {_CHECKED['docs'][1]}, crc FROM docs WHERE conversation = ? AND "
+                    "kind = ? ORDER BY revision", (conversation, kind)):
+                if crc != _row_crc("docs", values):
+                    raise _corrupt(self.path, f"row {values[0]!r} of table docs does not "
+                                              "match its checksum")
+                _seq, c, k, version, revision, value, at, history = values
+                out.append(DocRecord(c, k, version, revision, json.loads(value), at, history))
+            return out
 
+        with self._lock:
+            return self._transaction(_READ, read)
+
+    def commit(self, batch: Batch) -> None:
         def write(conn: sqlite3.Connection) -> _Digest:
+            nonlocal batch
             if self.epoch_guard is not None:
                 self._admit_epoch(conn)
+            stored = conn.execute("SELECT value FROM meta WHERE key = 'next_id'").fetchone()[0]
+            batch = rebased(batch, stored)
+            rows = _rows(batch)
             validate_batch(
                 batch,
-                next_id=conn.execute("SELECT value FROM meta WHERE key = 'next_id'").fetchone()[0],
+                next_id=stored,
                 has_request=lambda c, r: conn.execute(
                     "SELECT 1 FROM requests WHERE conversation = ? AND request_id = ?", (c, r)
                 ).fetchone() is not None,

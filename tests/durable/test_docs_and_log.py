@@ -47,6 +47,11 @@ class ReopenableMemory:
             raise StorageClosed("closed view")
         self.memory.commit(batch)
 
+    def load_docs(self, conversation: int, kind: str):  # type: ignore[no-untyped-def]
+        if self.closed:
+            raise StorageClosed("closed view")
+        return self.memory.load_docs(conversation, kind)
+
     def close(self) -> None:
         self.closed = True
 

@@ -73,7 +73,7 @@ def test_tool_doc_edits_commit_with_the_result_or_not_at_all(tmp_path: Path) -> 
 
     schema = {"type": "object", "properties": {"item": {"type": "string"}}, "required": ["item"]}
     plan = [PlannedCall(0, "add", {"item": "a"}), PlannedCall(1, "add", {"item": "boom"}),
-            PlannedCall(2, "read_test_tasks", {}), PlannedCall(3, "update_test_tasks", {"value": ["z"]})]
+            PlannedCall(2, "read_tasks", {}), PlannedCall(3, "update_tasks", {"value": ["z"]})]
     h = harness_for(tmp_path, plan, [Tool("add", "add", schema, add)] + doc_tools([TASKS]))
     assert h.root().submit(content="go").wait().done
     r = tool_results(h)
