@@ -58,7 +58,8 @@ def test_ci_slice(tmp_path: Path, name: str) -> None:
     assert summary["failed"] == "0" and summary["unknown"] == "0", text
     assert code == 0
     faults = sum(int(summary[k]) for k in ("kills", "daemon_kills", "space_restarts",
-                                            "lost_spaces", "process_kills", "fenced", "foreign"))
+                                            "lost_spaces", "process_kills", "fenced", "foreign",
+                                            "power_losses", "coordinator_kills"))
     assert faults >= int(summary["runs"]), "the nemesis must actually strike"
     k, n = map(int, summary["cells"].split("/"))
     if BY_NAME[name].full_cells:
