@@ -203,9 +203,9 @@ class Stored(Generic[T]):
     load: Callable[[Any], T]
     dump: Callable[[T], Any]
 
-    def read(self, log: Log, conversation: int) -> T:
-        """The committed value."""
-        return self.load(log.read_doc(conversation, self.doc).value)
+    def read(self, log: Log, conversation: int, *, as_of: int | None = None) -> T:
+        """The committed value (``as_of`` an entry: as it was right after it)."""
+        return self.load(log.read_doc(conversation, self.doc, as_of=as_of).value)
 
     def read_in(self, tx: Transaction, conversation: int) -> T:
         """The value as ``tx`` would leave it (its own writes included)."""

@@ -4,7 +4,7 @@ The store is ``--store`` (``CUA_COORDINATOR_STORE``; default ``coordinator.sqlit
 a SQLite file, or ``postgresql://user:password@host:port/db[?schema=NAME]`` for several
 coordinators on several machines. ``serve`` needs the Spaces provider its sessions' Spaces
 live in, named as ``MODULE:FACTORY`` with ``--spaces-arg KEY=VALUE`` arguments (for example
-``backends.local:LocalSpaces --spaces-arg root=/var/lib/spaces``); ``durable`` never
+``backends.local:LocalSpaces --spaces-arg base_dir=/var/lib/spaces``); ``durable`` never
 imports a backend itself.
 
 Exit codes: 0 done, 1 an unknown session, 254 bad arguments (one line saying what).
@@ -13,7 +13,6 @@ Exit codes: 0 done, 1 an unknown session, 254 bad arguments (one line saying wha
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import signal
@@ -24,47 +23,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..lifetime import DIE_WITH_ENV, die_with
-from ..spaces import Spaces
+from ..spaces_loader import BadProvider, load_spaces, pairs
 from .coordinator import Backoff, Coordinator, CoordinatorConfig
 from .records import CoordinatorError, SessionRecord, SessionSpec, UnknownSession
 from .store import CoordinatorStore, open_store
 
 STORE_ENV = "CUA_COORDINATOR_STORE"
 EXIT_BAD_ARGS = 254
-
-
-class BadArguments(Exception):
-    pass
-
-
-def _pairs(items: Sequence[str], what: str) -> dict[str, str]:
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise BadArguments(f"{what} {item!r}: expected KEY=VALUE")
-        out[key] = value
-    return out
-
-
-def load_spaces(target: str, args: dict[str, str]) -> Spaces:
-    """The provider ``MODULE:FACTORY`` makes with ``args`` (strings)."""
-    module_name, sep, attr = target.partition(":")
-    if not sep or not module_name or not attr:
-        raise BadArguments(f"--spaces {target!r}: expected MODULE:FACTORY, e.g. "
-                           "backends.local:LocalSpaces")
-    try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise BadArguments(f"--spaces {target!r}: {type(exc).__name__}: {exc}") from None
-    try:
-        spaces = factory(**args)
-    except TypeError as exc:
-        raise BadArguments(f"--spaces {target} does not take {sorted(args)}: {exc}") from None
-    if not isinstance(spaces, Spaces):
-        raise BadArguments(f"--spaces {target} made a {type(spaces).__name__}, which is not a "
-                           "Spaces provider (durable.spaces.Spaces)")
-    return spaces
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -142,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     except UnknownSession as exc:
         print(f"durable.coordinator: {exc}", file=sys.stderr)
         return 1
-    except (BadArguments, ValueError, CoordinatorError) as exc:
+    except (BadProvider, ValueError, CoordinatorError) as exc:
         print(f"durable.coordinator: {exc}", file=sys.stderr)
         return EXIT_BAD_ARGS
     finally:
@@ -154,7 +119,7 @@ def _run(args: argparse.Namespace, store: CoordinatorStore) -> int:
         return _serve(args, store)
     if args.command == "submit":
         spec = SessionSpec(args.name, args.space, tuple(args.driver), args.state_dir, args.input,
-                           args.mode, not args.no_checkpoint_store, _pairs(args.env, "--env"))
+                           args.mode, not args.no_checkpoint_store, pairs(args.env, "--env"))
         rec = store.submit(spec, time.time())
         print(f"{rec.name} {rec.state}")
         return 0
@@ -206,7 +171,7 @@ def _serve(args: argparse.Namespace, store: CoordinatorStore) -> int:
         stall_secs=args.stall_secs, heartbeat_secs=args.heartbeat_secs,
         poll_secs=args.poll_secs, claim_secs=args.claim_secs,
         lease_secs=args.lease_days * 86400.0, max_drives=args.max_drives)
-    spaces_args = _pairs(args.spaces_arg, "--spaces-arg")
+    spaces_args = pairs(args.spaces_arg, "--spaces-arg")
     spaces = load_spaces(args.spaces, spaces_args)
     provider = json.dumps({"spaces": args.spaces, "args": spaces_args}, sort_keys=True)
     coordinator = Coordinator(store, spaces, config=config, id=args.id, provider=provider)
