@@ -45,6 +45,9 @@ POINTS: dict[str, str] = {
     "recovery.restore": "a checkpoint restore is about to run",
     "recovery.reimage": "the workspace is about to be made equal to the image",
     "recovery.decided": "recovery decided; the call's result is not committed",
+    # a virtual workspace's call (durable.virtual)
+    "virtual.ran": "the tool ran on the call's files in memory; its change is not committed",
+    "virtual.blobs_written": "the change's larger files are in the blob store; not committed",
     # the driver
     "session.end": "the session finished; the driver is about to exit 0",
 }

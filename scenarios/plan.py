@@ -202,6 +202,13 @@ def _command(k: int, kind: str, rng: random.Random, preset: Preset
         path, size = f"big/b{k}.bin", preset.large_bytes
         return (f"mkdir -p big && yes '{m} payload' | head -c {size} > {path}",
                 {"path": path, "size": size})
+    if kind == "large_loop":
+        # ``large`` written line by line with shell builtins only (a shell with no ``yes``,
+        # as a virtual workspace's): a whole number of lines, about ``large_bytes``.
+        path, line = f"big/b{k}.bin", f"{m} payload\n"
+        lines = max(1, preset.large_bytes // len(line))
+        return (f"mkdir -p big && {{ for i in $(seq 1 {lines}); do printf '{m} payload\\n'; "
+                f"done; }} > {path}", {"path": path, "size": lines * len(line)})
     if kind == "sums":
         path = write_path(rng.randrange(WRITE_SLOTS))
         return (f"{{ sha256sum {DOC_FILE} {README}; cat {path} 2>/dev/null | sha256sum; }} "

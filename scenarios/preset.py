@@ -16,7 +16,7 @@ import yaml
 
 STEP_KINDS = ("write", "edit", "append", "long", "background", "many_files", "never_tool",
               "safe_tool", "fail", "write_fail", "big_output", "rm", "mv", "mkdir", "symlink",
-              "chmod", "binary", "large", "sums", "detached", "synced_append")
+              "chmod", "binary", "large", "sums", "detached", "synced_append", "large_loop")
 PRESET_DIR = Path(__file__).parent
 
 

@@ -214,7 +214,7 @@ EFFECTS: dict[str, Effect] = {
     "many_files": _many_files,
     "fail": _fail, "write_fail": _write_fail, "big_output": _big_output, "rm": _rm, "mv": _mv,
     "mkdir": _mkdir, "symlink": _symlink, "chmod": _chmod, "binary": _binary,
-    "large": _large, "sums": _sums,
+    "large": _large, "large_loop": _large, "sums": _sums,
 }
 APPENDING = frozenset({"append", "long", "background", "detached", "write_fail",
                        "big_output", "synced_append"})

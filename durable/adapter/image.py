@@ -40,6 +40,9 @@ class Image:
     table: dict[str, Row] = field(default_factory=dict)
     #: sha256 → id of the entry holding its bytes.
     blobs: dict[str, int] = field(default_factory=dict)
+    #: Contents kept outside the log, in a blob store beside it (a virtual workspace's
+    #: larger files, ``durable.virtual.blob_store``).
+    external: set[str] = field(default_factory=set)
     #: The last entry folded in (incremental folding).
     upto: int = 0
 
@@ -50,7 +53,12 @@ class Image:
             self.table[path] = (kind, _mode(mode) if kind == "file" else 0, ident)
         for sha in payload.get("blobs", {}):
             self.blobs.setdefault(sha, entry_id)
+        self.external.update(payload.get("ext", ()))
         self.upto = entry_id
+
+    def holds(self, sha: str) -> bool:
+        """Whether the log (or its blob store) already holds this content."""
+        return sha in self.blobs or sha in self.external
 
     def files(self) -> int:
         return len(self.table)
@@ -80,7 +88,7 @@ class Diff:
     def new_blobs(self, image: Image) -> list[str]:
         """Content hashes this diff needs that the log does not hold yet."""
         return sorted({ident for kind, _mode, ident in self.set.values()
-                       if kind == "file" and ident not in image.blobs})
+                       if kind == "file" and not image.holds(ident)})
 
 
 def diff(image: Image, rows: dict[str, Row]) -> Diff:
@@ -90,17 +98,19 @@ def diff(image: Image, rows: dict[str, Row]) -> Diff:
     return Diff(changed, deleted)
 
 
-def payload(d: Diff, blobs: dict[str, bytes], *, call_id: str | None) -> dict[str, Any]:
-    """The hidden entry data recording ``d`` (with the given new blobs)."""
-    return {
-        "hidden": True,
-        IMAGE_KEY: {
-            "call_id": call_id,
-            "set": {p: list(r) for p, r in d.set.items()},
-            "del": d.deleted,
-            "blobs": {sha: base64.b64encode(data).decode("ascii") for sha, data in blobs.items()},
-        },
+def payload(d: Diff, blobs: dict[str, bytes], *, call_id: str | None,
+            external: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The hidden entry data recording ``d`` (with the given new blobs; ``external``: new
+    contents written to the blob store beside the log instead)."""
+    out: dict[str, Any] = {
+        "call_id": call_id,
+        "set": {p: list(r) for p, r in d.set.items()},
+        "del": d.deleted,
+        "blobs": {sha: base64.b64encode(data).decode("ascii") for sha, data in blobs.items()},
     }
+    if external:
+        out["ext"] = sorted(external)
+    return {"hidden": True, IMAGE_KEY: out}
 
 
 def blob_from(entry_data: dict[str, Any], sha: str) -> bytes:
