@@ -15,7 +15,6 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from durable.adapter.decide import reachable_cells
 
 from . import live
 from .faults import RECOVERY_POINTS, FaultPlan, exhaustive_plans
@@ -23,8 +22,8 @@ from .plots import campaign_plots
 from .records import ResultsDir
 from .run_pool import LocalPool, RunPool
 from .run_spec import RunSpec
-from .space_providers import make_spaces
-from .summary import cells_hit, redrive_table, summarize, summary_line
+from .space_providers import VIRTUAL, probe_backend
+from .summary import campaign_cells, cells_hit, redrive_table, summarize, summary_line
 
 MODES = ("transactional", "checkpoint", "auto", "stale", "exhaustive", "redrive", "machine")
 DEFAULT_PRESET = {"auto": "auto", "exhaustive": "small"}
@@ -110,10 +109,14 @@ class CampaignConfig:
     def preset_name(self) -> str:
         if self.preset is None and self.mode == "stale" and self.stale_kind == "detached":
             return "detached"
+        if self.preset is None and self.backend == VIRTUAL and self.mode != "exhaustive":
+            return "virtual"  # the default agent's kinds a pure-Python shell runs as bash
         return self.preset or DEFAULT_PRESET.get(self.mode, "default")
 
     @property
     def adapter_mode(self) -> str:
+        if self.backend == VIRTUAL:
+            return "transactional"  # the workspace is in the log, with each call's result
         return self.durable_mode or DEFAULT_DURABLE[self.mode]
 
     def to_json(self) -> dict[str, Any]:
@@ -224,7 +227,7 @@ def run_campaign(cfg: CampaignConfig, out: TextIO = sys.stdout) -> int:
     cannot be had here (the CLI turns that into exit 254)."""
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="chaos-probe-") as probe:
-        make_spaces(cfg.backend, Path(probe))
+        probe_backend(cfg.backend, Path(probe))
     results = ResultsDir.create(cfg.results_root, cfg.mode, cfg.backend)
     results.write_json("campaign.json", cfg.to_json())
     note = live.Campaign.open()
@@ -307,7 +310,7 @@ def publish(cfg: CampaignConfig, results: ResultsDir, records: list[dict[str, An
                         seed_base=cfg.seeds[0] if cfg.seeds else cfg.seed_base,
                         records=records, seconds=seconds, covered=covered,
                         durable_mode=cfg.adapter_mode)
-    missed = sorted(reachable_cells(cfg.adapter_mode) - cells_hit(records))
+    missed = sorted(campaign_cells(cfg.backend, cfg.adapter_mode) - cells_hit(records))
     if missed:
         print(f"cells not reached ({len(missed)}; mode, decision, tool, cause):", file=out)
         for cell in missed:

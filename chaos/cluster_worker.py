@@ -131,7 +131,7 @@ def worker_main(scheduler: str, directory: Path, nworkers: int, nanny: bool, bac
                 extra: list[str]) -> NoReturn:
     """``chaos worker``: end what dead campaigns and workers left on this host, check the
     backend, then become ``dask worker`` (same pid) with one thread per worker process."""
-    from .space_providers import make_spaces
+    from .space_providers import probe_backend
 
     campaigns, killed = live.clean_dead()
     if campaigns:
@@ -139,7 +139,7 @@ def worker_main(scheduler: str, directory: Path, nworkers: int, nanny: bool, bac
               f"({killed} process(es))", file=sys.stderr)
     directory.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="chaos-probe-", dir=directory) as probe:
-        make_spaces(backend, Path(probe))  # BackendUnavailable: exit 254, nothing started
+        probe_backend(backend, Path(probe))  # BackendUnavailable: exit 254, nothing started
     os.environ[WORKER_DIR_ENV] = str((directory / "runs").resolve())
     for key, value in WORKER_CONFIG.items():
         os.environ.setdefault("DASK_" + key.upper().replace(".", "__").replace("-", "_"),

@@ -26,11 +26,13 @@ from durable.fence_contract import Fence
 from durable.harness import Submission
 from durable.session_driver import Session, SessionEnv, run_durable_session
 from durable.tools import ToolRegistry
+from durable.virtual import Node, Tree, virtual
 from scenarios import generate, load
+from scenarios.plan import Scenario
 from scenarios.host_tools import effect_tools
 
 from .live import die_with_parent
-from .space_providers import make_spaces, snapshot_kind
+from .space_providers import VIRTUAL, make_spaces, snapshot_kind
 
 REQUEST_ID = "campaign-input"
 SPACE_PREFIX = "cua"
@@ -74,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     keep = None if args.keep_steps is None else _indices(args.keep_steps)
     scenario = generate(args.seed, preset, steps=args.steps, keep=keep,
                         simple=_indices(args.simple_steps))
+    if args.backend == VIRTUAL:
+        return _virtual_session(args, scenario)
     spaces = make_spaces(args.backend, args.spaces_dir or args.run_dir,
                          failpoints=os.environ.get(SPACE_FAILPOINTS_ENV) or None)
     store = None if args.no_store else DirectoryCheckpointStore(args.run_dir / "store")
@@ -100,6 +104,26 @@ def main(argv: list[str] | None = None) -> int:
                                                request_id=REQUEST_ID)
 
     return run_durable_session(durable=build, start=start)
+
+
+def initial_tree(scenario: Scenario) -> Tree:
+    """The scenario's initial workspace as a virtual workspace's files."""
+    tree: Tree = {p: Node("file", mode, data) for p, (data, mode) in scenario.initial.files.items()}
+    tree.update({p: Node("symlink", 0, t.encode()) for p, t in scenario.initial.links.items()})
+    return tree
+
+
+def _virtual_session(args: argparse.Namespace, scenario: Scenario) -> int:
+    """The session on a virtual workspace: its files in the log, no Space at all."""
+    workspace = virtual(initial=initial_tree(scenario))
+
+    def start(session: Session) -> Submission:
+        registry = ToolRegistry(effect_tools(args.run_dir / "effects"))
+        harness = session.open_harness(models=scenario.model(), registry=registry)
+        return harness.root("scripted").submit(content=f"play scenario {args.seed}",
+                                               request_id=REQUEST_ID)
+
+    return run_durable_session(durable=lambda _fence, _senv: workspace, start=start)
 
 
 if __name__ == "__main__":

@@ -193,6 +193,30 @@ def on_machine(plan: FaultPlan, *, durable_checkpoints: bool) -> FaultPlan:
     return replace(plan, faults=tuple(faults), max_attempts=len(faults) + 4)
 
 
+#: Where a fault aimed at a Space (which a virtual workspace has none of) lands: the
+#: driver's point of the same moment in a virtual workspace's call.
+VIRTUAL_POINT = {"space.start_mark": "call.intent",
+                 "space.before_spawn": "virtual.ran", "space.running": "virtual.ran",
+                 "space.exited": "virtual.ran", "space.file_op": "virtual.ran",
+                 "spacesd.exec.recorded": "virtual.ran", "spacesd.exec.spawned": "virtual.ran",
+                 "spacesd.exec.exit_writing": "virtual.ran",
+                 "space.outcome": "call.returned", "checkpoint.before": "call.returned",
+                 "checkpoint.during": "call.returned", "checkpoint.after": "call.returned",
+                 "spacesd.checkpoint.objects": "virtual.blobs_written",
+                 "spacesd.advance.persisted": "call.begin",
+                 **{p: "call.returned" for p in RECOVERY_POINTS}}
+
+
+def on_virtual(plan: FaultPlan) -> FaultPlan:
+    """``plan`` for a virtual workspace (pure, and a no-op on a plan already made for one):
+    every fault kills the driver (there is no Space to fault), at the point of the same
+    moment (``VIRTUAL_POINT``)."""
+    faults = tuple(replace(f, action="kill_driver", kill_driver=True,
+                           point=VIRTUAL_POINT.get(f.point or "", f.point))
+                   for f in plan.faults)
+    return replace(plan, faults=faults)
+
+
 #: What follows the first kill of an exhaustive plan: one kind of fault during the next
 #: driver's recovery, taken in turn (``pairs=True`` takes every one for every point).
 FOLLOW_UPS: tuple[Fault, ...] = (

@@ -41,7 +41,8 @@ class Target:
     (before that its initial files exist nowhere else, so losing them would be a fault of
     the test, not of the system)."""
 
-    spaces: CampaignSpaces
+    #: None on a virtual workspace: there only the driver can be faulted (``on_virtual``).
+    spaces: CampaignSpaces | None
     space: str
     ledgers: Path
     state: RunState

@@ -8,6 +8,7 @@ reports only ever see the ``Observation`` and the agent's history built here fro
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,8 @@ from durable.adapter.state import RECOVERY_KEY
 from durable.errors import SpaceError
 from durable.log import ROOT_CONVERSATION, Log
 from durable.session_driver import session_log
-from durable.storage.sqlite import SqliteStorage
+from durable.storage.sqlite import EpochHistory, SqliteStorage
+from durable.virtual import Tree, virtual
 from scenarios.host_tools import read_effects
 from scenarios.steps import LOG_FILE
 from spacesd.audit import read_state
@@ -96,29 +98,11 @@ def observe(run_dir: Path, spaces: CampaignSpaces, space_name: str, *, session: 
     newest the runner launched; a driver that ran above it (``EpochTaken``) raised the
     log's floor, which is used then. ``foreign_keys``: keys another log of this session
     started in the Space (stale mode's foreign kind)."""
-    storage = SqliteStorage(session_log(run_dir / "state"))
-    history = storage.epoch_history()
-    epoch = max([epoch, *(raised[0] for raised in history.raises)])
-    log = Log.open(storage)
-    try:
-        calls = calls_of(log)
-        events = recovery_events(log)
-        inputs = [(e.id, e.data.get("request_id")) for e in log.entries(ROOT_CONVERSATION)
-                  if e.kind == "input"]
-        space = log.read_doc(ROOT_CONVERSATION, SPACE_DOC).value
-        image_doc = log.read_doc(ROOT_CONVERSATION, IMAGE_DOC).value
-        image = Image()
-        for e in log.entries(ROOT_CONVERSATION):
-            if e.kind == "system" and IMAGE_KEY in e.data:
-                image.fold(e.id, e.data[IMAGE_KEY])
-        switch = next((ev["entry"] for ev in events if ev["kind"] == "mode"
-                       and ev["mode"] == "checkpoint"), None)
-    finally:
-        log.close()
+    facts = _log_facts(run_dir, epoch)
     rows: list[tuple[str, str, int, str]] = []
     log_txt = ""
     try:
-        client = spaces.connect(space_name, epoch=epoch)
+        client = spaces.connect(space_name, epoch=facts.epoch)
         scan = client.scan()
         rows = [(e.path, e.kind, e.mode, (e.sha256 if e.kind == "file" else e.target) or "")
                 for e in scan.entries if e.kind in ("file", "symlink")]
@@ -140,13 +124,80 @@ def observe(run_dir: Path, spaces: CampaignSpaces, space_name: str, *, session: 
             all_ledgers = None  # there but unreadable: the audits cannot decide
         # else gone: the earlier generations' ledgers are all there is
     obs = Observation(
-        calls=calls, workspace=rows, log_txt=log_txt,
+        calls=facts.calls, workspace=rows, log_txt=log_txt,
         effects=read_effects(run_dir / "effects"), final_exit=final_exit,
-        final_outcome_done=final_done, end_mode=space["mode"],
-        image_hash=image.hash() if space["mode"] == "transactional" else None,
-        image_stale=image_doc["stale"],
-        mode_switch_entry=switch, events=events, inputs=inputs,
-        epoch_raises=list(history.raises),
-        entry_epochs=sorted(history.entry_epochs.items()), ledgers=all_ledgers,
+        final_outcome_done=final_done, end_mode=facts.space["mode"],
+        image_hash=facts.image.hash() if facts.space["mode"] == "transactional" else None,
+        image_stale=facts.image_doc["stale"],
+        mode_switch_entry=facts.switch, events=facts.events, inputs=facts.inputs,
+        epoch_raises=list(facts.history.raises),
+        entry_epochs=sorted(facts.history.entry_epochs.items()), ledgers=all_ledgers,
         stale_error=stale_error, session=session, foreign_keys=list(foreign_keys or []))
-    return obs, events
+    return obs, facts.events
+
+
+@dataclass
+class _LogFacts:
+    """What the observation takes from the session's log."""
+
+    calls: list[ObservedCall]
+    events: list[dict[str, Any]]
+    inputs: list[tuple[int, str | None]]
+    space: dict[str, Any]
+    image_doc: dict[str, Any]
+    image: Image
+    switch: int | None
+    history: EpochHistory
+    epoch: int
+
+
+def _log_facts(run_dir: Path, epoch: int) -> _LogFacts:
+    storage = SqliteStorage(session_log(run_dir / "state"))
+    history = storage.epoch_history()
+    epoch = max([epoch, *(raised[0] for raised in history.raises)])
+    log = Log.open(storage)
+    try:
+        events = recovery_events(log)
+        image = Image()
+        for e in log.entries(ROOT_CONVERSATION):
+            if e.kind == "system" and IMAGE_KEY in e.data:
+                image.fold(e.id, e.data[IMAGE_KEY])
+        return _LogFacts(
+            calls=calls_of(log), events=events,
+            inputs=[(e.id, e.data.get("request_id")) for e in log.entries(ROOT_CONVERSATION)
+                    if e.kind == "input"],
+            space=log.read_doc(ROOT_CONVERSATION, SPACE_DOC).value,
+            image_doc=log.read_doc(ROOT_CONVERSATION, IMAGE_DOC).value, image=image,
+            switch=next((ev["entry"] for ev in events if ev["kind"] == "mode"
+                         and ev["mode"] == "checkpoint"), None),
+            history=history, epoch=epoch)
+    finally:
+        log.close()
+
+
+def observe_virtual(run_dir: Path, initial: Tree, *, session: str, epoch: int,
+                    final_exit: int | None, final_done: bool
+                    ) -> tuple[Observation, list[dict[str, Any]]]:
+    """The observation of a run on a virtual workspace: its workspace is what the log holds
+    (read as the tools read it, every content checked against its hash, blobs included).
+    There is no Space, so no exec ledger or fence records: G2 and G3 have nothing to audit
+    (``ledgers=[]``), G1 and G5 carry the run."""
+    facts = _log_facts(run_dir, epoch)
+    log = Log.open(SqliteStorage(session_log(run_dir / "state")))
+    try:
+        tree = virtual(initial=initial).snapshot(log, ROOT_CONVERSATION)
+    finally:
+        log.close()
+    rows = [(p, n.kind, n.mode, hashlib.sha256(n.data).hexdigest() if n.kind == "file"
+             else n.data.decode("utf-8", "surrogateescape")) for p, n in sorted(tree.items())]
+    log_node = tree.get(LOG_FILE)
+    obs = Observation(
+        calls=facts.calls, workspace=rows,
+        log_txt=log_node.data.decode("utf-8", "replace") if log_node else "",
+        effects=read_effects(run_dir / "effects"), final_exit=final_exit,
+        final_outcome_done=final_done, end_mode="transactional",
+        image_hash=facts.image.hash(), image_stale=None, events=facts.events,
+        inputs=facts.inputs, epoch_raises=list(facts.history.raises),
+        entry_epochs=sorted(facts.history.entry_epochs.items()), ledgers=[],
+        session=session)
+    return obs, facts.events

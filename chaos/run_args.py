@@ -20,7 +20,7 @@ from .campaign import MODES, CampaignConfig
 from .cluster import check_address
 from .errors import BadArguments
 from .faults import ALL_POINTS
-from .space_providers import BACKENDS
+from .space_providers import BACKENDS, VIRTUAL
 from .stale import KINDS
 
 #: The most runs one campaign takes (more is a typo, or a job for ``--shard``/a cluster).
@@ -111,6 +111,13 @@ def campaign_config(args: argparse.Namespace) -> CampaignConfig:
     if args.mode == "machine" and args.backend != "microvm":
         raise BadArguments(f"--mode machine checks whole-machine checkpoints: it needs "
                            f"--backend microvm, not {args.backend}")
+    if args.backend == VIRTUAL and (args.mode not in ("transactional", "exhaustive") or
+                                    args.durable_mode not in (None, "transactional")):
+        raise BadArguments(f"--backend virtual keeps the workspace in the log with each call's "
+                           f"result: run --mode transactional or exhaustive (durable mode "
+                           f"transactional), not --mode {args.mode}"
+                           + (f" --durable-mode {args.durable_mode}" if args.durable_mode
+                              else ""))
     _check_driver(args.driver)
     if args.results.exists() and not args.results.is_dir():
         raise BadArguments(f"--results {args.results} is a file, not a directory; pass the "

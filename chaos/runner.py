@@ -36,15 +36,15 @@ from scenarios.plan import Scenario
 from . import live
 from .attempts import EXIT_TIMED_OUT, AttemptScope
 from .checker import Observation, Verdict, check
-from .driver import SPACE_PREFIX
+from .driver import SPACE_PREFIX, initial_tree
 from .fault_kinds import FaultNemesis
 from .fault_schedule import FaultSchedule
-from .faults import FaultPlan, draw_plan, on_machine, reachable_points
+from .faults import FaultPlan, draw_plan, on_machine, on_virtual, reachable_points
 from .holds import Holds
 from .launch import OtherSession, driver_argv, driver_env
 from .nemesis import NoopNemesis, Target, ValidatingNemesis
 from .machine_check import run_machine_check
-from .observe import agent_history, observe
+from .observe import agent_history, observe, observe_virtual
 from .redrive import DriverTracker, draw_redrive_plan, keys_of, kind_of, observe_second, run_redrive
 from .processes import OwnedProcess
 from .rendezvous import Rendezvous
@@ -52,7 +52,7 @@ from .run_record import RunRecord
 from .run_spaces import delete_spaces, save_workspace, seed_space
 from .run_spec import RunSpec
 from .run_state import RunState
-from .space_providers import CampaignSpaces, make_spaces, snapshot_kind
+from .space_providers import VIRTUAL, CampaignSpaces, make_spaces, snapshot_kind
 from .stale import run_kind
 
 #: The attempt number of the clean driver that finishes a run (drawn plans have at most ten
@@ -76,7 +76,8 @@ class Run:
         self.preset = load(spec.preset)
         self.scenario: Scenario = generate(spec.seed, self.preset, steps=spec.steps,
                                            keep=spec.keep_steps, simple=spec.simple_steps)
-        self.plan = spec.plan or self._draw_plan()
+        plan = spec.plan or self._draw_plan()
+        self.plan = on_virtual(plan) if spec.backend == VIRTUAL else plan
         self.state = RunState()
         self.scope = AttemptScope(note)
         self.holds = Holds()
@@ -248,6 +249,10 @@ class Run:
     def _under_faults(self, rv: Rendezvous) -> int | None:
         """Phase 1 and 2: the seeded Space, then the drivers under faults (or stale mode's
         other party); the last driver's exit code."""
+        if self.spec.backend == VIRTUAL:  # no Space: the driver seeds the log's workspace
+            self.nemesis.setup(Target(None, self.space, self.dir / "ledgers", self.state,
+                                      self.schedule.armed))
+            return self._attempts(rv.address)
         # The Space's daemons report their failpoints to the same rendezvous.
         self.spaces = make_spaces(self.spec.backend, self.dir, failpoints=rv.address)
         self.nemesis.setup(Target(self.spaces, self.space, self.dir / "ledgers", self.state,
@@ -263,15 +268,21 @@ class Run:
                  ) -> tuple[Observation, list[dict[str, Any]], Verdict]:
         """Phase 4: the observation, the recovery events, and the verdict (``unknown`` at
         best when the nemesis failed: a planned fault may not have happened)."""
-        assert self.spaces is not None
-        second = self.redrive.get("second") if self.redrive else None
-        if second:  # the race's second session's keys in the Space are not this log's
-            self.foreign_keys = keys_of(self, session_token(second))
-        obs, events = observe(self.dir, self.spaces, self.space,
-                              session=session_token(self.session), epoch=self.epoch,
-                              final_exit=final_exit, final_done=final_exit == EXIT_OK,
-                              ledgers=self.state.ledgers(), stale_error=self.stale_error,
-                              foreign_keys=self.foreign_keys)
+        if self.spec.backend == VIRTUAL:
+            obs, events = observe_virtual(self.dir, initial_tree(self.scenario),
+                                          session=session_token(self.session),
+                                          epoch=self.epoch, final_exit=final_exit,
+                                          final_done=final_exit == EXIT_OK)
+        else:
+            assert self.spaces is not None
+            second = self.redrive.get("second") if self.redrive else None
+            if second:  # the race's second session's keys in the Space are not this log's
+                self.foreign_keys = keys_of(self, session_token(second))
+            obs, events = observe(self.dir, self.spaces, self.space,
+                                  session=session_token(self.session), epoch=self.epoch,
+                                  final_exit=final_exit, final_done=final_exit == EXIT_OK,
+                                  ledgers=self.state.ledgers(), stale_error=self.stale_error,
+                                  foreign_keys=self.foreign_keys)
         obs.coordinator = self.redrive
         obs.second = observe_second(self)
         verdict = check(self.scenario, obs, campaign_mode=self.spec.campaign_mode)

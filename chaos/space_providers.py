@@ -14,7 +14,9 @@ from durable.spaces import Spaces
 
 from .errors import BackendUnavailable
 
-BACKENDS = ("local", "docker", "microvm")
+#: The backend with no Space: the workspace lives in the session's log (``durable.virtual``).
+VIRTUAL = "virtual"
+BACKENDS = ("local", "docker", "microvm", VIRTUAL)
 
 
 class CampaignSpaces(Spaces, Protocol):
@@ -83,7 +85,22 @@ def make_spaces(backend: str, run_dir: Path, *,
         except ArtifactsUnavailable as exc:
             raise BackendUnavailable(f"the microvm backend cannot run here: {exc}") from None
         return MicroVMSpaces(run_dir / "spaces", failpoints=failpoints)
+    if backend == VIRTUAL:
+        raise BackendUnavailable("the virtual backend has no Spaces: its workspace is in the "
+                                 "session's log (durable.virtual)")
     raise BackendUnavailable(f"unknown backend {backend!r}; use one of {BACKENDS}")
+
+
+def probe_backend(backend: str, directory: Path) -> None:
+    """``BackendUnavailable`` (with what to do) unless ``backend`` can run here."""
+    if backend == VIRTUAL:
+        try:
+            import durable.virtual.shell  # noqa: F401 - its shell is the one requirement
+        except ImportError as exc:
+            raise BackendUnavailable(f"the virtual backend needs just-bash ({exc}); install "
+                                     "the project again (pip install -e .)") from None
+        return
+    make_spaces(backend, directory)
 
 
 def snapshot_kind(backend: str, chosen: str) -> str:

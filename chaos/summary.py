@@ -45,13 +45,19 @@ def summarize(*, mode: str, backend: str, seed_base: int, records: list[dict[str
     out["covered"] = covered or 0
     out["process_kills"] = sum(r["counts"].get("process_kills", 0) for r in records)
     out["foreign"] = sum(r["counts"].get("foreign", 0) for r in records)
-    reachable = reachable_cells(durable_mode or mode)
+    reachable = campaign_cells(backend, durable_mode or mode)
     out["cells"] = f"{len(cells_hit(records) & reachable)}/{len(reachable)}"
     out.update(redrive_summary(records))
     out["power_losses"] = sum(r["counts"].get("power_losses", 0) for r in records)
     out["seconds"] = round(seconds, 1)
     out["verdict"] = VERDICT_NAMES[merge(valid)]
     return out
+
+
+def campaign_cells(backend: str, durable_mode: str) -> set[Cell]:
+    """The cells of the adapter's recovery table a campaign can reach: none on a virtual
+    workspace, which has no adapter (its calls just run again)."""
+    return set() if backend == "virtual" else reachable_cells(durable_mode)
 
 
 def _pct(values: list[float], q: float) -> int:

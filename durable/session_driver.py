@@ -38,8 +38,8 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any, Protocol
 
-from .adapter import DurableSpaces
 from .errors import EpochTaken, HaltError, PermanentFailure, StaleEpochError
 from .failpoints import failpoint
 from .fence_contract import Fence
@@ -48,7 +48,22 @@ from .lifetime import DIE_WITH_ENV, die_with
 from .log import Log
 from .models import Model
 from .storage.base import Storage
-from .tools import ToolRegistry
+from .tools import Extension, ToolRegistry
+
+
+class Workspaces(Protocol):
+    """What a session's workspaces give the driver: the Space adapter (``DurableSpaces``)
+    or a virtual workspace (``durable.virtual.Virtual``)."""
+
+    @property
+    def extension(self) -> Extension: ...
+
+    #: The harness's execution env (or factory), None when the tools need none.
+    env: Any
+
+    def ensure_space(self, harness: Harness, conversation: int) -> Any:
+        """Bring the conversation's workspace under this epoch and the log's state."""
+        ...
 
 EXIT_OK = 0
 EXIT_CRASHED = 1
@@ -112,7 +127,7 @@ class Session:
     env: SessionEnv
     storage: Storage
     fence: Fence
-    durable: DurableSpaces
+    durable: Workspaces
     harness: Harness | None = None
     conversations: list[int] = field(default_factory=list)
 
@@ -154,7 +169,7 @@ def session_log(state_dir: Path) -> Path:
 
 def run_durable_session(
     *,
-    durable: Callable[[Fence, SessionEnv], DurableSpaces],
+    durable: Callable[[Fence, SessionEnv], Workspaces],
     start: Callable[[Session], Submission],
     open_log: Callable[[Path, int], tuple[Storage, Fence]] | None = None,
     environ: dict[str, str] | None = None,
@@ -189,7 +204,7 @@ def run_durable_session(
                               "times in a row: two drivers of this session are running")
 
 
-def _attempt(senv: SessionEnv, durable: Callable[[Fence, SessionEnv], DurableSpaces],
+def _attempt(senv: SessionEnv, durable: Callable[[Fence, SessionEnv], Workspaces],
              start: Callable[[Session], Submission],
              open_log: Callable[[Path, int], tuple[Storage, Fence]]) -> int:
     """The session at ``senv.epoch``: an exit code, or ``EpochTaken`` to run above it."""
