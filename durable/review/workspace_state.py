@@ -1,7 +1,8 @@
 """The workspace of a conversation as of an entry, from what the log keeps of it.
 
-- transactional mode: the image in the log (``adapter.image``), folded up to the entry (a
-  fork inherits its parent's image up to the fork point with its history);
+- transactional mode and virtual workspaces: the image in the log (``adapter.image``),
+  folded up to the entry (a fork inherits its parent's image up to the fork point with its
+  history), a virtual workspace's larger files read from the blob store beside the log;
 - checkpoint mode: the checkpoint ``cua.space`` recorded as of the entry, read from a
   ``CheckpointStore`` directory (the driver's, e.g. a campaign run's ``store/``): the tar
   ``checkpoint_export`` writes, a manifest and content-addressed objects, each checked
@@ -18,10 +19,11 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..adapter.image import IMAGE_KEY, Image, blob_from
+from ..adapter.image import IMAGE_KEY, Image
 from ..adapter.snapshots import DirectoryCheckpointStore
 from ..adapter.state import SPACE
 from ..log import Log
+from ..virtual.blob_store import BlobStore, DamagedBlob, blob_dir, image_content
 
 
 class NoWorkspaceState(Exception):
@@ -78,19 +80,22 @@ def _with_its_commit(log: Log, conversation: int, entry: int) -> int:
 
 def _from_image(log: Log, conversation: int, entry: int) -> WorkspaceState:
     image = Image()
-    holders = {}
     for e in log.entries(conversation):
         if e.id > entry:
             break
         if e.kind == "system" and IMAGE_KEY in e.data:
             image.fold(e.id, e.data[IMAGE_KEY])
-            holders[e.id] = e.data
+    directory = blob_dir(log.storage)
+    store = None if directory is None else BlobStore(directory)
     out: WorkspaceState = {}
     for path, (kind, mode, ident) in sorted(image.table.items()):
         if kind == "symlink":
             out[path] = FileState("symlink", 0, ident.encode())
         elif kind == "file":
-            out[path] = FileState("file", mode, blob_from(holders[image.blobs[ident]], ident))
+            try:
+                out[path] = FileState("file", mode, image_content(log, image, ident, store))
+            except DamagedBlob as exc:
+                raise NoWorkspaceState(f"{path}: {exc}") from None
     return out
 
 

@@ -1,0 +1,305 @@
+"""Virtual workspaces (``durable.virtual``): the coding tools with no sandbox, their files in
+the session's log. Real SQLite logs, a real second process, real host files, processes,
+environment variables and a real loopback server the shell must not reach."""
+
+from __future__ import annotations
+
+import io
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chaos.campaign import CampaignConfig, run_campaign
+from chaos.cli import main as chaos_main
+from chaos.summary import parse_summary
+from durable.adapter.image import IMAGE_KEY
+from durable.coding_tools import coding_tools
+from durable.harness import Harness
+from durable.log import Log
+from durable.models import (
+    AssistantMessage,
+    ModelRequest,
+    PlannedCall,
+    ScriptedModel,
+    ToolCallRequest,
+)
+from durable.review.workspace_state import state_at, unified_diff
+from durable.storage.base import MemoryStorage
+from durable.storage.sqlite import SqliteStorage
+from durable.tools import ToolRegistry
+from durable.virtual import (
+    DamagedBlob,
+    Node,
+    ShellLimits,
+    VirtualLimits,
+    virtual,
+    workspace_instructions,
+    workspace_tools,
+)
+from durable.virtual.tools import SCRATCH_NOTE, Virtual
+
+
+def play(log_path: Path | None, v: Virtual, calls: list[tuple[str, dict[str, Any]]], *,
+         registry: ToolRegistry | None = None, inputs: int = 1) -> tuple[Harness, list[dict]]:
+    """Run ``calls`` (one per model turn) through a harness with ``v`` (its tools, or those
+    of ``registry``, e.g. ``workspace_tools(v)``); the results."""
+    plan = [PlannedCall(i, name, args) for i, (name, args) in enumerate(calls)]
+    storage = MemoryStorage() if log_path is None else SqliteStorage(log_path)
+    h = Harness.open(storage, models=ScriptedModel(plan),
+                     extensions=[v] if registry is None else [],
+                     registry=registry if registry is not None else ToolRegistry())
+    conv = h.root("scripted")
+    v.ensure_space(h, conv.id)
+    for n in range(inputs):
+        assert conv.submit(content=f"go {n}", request_id=f"r{n}").wait().done
+    return h, [e.data for e in conv.entries() if e.kind == "tool_result"]
+
+
+def test_each_tool_changes_the_files_the_log_keeps(tmp_path: Path) -> None:
+    v = virtual(initial={"README.md": Node("file", 0o644, b"# hi\n"),
+                         "link": Node("symlink", 0, b"README.md")})
+    h, results = play(tmp_path / "log.sqlite", v, [
+        ("write", {"path": "src/a.txt", "content": "one\ntwo\n"}),
+        ("edit", {"path": "/workspace/src/a.txt",
+                  "edits": [{"old_text": "two", "new_text": "three"}]}),
+        ("bash", {"command": "cat link src/a.txt; chmod 700 src/a.txt; printf x >> log.txt; "
+                             "rm README.md; mkdir -p d/e && echo q > d/e/f; exit 3"}),
+        ("read", {"path": "src/a.txt", "offset": 2}),
+        ("read", {"path": "../../etc/passwd"}),
+    ])
+    assert [r["is_error"] for r in results] == [False, False, True, False, True]
+    assert results[2]["content"] == "# hi\none\nthree\n\nCommand exited with code 3"
+    assert results[3]["content"] == "three\n"
+    assert "leads outside the workspace" in results[4]["content"]
+    want = {"src/a.txt": ("file", 0o700, b"one\nthree\n"), "log.txt": ("file", 0o644, b"x"),
+            "d/e/f": ("file", 0o644, b"q\n"), "link": ("symlink", 0, b"README.md")}
+    got = {p: (n.kind, n.mode, n.data) for p, n in v.snapshot(h.log, 1).items()}
+    assert got == want
+    # the change of each call is a hidden entry the model never sees
+    assert all("space_image" not in str(m) for m in h.root("scripted").messages())
+    h.close()
+    # another process (a new log object over the file) reads the same files
+    reopened = Log.open(SqliteStorage(tmp_path / "log.sqlite"))
+    got2 = {p: (n.kind, n.mode, n.data) for p, n in virtual().snapshot(reopened, 1).items()}
+    assert got2 == want
+    reopened.close()
+
+
+def test_the_tools_are_the_coding_tools_names_schemas_and_descriptions() -> None:
+    plain = {t.name: t for t in coding_tools()}
+    for v, note in ((virtual(), ""), (virtual(durable=False), SCRATCH_NOTE)):
+        tools = {t.name: t for t in v.tools()}
+        assert set(tools) == set(plain)
+        for name, t in tools.items():
+            assert t.schema == plain[name].schema
+            assert t.description == plain[name].description + note
+            assert t.replay == "safe"  # effects only in the log: rerunning is harmless
+    # a registry that has the coding tools gets them replaced, not doubled
+    registry = ToolRegistry(coding_tools())
+    registry.extend(virtual())
+    assert sorted(registry.names()) == sorted(plain)
+    assert all(registry.get(n).replay == "safe" for n in plain)
+
+
+def test_bash_reaches_no_host_file_process_variable_or_network(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("host-secret-4711\n")
+    (tmp_path / "sibling-4713.txt").write_text("")  # what a listing of the host would show
+    monkeypatch.setenv("CUA_VIRTUAL_SECRET", "env-secret-4712")
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+    server.settimeout(0.5)
+    port = server.getsockname()[1]
+    try:
+        command = (f"cat {secret}; ls {tmp_path}; cat /etc/passwd; ls /etc /proc /dev; "
+                   "cat /proc/self/environ; env; printenv; echo \"[$CUA_VIRTUAL_SECRET]\"; "
+                   f"kill -9 {sleeper.pid}; kill -9 {os.getpid()}; ps; "
+                   "python3 -c 'print(1)'; /usr/bin/id; "
+                   f"curl -s http://127.0.0.1:{port}/; wget -q -O- http://127.0.0.1:{port}/; "
+                   f"nc 127.0.0.1 {port} </dev/null; echo x > /dev/tcp/127.0.0.1/{port}; "
+                   "echo done")
+        _h, results = play(None, virtual(), [("bash", {"command": command})])
+        out = results[0]["content"]
+        assert out.rstrip().endswith("Command exited with code 1") or "done" in out
+        assert "host-secret-4711" not in out
+        assert "sibling-4713" not in out
+        assert "root:x:0:0" not in out
+        assert "env-secret-4712" not in out and "[]" in out
+        assert sleeper.poll() is None  # the host process is alive
+        with pytest.raises(TimeoutError):
+            server.accept()  # nobody connected
+    finally:
+        server.close()
+        sleeper.kill()
+        sleeper.wait()
+
+
+class TurnModel:
+    """Plays ``turns[k]``'s calls, one per model turn, for the k-th input."""
+
+    def __init__(self, turns: list[list[tuple[str, dict[str, Any]]]]) -> None:
+        self.turns = turns
+
+    def complete(self, request: ModelRequest) -> AssistantMessage:
+        msgs = request.messages
+        last_input = max(i for i, m in enumerate(msgs) if m["role"] == "user")
+        made = sum(1 for m in msgs[last_input:] if m["role"] == "assistant")
+        calls = self.turns[sum(1 for m in msgs if m["role"] == "user") - 1]
+        if made < len(calls):
+            return AssistantMessage("", [ToolCallRequest(*calls[made])])
+        return AssistantMessage("done")
+
+
+def test_scratch_files_last_one_turn_and_never_reach_the_log() -> None:
+    v = virtual(durable=False)
+    h = Harness.open(MemoryStorage(), extensions=[v], models=TurnModel([
+        [("write", {"path": "a.txt", "content": "hello\n"}), ("bash", {"command": "cat a.txt"})],
+        [("read", {"path": "a.txt"})],  # the next turn: cleared
+    ]))
+    conv = h.root("agent")
+    for n in range(2):
+        assert conv.submit(content=f"go {n}", request_id=f"r{n}").wait().done
+    results = [e.data for e in conv.entries() if e.kind == "tool_result"]
+    assert results[1]["content"] == "hello\n"
+    assert results[2]["is_error"] and "file not found" in results[2]["content"]
+    entries = h.log.entries(1)
+    assert not any(e.kind == "system" and IMAGE_KEY in e.data for e in entries)
+    with pytest.raises(ValueError, match="scratch"):
+        v.snapshot(h.log, 1)
+    assert "cleared at the end of every turn" in workspace_instructions(v)
+
+
+def test_more_than_500_files_is_refused_and_the_files_stay_as_they_were() -> None:
+    v = virtual()
+    h, results = play(None, v, [
+        ("bash", {"command": "for i in $(seq 1 500); do echo $i > f$i; done"}),
+        ("bash", {"command": "echo one-too-many > g"}),
+        ("bash", {"command": "rm f1 && echo new > g"}),
+    ])
+    assert not results[0]["is_error"]
+    assert results[1]["is_error"]
+    assert "at most 500 files (max_files)" in results[1]["content"]
+    assert "would leave 501" in results[1]["content"]
+    assert not results[2]["is_error"]
+    files = v.snapshot(h.log, 1)
+    assert len(files) == 500 and "g" in files and "f1" not in files
+
+
+def test_larger_files_are_blobs_beside_the_log_and_a_damaged_one_is_detected(
+        tmp_path: Path) -> None:
+    big = "".join(f"line {i:05d}\n" for i in range(4000))  # 44 KB: over the inline size
+    v = virtual()
+    h, _ = play(tmp_path / "log.sqlite", v, [("write", {"path": "big.txt", "content": big}),
+                                           ("write", {"path": "small.txt", "content": "s"})])
+    h.close()
+    blobs = [p for p in (tmp_path / "log.sqlite.blobs").rglob("*") if p.is_file()]
+    assert len(blobs) == 1
+    log = Log.open(SqliteStorage(tmp_path / "log.sqlite"))
+    image_entries = [e for e in log.entries(1) if e.kind == "system" and IMAGE_KEY in e.data]
+    assert big[:100] not in str([e.data for e in image_entries])  # not in the log itself
+    assert virtual().snapshot(log, 1)["big.txt"].data == big.encode()
+    data = bytearray(blobs[0].read_bytes())
+    data[10] ^= 0x01
+    blobs[0].chmod(0o600)
+    blobs[0].write_bytes(bytes(data))
+    with pytest.raises(DamagedBlob, match="does not match its hash"):
+        virtual().snapshot(log, 1)  # a fresh reader: no cached content
+    blobs[0].unlink()
+    with pytest.raises(DamagedBlob, match="missing"):
+        virtual().snapshot(log, 1)
+    log.close()
+
+
+def test_each_limit_ends_the_call_with_an_error_naming_it() -> None:
+    limits = VirtualLimits(shell=ShellLimits(max_commands=500, max_output_bytes=2000,
+                                             timeout_s=0.5))
+    _h, results = play(None, virtual(limits=limits), [
+        ("bash", {"command": "while true; do :; done"}),
+        ("bash", {"command": "for i in $(seq 1 400); do echo line-$i; done"}),
+        ("bash", {"command": "sleep 5"}),
+        ("bash", {"command": "echo fine"}),
+    ])
+    assert results[0]["is_error"] and "max_commands=500" in results[0]["content"]
+    assert results[1]["is_error"] and "max_output_bytes" in results[1]["content"]
+    assert results[2]["is_error"] and "timed out" in results[2]["content"]
+    assert results[3] == {**results[3], "is_error": False, "content": "fine\n"}
+
+
+def test_workspace_tools_for_a_loop_of_your_own() -> None:
+    v = virtual()
+    tools = workspace_tools(v)
+    assert [t.name for t in tools] == ["bash", "read_file", "write_file", "edit_file",
+                                      "list_files"]
+    registry = ToolRegistry(tools)
+    h, results = play(None, v, [
+        ("write_file", {"path": "a/b.txt", "content": "x\n"}),
+        ("edit_file", {"path": "a/b.txt", "edits": [{"old_text": "x", "new_text": "y"}]}),
+        ("bash", {"command": "ln -s b.txt a/l"}),
+        ("list_files", {}),
+        ("read_file", {"path": "a/l"}),
+    ], registry=registry)
+    assert results[3]["content"] == "a/b.txt (2 bytes, mode 644)\na/l -> b.txt"
+    assert results[4]["content"] == "y\n"
+    text = workspace_instructions(v)
+    assert "at most 500 files" in text and "last for the whole session" in text
+
+
+def test_review_shows_a_virtual_workspaces_changes(tmp_path: Path) -> None:
+    big = "".join(f"row {i}\n" for i in range(5000))
+    h, _ = play(tmp_path / "log.sqlite", virtual(), [
+        ("write", {"path": "big.txt", "content": big}),
+        ("bash", {"command": "echo more >> big.txt"}),
+    ])
+    results = [e.id for e in h.log.entries(1) if e.kind == "tool_result"]
+    h.close()
+    log = Log.open(SqliteStorage(tmp_path / "log.sqlite"))
+    a, _ = state_at(log, 1, results[0])
+    b, _ = state_at(log, 1, results[1])
+    log.close()
+    assert a["big.txt"].data == big.encode()
+    assert unified_diff(a, b).endswith("+more\n")
+
+
+def test_a_virtual_campaign_only_runs_in_the_log_modes(capsys: pytest.CaptureFixture) -> None:
+    assert chaos_main(["run", "--backend", "virtual", "--mode", "checkpoint"]) == 254
+    assert "--backend virtual keeps the workspace in the log" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_kill_at_every_failpoint_of_a_virtual_workspace(tmp_path: Path) -> None:
+    """The exhaustive campaign on a virtual workspace: a real SIGKILL of a real driver at
+    every (failpoint, occurrence) of an agent with a blob, each run then finished by a clean
+    driver and checked: the files the log holds equal what its committed results imply."""
+    out = io.StringIO()
+    code = run_campaign(CampaignConfig(mode="exhaustive", backend="virtual",
+                                       preset="virtual-small",
+                                       results_root=tmp_path / "results", jobs=2), out)
+    text = out.getvalue()
+    summary = parse_summary(next(x for x in text.splitlines() if x.startswith("SUMMARY ")))
+    assert code == 0 and summary["failed"] == "0" and summary["unknown"] == "0", text
+    assert "7 distinct failpoints" in text, text  # call.*, virtual.*, session.end
+    assert int(summary["kills"]) >= int(summary["runs"]) >= 20
+
+
+def test_a_second_process_sees_the_files(tmp_path: Path) -> None:
+    h, _ = play(tmp_path / "log.sqlite", virtual(), [("write", {"path": "a", "content": "z"})])
+    h.close()
+    script = textwrap.dedent(f"""
+        from durable.log import Log
+        from durable.storage.sqlite import SqliteStorage
+        from durable.virtual import virtual
+        log = Log.open(SqliteStorage({str(tmp_path / 'log.sqlite')!r}))
+        print(virtual().snapshot(log, 1)["a"].data.decode())
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         check=True, cwd=Path(__file__).parents[2])
+    assert out.stdout == "z\n"
