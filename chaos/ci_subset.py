@@ -214,6 +214,9 @@ SLICES: tuple[Slice, ...] = (
           "command exited and after every outcome was recorded, in checkpoint mode",
           {"mode": "exhaustive", "durable_mode": "checkpoint", **COMMANDS,
            "points": ("call.returned", "space.exited", "space.outcome")}),
+    Slice("virtual", "a kill at every failpoint of an agent on a virtual workspace (its files in "
+          "the log, a blob beside it), then one during the call's rerun",
+          {"mode": "exhaustive", "backend": "virtual", "preset": "virtual-small"}),
     Slice("targeted", "hand-written combined faults on the ci-commands agent where a wrong "
           "recovery would hide", {"mode": "checkpoint", **COMMANDS, "plans": TARGETED}),
 )

@@ -17,6 +17,7 @@ arguments.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -81,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         return _run(args, log)
+    except BrokenPipeError:  # `... entries LOG 1 | head`: the reader has what it wanted
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - nothing more may reach the pipe
+        return 0
     except (NoWorkspaceState, DurableError, ValueError) as exc:
         print(f"durable.review: {exc}", file=sys.stderr)
         return EXIT_BAD_ARGS if isinstance(exc, BadProvider) else 1

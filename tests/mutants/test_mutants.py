@@ -55,6 +55,16 @@ SPAWNED = ('            self._failpoints.report("spacesd.exec.spawned",\n'
            '                                    {"key": key, "epoch": epoch, "shim_pid": pid})\n')
 
 MUTANTS: tuple[Mutant, ...] = (
+    # ---------------------------------------------------------------- virtual workspaces
+    Mutant(
+        "virtual-change-before-result", "durable/virtual/workspace.py",
+        (("        self._stage(ctx.log, ctx.conversation, after, ctx.call_id, ctx.on_result)\n",
+          "        ctx.commit_now(lambda tx: self._stage(ctx.log, ctx.conversation, after,\n"
+          "                                              ctx.call_id, lambda hook: hook(tx, 0)))\n"),),
+        "a virtual workspace's call commits its change to the files right away instead of "
+        "with its result, so a crash between the two leaves the change in the log and the "
+        "call, replay-safe, runs again on top of it",
+        "virtual", "G1", "a kill at call.returned of an appending command"),
     # ---------------------------------------------------------------- spacesd
     Mutant(
         "ledger-record-after-spawn", "spacesd/exec_ledger.py",
