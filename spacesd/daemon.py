@@ -252,11 +252,12 @@ class Daemon:
         request ``call`` will refuse costs 0."""
         if op != "read_file" or not isinstance(body, dict):
             return 0
-        path, offset, limit = body.get("path"), body.get("offset", 0), body.get("limit")
-        if not isinstance(path, str) or type(offset) is not int or offset < 0 or \
-                not (limit is None or type(limit) is int):
+        try:  # the same checks ``call`` makes: a path it refuses is never looked at here
+            args = check(op, {k: v for k, v in body.items() if k != "epoch"},
+                         self.ops[op].fields)
+        except BadRequest:
             return 0
-        size = self.workspace.read_size(path, offset, limit)
+        size = self.workspace.read_size(args["path"], args["offset"], args["limit"])
         return size * protocol.READ_ANSWER_COST
 
     def _read_file(self, path: str, offset: int, limit: int | None) -> dict[str, Any]:

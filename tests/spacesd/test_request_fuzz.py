@@ -198,3 +198,20 @@ def test_fuzzed_imports_get_an_answer_never_a_500(daemon: Daemon, query, body) -
 def test_odd_paths_get_an_answer(daemon: Daemon, path: str) -> None:
     status, data = daemon.send(path, json.dumps({"epoch": EPOCH}).encode())
     check_answer(path, status, data)
+
+
+@pytest.mark.parametrize("body", [
+    b'{"epoch": 1000000, "path": "\xed\xa0\x80"}',  # a surrogate in raw bytes
+    b'{"epoch": 1000000, "path": "\\ud800"}',
+    b'{"epoch": 1000000, "path": "' + b"n" * 300 + b'"}',
+    b'{"epoch": 1000000, "path": "f.txt", "offset": -1}',
+    b'{"epoch": 1000000, "path": "f.txt", "limit": 99999999999999999999999}',
+])
+def test_a_read_the_daemon_refuses_is_refused_before_its_cost_is_counted(
+        daemon: Daemon, body: bytes) -> None:
+    """Found by the fuzzer in CI (a path of raw surrogate bytes made a 500): the server
+    counts a read's answer against its memory budget before the call runs, and that count
+    looked at the path before the call's own checks did. Now it makes the same checks."""
+    status, data = daemon.send("/v1/read_file", body)
+    assert status == 400, data
+    assert json.loads(data)["error"]["code"]
