@@ -12,6 +12,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from durable.adapter import (
     DirectoryCheckpointStore,
@@ -26,13 +27,15 @@ from durable.fence_contract import Fence
 from durable.harness import Submission
 from durable.session_driver import Session, SessionEnv, run_durable_session
 from durable.tools import ToolRegistry
-from durable.virtual import Node, Tree, virtual
 from scenarios import generate, load
 from scenarios.plan import Scenario
 from scenarios.host_tools import effect_tools
 
 from .live import die_with_parent
 from .space_providers import VIRTUAL, make_spaces, snapshot_kind
+
+if TYPE_CHECKING:
+    from durable.virtual import Tree
 
 REQUEST_ID = "campaign-input"
 SPACE_PREFIX = "cua"
@@ -108,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def initial_tree(scenario: Scenario) -> Tree:
     """The scenario's initial workspace as a virtual workspace's files."""
+    from durable.virtual import Node
     tree: Tree = {p: Node("file", mode, data) for p, (data, mode) in scenario.initial.files.items()}
     tree.update({p: Node("symlink", 0, t.encode()) for p, t in scenario.initial.links.items()})
     return tree
@@ -115,6 +119,7 @@ def initial_tree(scenario: Scenario) -> Tree:
 
 def _virtual_session(args: argparse.Namespace, scenario: Scenario) -> int:
     """The session on a virtual workspace: its files in the log, no Space at all."""
+    from durable.virtual import virtual
     workspace = virtual(initial=initial_tree(scenario))
 
     def start(session: Session) -> Submission:

@@ -23,8 +23,10 @@ import asyncio
 import threading
 from dataclasses import dataclass
 
-from just_bash import Bash, ExecutionLimits, InMemoryFs
-from just_bash.interpreter import ExecutionLimitError
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from just_bash import InMemoryFs
 
 #: Where the workspace is inside the shell's filesystem.
 ROOT = "/workspace"
@@ -96,6 +98,11 @@ def run_shell(tree: Tree, command: str, limits: ShellLimits, *,
 
 
 async def _run(tree: Tree, command: str, limits: ShellLimits, seconds: float) -> ShellRun:
+    # Imported here: just-bash (with aiohttp) takes about 0.25 s to import, which every
+    # process that only names these types (a session driver on a Space) would pay.
+    from just_bash import Bash, ExecutionLimits, InMemoryFs
+    from just_bash.interpreter import ExecutionLimitError
+
     fs = InMemoryFs()
     await fs.mkdir(ROOT, recursive=True)
     for path, node in sorted(tree.items()):
