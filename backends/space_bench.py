@@ -55,7 +55,8 @@ def _settle() -> None:
     time.sleep(RACY_NS / 1e9 * 2)
 
 
-def bench_exec(client: HttpSpaceClient, rounds: int) -> None:
+def bench_exec(client: HttpSpaceClient, rounds: int) -> tuple[float, float]:
+    """Medians (ms) of a no-op through the ledger and of a plain spawn, interleaved."""
     ledger, plain = [], []
     def noop(key: str) -> None:
         client.exec_start(key, "true")
@@ -66,6 +67,7 @@ def bench_exec(client: HttpSpaceClient, rounds: int) -> None:
         plain.append(_ms(lambda: subprocess.run(["bash", "-c", "true"], check=True)))
     print(f"BENCH exec noop_ledger_ms={_median(ledger)} noop_subprocess_ms={_median(plain)} "
           f"ratio={statistics.median(ledger) / statistics.median(plain):.1f} rounds={rounds}")
+    return statistics.median(ledger), statistics.median(plain)
 
 
 def bench_scan(client: HttpSpaceClient, work: Path, count: int, rounds: int) -> None:

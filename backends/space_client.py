@@ -31,7 +31,7 @@ import tempfile
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 from urllib.parse import urlencode
@@ -347,10 +347,15 @@ class HttpSpaceClient:
     def checkpoint_delete(self, checkpoint_id: str) -> None:
         self._call("checkpoint_delete", id=checkpoint_id, timeout=self.long_timeout)
 
-    def checkpoint_export(self, checkpoint_id: str) -> Iterator[bytes]:
-        """The checkpoint as a tar stream, in chunks. Errors (no such checkpoint) are raised
-        here; a stream cut short raises ``SpaceUnavailable`` while iterating."""
-        body = json.dumps({"epoch": self.epoch, "id": checkpoint_id}).encode()
+    def checkpoint_export(self, checkpoint_id: str, *,
+                          have: Collection[str] = ()) -> Iterator[bytes]:
+        """The checkpoint as a tar stream, in chunks, without the objects in ``have``.
+        Errors (no such checkpoint) are raised here; a stream cut short raises
+        ``SpaceUnavailable`` while iterating."""
+        request: dict[str, Any] = {"epoch": self.epoch, "id": checkpoint_id}
+        if have:
+            request["have"] = sorted(have)
+        body = json.dumps(request).encode()
         conn, resp = self._open("POST", protocol.op_path(protocol.OP_CHECKPOINT_EXPORT), body,
                                 {"Content-Type": "application/json"}, idempotent=True,
                                 timeout=self.long_timeout)

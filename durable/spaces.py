@@ -7,7 +7,7 @@ shapes travelling to the daemon are ``spacesd.protocol``'s.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import IO, Any, Protocol, runtime_checkable
 
 from spacesd.protocol import CheckpointInfo, ExecInfo, ScanResult
@@ -103,8 +103,10 @@ class SpaceClient(Protocol):
 
     def checkpoint_delete(self, checkpoint_id: str) -> None: ...
 
-    def checkpoint_export(self, checkpoint_id: str) -> Iterator[bytes]:
-        """The checkpoint as a tar stream, in chunks."""
+    def checkpoint_export(self, checkpoint_id: str, *,
+                          have: Collection[str] = ()) -> Iterator[bytes]:
+        """The checkpoint as a tar stream, in chunks: its manifest and its objects, but for
+        those named in ``have`` (the receiver holds them already)."""
         ...
 
     def checkpoint_import(self, checkpoint_id: str, tar: IO[bytes]) -> CheckpointInfo: ...

@@ -22,7 +22,7 @@ from typing import NoReturn
 
 from chaos.space_providers import BACKENDS, BackendUnavailable
 
-from . import cost, cost_bench, html, latency
+from . import cost, cost_bench, html, latency, perf
 from .errors import ReportsError
 from .results import load_all
 
@@ -65,6 +65,14 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--modes", nargs="+", choices=cost_bench.MODES, default=list(cost_bench.MODES))
     c.add_argument("--out", type=Path, default=None,
                    help="output directory (default results/cost-<timestamp>)")
+    pf = sub.add_parser("perf", help="the performance table: each metric beside its floor")
+    pf.add_argument("--rounds", type=_positive, default=30,
+                    help="no-op commands through the ledger (and plain spawns)")
+    pf.add_argument("--repeat", type=_positive, default=15, help="timed calls per cell")
+    pf.add_argument("--campaign-runs", type=int, default=250,
+                    help="runs of the campaign measured (0: skip it; it takes minutes)")
+    pf.add_argument("--results", type=Path, default=Path("results") / "perf",
+                    help="where the measured campaign's results go")
     lat = sub.add_parser("latency", help="recovery latency tables and plots from campaigns")
     lat.add_argument("results", type=Path, nargs="+")
     lat.add_argument("--out", type=Path, default=None,
@@ -87,6 +95,12 @@ def _run(args: argparse.Namespace) -> int:
         print(cost.run(backends, args.repeat, tuple(sorted(set(args.sizes))),
                        tuple(m for m in cost_bench.MODES if m in args.modes), out))
         print(f"cost report: {out}")
+        return 0
+    if args.command == "perf":
+        if args.campaign_runs < 0:
+            raise ReportsError(f"--campaign-runs must be 0 or more, got {args.campaign_runs}")
+        print(perf.report(rounds=args.rounds, repeat=args.repeat,
+                          campaign_runs=args.campaign_runs, results=args.results))
         return 0
     campaigns = load_all(args.results)
     if args.command == "latency":

@@ -401,14 +401,15 @@ class Checkpoints:
 
     # ---------------------------------------------------------------- export / import
 
-    def export(self, m: Manifest, out: IO[bytes]) -> None:
-        """Write checkpoint ``m`` to ``out`` as a tar stream."""
+    def export(self, m: Manifest, out: IO[bytes], skip: frozenset[str] = frozenset()) -> None:
+        """Write checkpoint ``m`` to ``out`` as a tar stream: its manifest, then its objects
+        but those in ``skip`` (the receiver has them: a store copies only what changed)."""
         with tarfile.open(fileobj=out, mode="w|") as tar:
             data = json.dumps(m.to_json(), separators=(",", ":")).encode()
             info = tarfile.TarInfo(_MANIFEST_MEMBER)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
-            for sha in sorted({f.sha256 for f in m.files}):
+            for sha in sorted({f.sha256 for f in m.files} - skip):
                 path = self._object(sha)
                 info = tarfile.TarInfo(f"objects/{sha}")
                 info.size = os.path.getsize(path)

@@ -176,13 +176,15 @@ class Daemon:
         with self.fence.admit(epoch):
             return spec.handler(**args)
 
-    def export_manifest(self, body: Any) -> Manifest:
-        """The checkpoint a ``checkpoint_export`` request names (epoch checked)."""
+    def export_manifest(self, body: Any) -> tuple[Manifest, frozenset[str]]:
+        """The checkpoint a ``checkpoint_export`` request names (epoch checked), and the
+        objects the receiver has (``have``: left out of the tar)."""
         if not isinstance(body, dict):
             raise BadRequest("checkpoint_export: the request body must be a JSON object")
         self.fence.check(self.epoch_of(protocol.OP_CHECKPOINT_EXPORT, body))
-        args = check(protocol.OP_CHECKPOINT_EXPORT, body, {"id": STR})
-        return self.checkpoints.load(args["id"])
+        args = check(protocol.OP_CHECKPOINT_EXPORT, body,
+                     {"id": STR, "have": STR_LIST.with_default([])})
+        return self.checkpoints.load(args["id"]), frozenset(args["have"])
 
     def import_checkpoint(self, query: dict[str, str], stream: Readable) -> dict[str, Any]:
         op = protocol.OP_CHECKPOINT_IMPORT

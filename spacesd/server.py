@@ -448,14 +448,15 @@ class Handler(BaseHTTPRequestHandler):
         self._send_json(200, result)
 
     def _export(self, body: Any) -> None:
-        manifest = self.server.daemon.export_manifest(body)
+        manifest, have = self.server.daemon.export_manifest(body)
         self.send_response(200)
         self.send_header("Content-Type", "application/x-tar")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         out = _ChunkedWriter(self.wfile)
         try:
-            self.server.daemon.checkpoints.export(manifest, out)  # type: ignore[arg-type]
+            self.server.daemon.checkpoints.export(manifest, out,  # type: ignore[arg-type]
+                                                  skip=have)
         except Exception:  # noqa: BLE001 - reported below
             # Headers are gone: the only way left to say "failed" is to cut the stream
             # short, which the client sees as an incomplete read.

@@ -2,14 +2,9 @@
 (``facade`` says how the parts fit)."""
 
 from .facade import WRAPPED, DurableSpaces, SpacesExtension, durable_spaces
+from .checkpoint_store import CheckpointStore, DirectoryCheckpointStore
 from .image import TransactionalLimits
-from .snapshots import (
-    CheckpointRef,
-    CheckpointStore,
-    DirectoryCheckpointStore,
-    SnapshotProvider,
-    WorkspaceSnapshots,
-)
+from .snapshots import CheckpointRef, SnapshotProvider, WorkspaceSnapshots
 from .state import CALL_DOC, IMAGE_DOC, SPACE_DOC, RecoveryEvent
 
 __all__ = [

@@ -3,8 +3,8 @@
 A ``SnapshotProvider`` takes a checkpoint of a Space and restores one. Two kinds:
 
 - ``workspace`` (``WorkspaceSnapshots``): a copy of the workspace directory made by the
-  Space's daemon, optionally copied out to a ``CheckpointStore`` so it survives the loss of
-  the Space itself. Processes are not part of it.
+  Space's daemon, optionally copied out to a ``CheckpointStore`` (``checkpoint_store``) so
+  it survives the loss of the Space itself. Processes are not part of it.
 - ``machine``: a whole-machine snapshot (memory and disk), which a microVM backend provides
   by implementing the same protocol.
 
@@ -15,17 +15,14 @@ store, or by export/import between the two Spaces) is part of the contract.
 
 from __future__ import annotations
 
-import os
 import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
-from typing import IO, Literal, Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
-from ..atomic_file import write_atomic
 from ..errors import PermanentFailure, SpaceError
 from ..failpoints import failpoint
 from ..spaces import SpaceClient, Spaces
+from .checkpoint_store import CheckpointStore, IncompleteCopy
 
 
 @dataclass(frozen=True)
@@ -35,45 +32,6 @@ class CheckpointRef:
 
     space: str
     id: str
-
-
-@runtime_checkable
-class CheckpointStore(Protocol):
-    """Keeps copies of checkpoints outside any Space."""
-
-    def put(self, checkpoint_id: str, chunks: Iterator[bytes]) -> None: ...
-
-    def open(self, checkpoint_id: str) -> IO[bytes] | None:
-        """The stored tar stream, or ``None`` when this store does not have it."""
-        ...
-
-    def has(self, checkpoint_id: str) -> bool: ...
-
-
-class DirectoryCheckpointStore:
-    """A ``CheckpointStore`` in a directory of this machine: one tar file per checkpoint,
-    written to a temporary name, fsynced, then renamed (a crash leaves no partial copy)."""
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
-
-    def _file(self, checkpoint_id: str) -> Path:
-        if "/" in checkpoint_id or checkpoint_id.startswith("."):
-            raise ValueError(f"checkpoint id {checkpoint_id!r} is not a plain name")
-        return self.path / f"{checkpoint_id}.tar"
-
-    def put(self, checkpoint_id: str, chunks: Iterator[bytes]) -> None:
-        write_atomic(self._file(checkpoint_id), chunks)
-
-    def open(self, checkpoint_id: str) -> IO[bytes] | None:
-        try:
-            return open(self._file(checkpoint_id), "rb")
-        except FileNotFoundError:
-            return None
-
-    def has(self, checkpoint_id: str) -> bool:
-        return self._file(checkpoint_id).exists()
 
 
 @runtime_checkable
@@ -105,7 +63,11 @@ class WorkspaceSnapshots:
         client.checkpoint_create(checkpoint_id)
         failpoint("checkpoint.during", checkpoint=checkpoint_id)
         if self.store is not None:
-            self.store.put(checkpoint_id, client.checkpoint_export(checkpoint_id))
+            try:  # only what the store lacks: it grows by what changed
+                self.store.put(checkpoint_id, client.checkpoint_export(
+                    checkpoint_id, have=self.store.known()))
+            except IncompleteCopy:
+                self.store.put(checkpoint_id, client.checkpoint_export(checkpoint_id))
         return CheckpointRef(client.name, checkpoint_id)
 
     def restore(self, client: SpaceClient, ref: CheckpointRef) -> None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..adapter.image import IMAGE_KEY, Image
-from ..adapter.snapshots import DirectoryCheckpointStore
+from ..adapter.checkpoint_store import DirectoryCheckpointStore
 from ..adapter.state import SPACE
 from ..log import Log
 from ..virtual.blob_store import BlobStore, DamagedBlob, blob_dir, image_content

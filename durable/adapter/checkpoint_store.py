@@ -1,0 +1,216 @@
+"""Checkpoint stores: copies of a Space's checkpoints kept outside any Space, so that a
+checkpoint outlives the loss of its Space.
+
+``DirectoryCheckpointStore`` keeps what the Space's daemon keeps: content-addressed objects
+(``objects/ab/abcdef...``, one per distinct content, ever) and one manifest per checkpoint
+(``<id>.manifest.json``, exactly as the daemon wrote it, its hash inside). A checkpoint is
+copied in as the daemon's export tar, asked to leave out the objects the store already
+holds (``known``: those of the newest manifest stored, a hint), so a store grows by what
+changed, not by the workspace per checkpoint. The manifest is written last, after every
+object it names is on disk (fsynced): a copy cut short leaves objects no manifest names,
+never a manifest without its objects. ``open`` gives back a whole export tar (manifest, then
+every object, each checked against its hash) for ``checkpoint_import``. Stores written as
+one tar per checkpoint (``<id>.tar``, before objects) are still read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tarfile
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Protocol, runtime_checkable
+
+from ..atomic_file import fsync_dir, write_atomic
+from ..errors import CorruptLog
+
+MANIFEST_MEMBER = "manifest.json"
+#: Bytes of a rebuilt tar kept in memory before it spills to a temporary file.
+SPOOL_BYTES = 8 * 1024 * 1024
+
+
+class DamagedStore(CorruptLog):
+    """A checkpoint in a store is incomplete or does not match its hashes."""
+
+
+class IncompleteCopy(Exception):
+    """An export left out objects the store turned out not to have: copy it whole."""
+
+
+@runtime_checkable
+class CheckpointStore(Protocol):
+    """Keeps copies of checkpoints outside any Space."""
+
+    def put(self, checkpoint_id: str, chunks: Iterator[bytes]) -> None:
+        """Store the export tar ``chunks``; ``IncompleteCopy`` when it left out an object
+        (named in ``known``) the store does not hold after all."""
+        ...
+
+    def known(self) -> frozenset[str]:
+        """Objects the store holds that an export may leave out (a hint, maybe empty)."""
+        ...
+
+    def open(self, checkpoint_id: str) -> IO[bytes] | None:
+        """A whole export tar of the checkpoint, or ``None`` when this store lacks it."""
+        ...
+
+    def has(self, checkpoint_id: str) -> bool: ...
+
+
+class DirectoryCheckpointStore:
+    """A ``CheckpointStore`` in a directory of this machine (see the module docstring)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._objects = self.path / "objects"
+        self._known: frozenset[str] | None = None
+
+    def _name(self, checkpoint_id: str, suffix: str) -> Path:
+        if "/" in checkpoint_id or checkpoint_id.startswith("."):
+            raise ValueError(f"checkpoint id {checkpoint_id!r} is not a plain name")
+        return self.path / f"{checkpoint_id}{suffix}"
+
+    def _object(self, sha: str) -> Path:
+        return self._objects / sha[:2] / sha
+
+    # -- copying in ----------------------------------------------------------------
+
+    def put(self, checkpoint_id: str, chunks: Iterator[bytes]) -> None:
+        target = self._name(checkpoint_id, ".manifest.json")
+        manifest: bytes | None = None
+        dirs: set[Path] = set()
+        with tarfile.open(fileobj=_ChunkReader(chunks), mode="r|") as tar:
+            for member in tar:
+                src = tar.extractfile(member)
+                if src is None:
+                    continue
+                if member.name == MANIFEST_MEMBER:
+                    manifest = src.read()
+                elif member.name.startswith("objects/"):
+                    dirs.add(self._put_object(member.name[len("objects/"):], src))
+        if manifest is None:
+            raise DamagedStore(f"the export of checkpoint {checkpoint_id} has no manifest")
+        missing = [sha for sha in _shas(manifest, checkpoint_id)
+                   if not self._object(sha).exists()]
+        if missing:
+            self._known = frozenset()
+            raise IncompleteCopy(f"checkpoint {checkpoint_id}: {len(missing)} object(s) left "
+                                 f"out of the export are not in {self.path} (e.g. {missing[0]})")
+        for d in dirs:
+            fsync_dir(d)
+        if dirs:
+            fsync_dir(self._objects)
+        write_atomic(target, manifest)
+        self._known = frozenset(_shas(manifest, checkpoint_id))
+
+    def _put_object(self, sha: str, src: IO[bytes]) -> Path:
+        """Write one object (checked against its name) unless it is there; its directory."""
+        path = self._object(sha)
+        if path.exists():
+            return path.parent
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{sha[:12]}.")
+        digest = hashlib.sha256()
+        try:
+            with os.fdopen(fd, "wb") as f:
+                while block := src.read(1024 * 1024):
+                    digest.update(block)
+                    f.write(block)
+                f.flush()
+                os.fsync(f.fileno())
+            if digest.hexdigest() != sha:
+                raise DamagedStore(f"object {sha} of the export has digest "
+                                   f"{digest.hexdigest()}: the export is corrupt")
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        return path.parent
+
+    def known(self) -> frozenset[str]:
+        if self._known is None:  # a new process: the newest manifest's objects
+            manifests = sorted(self.path.glob("*.manifest.json"), key=lambda p: p.stat().st_mtime)
+            self._known = frozenset()
+            if manifests:
+                newest = manifests[-1]
+                self._known = frozenset(
+                    sha for sha in _shas(newest.read_bytes(), newest.name)
+                    if self._object(sha).exists())
+        return self._known
+
+    # -- reading back ----------------------------------------------------------------
+
+    def open(self, checkpoint_id: str) -> IO[bytes] | None:
+        try:
+            manifest = self._name(checkpoint_id, ".manifest.json").read_bytes()
+        except FileNotFoundError:
+            try:
+                return open(self._name(checkpoint_id, ".tar"), "rb")  # a store of before
+            except FileNotFoundError:
+                return None
+        out = tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES)
+        try:
+            self._write_tar(checkpoint_id, manifest, out)
+        except BaseException:
+            out.close()
+            raise
+        out.seek(0)
+        return out  # type: ignore[return-value]
+
+    def _write_tar(self, checkpoint_id: str, manifest: bytes, out: IO[bytes]) -> None:
+        """The export tar of a stored checkpoint: its manifest, then each object, checked."""
+        with tarfile.open(fileobj=out, mode="w|") as tar:
+            info = tarfile.TarInfo(MANIFEST_MEMBER)
+            info.size = len(manifest)
+            tar.addfile(info, io.BytesIO(manifest))
+            for sha in sorted(set(_shas(manifest, checkpoint_id))):
+                try:
+                    data = self._object(sha).read_bytes()
+                except FileNotFoundError:
+                    raise DamagedStore(f"checkpoint {checkpoint_id} in {self.path} lacks its "
+                                       f"object {sha}") from None
+                if hashlib.sha256(data).hexdigest() != sha:
+                    raise DamagedStore(f"object {sha} in {self.path} does not match its hash")
+                info = tarfile.TarInfo(f"objects/{sha}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+
+    def has(self, checkpoint_id: str) -> bool:
+        return (self._name(checkpoint_id, ".manifest.json").exists()
+                or self._name(checkpoint_id, ".tar").exists())
+
+
+def _shas(manifest: bytes, checkpoint_id: str) -> list[str]:
+    try:
+        return [f["sha256"] for f in json.loads(manifest)["files"]]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise DamagedStore(f"the manifest of checkpoint {checkpoint_id} is unreadable "
+                           f"({exc})") from None
+
+
+class _ChunkReader(io.RawIOBase):
+    """A file over an iterator of byte chunks (what ``tarfile``'s stream mode reads)."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks = chunks
+        self._rest = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf: bytearray) -> int:  # type: ignore[override]
+        while not self._rest:
+            try:
+                self._rest = next(self._chunks)
+            except StopIteration:
+                return 0
+        n = min(len(buf), len(self._rest))
+        buf[:n] = self._rest[:n]
+        self._rest = self._rest[n:]
+        return n

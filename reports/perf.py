@@ -1,0 +1,149 @@
+"""``python -m reports perf``: the performance table, each metric beside its floor measured in
+the same run (these machines are shared and noisy: the ratio is what to read).
+
+| metric | floor (measured alongside) | goal |
+|---|---|---|
+| a no-op command through the exec ledger (start + wait) | ``subprocess.run`` of ``bash -c true`` | <= 2x the floor |
+| a transactional write in a workspace of 100 files of 4 KiB | the same write unwrapped | <= floor + 3 ms |
+| growth of a transactional / checkpoint write per 100 files (10 -> 1000 files) | - | <= +0.2 ms per 100 files |
+| a checkpoint-mode write with a CheckpointStore, 1000 files | the same without a store | <= 2x the floor |
+| the store's growth per such write | the bytes the write changed | = the floor |
+| a campaign of ``--campaign-runs`` runs x 10 calls, local, checkpoint mode | - | < 3 min for 250 runs |
+| a kill -> the next driver's first step, p50 (from that campaign) | a Python start-up that imports the driver's modules | <= 100 ms |
+
+The calls are measured by the cost benchmark (``reports.cost_bench``: interleaved rounds,
+from the intent's commit to the result's), the exec pair by the Space benchmark
+(``backends.space_bench``), the campaign by ``chaos.campaign``. It prints numbers and
+asserts nothing.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from backends.local import LocalSpaces
+from backends.space_bench import bench_exec
+from chaos.campaign import CampaignConfig, run_campaign
+
+from . import cost_bench
+from .markdown import table
+
+MODES = ("unwrapped", "transactional", "checkpoint", "checkpoint+store")
+SIZES = (10, 100, 1000)
+
+
+@dataclass(frozen=True)
+class Metric:
+    what: str
+    now: float
+    floor: float | None
+    goal: str
+    met: bool
+    unit: str = "ms"
+
+    def row(self) -> list[str]:
+        ratio = "" if not self.floor else f"{self.now / self.floor:.2f}x"
+        floor = "-" if self.floor is None else f"{self.floor:.2f} {self.unit}"
+        return [self.what, f"{self.now:.2f} {self.unit}", floor, ratio, self.goal,
+                "yes" if self.met else "**no**"]
+
+
+def exec_metric(rounds: int) -> Metric:
+    with tempfile.TemporaryDirectory(prefix="perf-exec-") as base:
+        spaces = LocalSpaces(base)
+        try:
+            spaces.create("perf")
+            ledger, plain = bench_exec(spaces.connect("perf", epoch=1), rounds)
+        finally:
+            spaces.delete_all()
+    return Metric("no-op command through the exec ledger", ledger, plain,
+                  "<= 2x the plain spawn", ledger <= 2 * plain)
+
+
+def call_metrics(repeat: int) -> list[Metric]:
+    """The write call's cost per mode and size (median over ``repeat`` interleaved rounds)."""
+    with tempfile.TemporaryDirectory(prefix="perf-calls-") as tmp:
+        work = Path(tmp)
+        spaces = cost_bench.backend_spaces("local", work)
+        with cost_bench.open_cells("local", spaces, MODES, SIZES, work) as cells:
+            samples = cost_bench.measure(cells, repeat, progress=lambda _line: None)
+            store = work / "local-checkpoint-store-1000" / "store"  # the cell's, by its slug
+            store_bytes = _size(store)
+            calls = next(c.calls for c in cells
+                         if c.mode == "checkpoint+store" and c.files == 1000)
+    ms: dict[tuple[str, int], float] = {}
+    for mode in MODES:
+        for files in SIZES:
+            xs = [s["ms"] for s in samples
+                  if s["mode"] == mode and s["files"] == files and s["kind"] == "write"]
+            ms[(mode, files)] = statistics.median(xs)
+    out = [Metric("transactional write, 100 files of 4 KiB", ms[("transactional", 100)],
+                  ms[("unwrapped", 100)], "<= unwrapped + 3 ms",
+                  ms[("transactional", 100)] <= ms[("unwrapped", 100)] + 3)]
+    span = (SIZES[-1] - SIZES[0]) / 100
+    for mode in ("transactional", "checkpoint"):
+        slope = (ms[(mode, SIZES[-1])] - ms[(mode, SIZES[0])]) / span
+        out.append(Metric(f"growth of a {mode} write per 100 files ({SIZES[0]} -> "
+                          f"{SIZES[-1]})", slope, None, "<= +0.2 ms per 100 files",
+                          slope <= 0.2))
+    with_store, without = ms[("checkpoint+store", 1000)], ms[("checkpoint", 1000)]
+    out.append(Metric("checkpoint write with a CheckpointStore, 1000 files", with_store, without,
+                      "<= 2x the checkpoint without a store", with_store <= 2 * without))
+    per_call = store_bytes / max(1, calls) / 1024
+    out.append(Metric("store growth per call, 1000 files", per_call,
+                      cost_bench.FILE_SIZE / 1024, "= the changed bytes (about one 4 KiB file)",
+                      per_call <= 2 * cost_bench.FILE_SIZE / 1024, unit="KiB"))
+    return out
+
+
+def _size(directory: Path) -> int:
+    return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
+
+
+def startup_floor() -> float:
+    """A Python start-up importing what the campaign's driver imports, without running it."""
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import chaos.driver"], check=True,
+                       cwd=Path(__file__).resolve().parents[1])
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
+
+
+def campaign_metrics(runs: int, results: Path) -> list[Metric]:
+    out = io.StringIO()
+    start = time.perf_counter()
+    run_campaign(CampaignConfig(mode="checkpoint", runs=runs, steps=10, seed_base=1,
+                                jobs=2 * (os.cpu_count() or 1), results_root=results), out)
+    seconds = time.perf_counter() - start
+    resume = statistics.median(
+        1000 * (lat["t_next_step"] - lat["t_fault"])
+        for r in map(json.loads, (results / "latest" / "runs.jsonl").open())
+        for lat in r["latencies"] if lat["killed"] and lat["t_next_step"] is not None)
+    floor = startup_floor()
+    scaled = seconds * 250 / runs
+    return [Metric(f"campaign, {runs} runs x 10 calls, local, checkpoint (scaled to 250)",
+                   scaled, None, "< 180 s for 250 runs", scaled < 180, unit="s"),
+            Metric("kill -> next driver's first step, p50", resume, floor,
+                   "<= 100 ms", resume <= 100)]
+
+
+def report(*, rounds: int, repeat: int, campaign_runs: int, results: Path) -> str:
+    metrics = [exec_metric(rounds), *call_metrics(repeat)]
+    if campaign_runs:
+        metrics += campaign_metrics(campaign_runs, results)
+    lines = [f"perf on {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f} at the end, "
+             f"python {sys.version.split()[0]}", ""]
+    lines.append(table(["metric", "now", "floor (same run)", "ratio", "goal", "met"],
+                       [m.row() for m in metrics], align=["l", "r", "r", "r", "l", "l"]))
+    return "\n".join(lines)
