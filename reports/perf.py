@@ -44,16 +44,18 @@ SIZES = (10, 100, 1000)
 @dataclass(frozen=True)
 class Metric:
     what: str
-    now: float
+    #: None when the run gave no sample of it (a campaign without a kill to resume from).
+    now: float | None
     floor: float | None
     goal: str
     met: bool
     unit: str = "ms"
 
     def row(self) -> list[str]:
-        ratio = "" if not self.floor else f"{self.now / self.floor:.2f}x"
+        ratio = "" if not self.floor or self.now is None else f"{self.now / self.floor:.2f}x"
         floor = "-" if self.floor is None else f"{self.floor:.2f} {self.unit}"
-        return [self.what, f"{self.now:.2f} {self.unit}", floor, ratio, self.goal,
+        now = "-" if self.now is None else f"{self.now:.2f} {self.unit}"
+        return [self.what, now, floor, ratio, self.goal,
                 "yes" if self.met else "**no**"]
 
 
@@ -75,11 +77,10 @@ def call_metrics(repeat: int) -> list[Metric]:
         work = Path(tmp)
         spaces = cost_bench.backend_spaces("local", work)
         with cost_bench.open_cells("local", spaces, MODES, SIZES, work) as cells:
-            samples = cost_bench.measure(cells, repeat, progress=lambda _line: None)
             store = work / "local-checkpoint-store-1000" / "store"  # the cell's, by its slug
-            store_bytes = _size(store)
-            calls = next(c.calls for c in cells
-                         if c.mode == "checkpoint+store" and c.files == 1000)
+            before = _size(store)  # the warm-up's first checkpoint copied every file
+            samples = cost_bench.measure(cells, repeat, progress=lambda _line: None)
+            per_call = (_size(store) - before) / (repeat * len(cost_bench.KINDS)) / 1024
     ms: dict[tuple[str, int], float] = {}
     for mode in MODES:
         for files in SIZES:
@@ -98,9 +99,8 @@ def call_metrics(repeat: int) -> list[Metric]:
     with_store, without = ms[("checkpoint+store", 1000)], ms[("checkpoint", 1000)]
     out.append(Metric("checkpoint write with a CheckpointStore, 1000 files", with_store, without,
                       "<= 2x the checkpoint without a store", with_store <= 2 * without))
-    per_call = store_bytes / max(1, calls) / 1024
     out.append(Metric("store growth per call, 1000 files", per_call,
-                      cost_bench.FILE_SIZE / 1024, "= the changed bytes (about one 4 KiB file)",
+                      cost_bench.FILE_SIZE / 1024, "= the changed bytes (a 4 KiB file or an append)",
                       per_call <= 2 * cost_bench.FILE_SIZE / 1024, unit="KiB"))
     return out
 
@@ -126,16 +126,17 @@ def campaign_metrics(runs: int, results: Path) -> list[Metric]:
     run_campaign(CampaignConfig(mode="checkpoint", runs=runs, steps=10, seed_base=1,
                                 jobs=2 * (os.cpu_count() or 1), results_root=results), out)
     seconds = time.perf_counter() - start
-    resume = statistics.median(
-        1000 * (lat["t_next_step"] - lat["t_fault"])
-        for r in map(json.loads, (results / "latest" / "runs.jsonl").open())
-        for lat in r["latencies"] if lat["killed"] and lat["t_next_step"] is not None)
+    with (results / "latest" / "runs.jsonl").open() as f:
+        resumes = [1000 * (lat["t_next_step"] - lat["t_fault"])
+                   for r in map(json.loads, f) for lat in r["latencies"]
+                   if lat["killed"] and lat["t_next_step"] is not None]
+    resume = statistics.median(resumes) if resumes else None
     floor = startup_floor()
     scaled = seconds * 250 / runs
     return [Metric(f"campaign, {runs} runs x 10 calls, local, checkpoint (scaled to 250)",
                    scaled, None, "< 180 s for 250 runs", scaled < 180, unit="s"),
             Metric("kill -> next driver's first step, p50", resume, floor,
-                   "<= 100 ms", resume <= 100)]
+                   "<= 100 ms", resume is not None and resume <= 100)]
 
 
 def report(*, rounds: int, repeat: int, campaign_runs: int, results: Path) -> str:
