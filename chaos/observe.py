@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from durable.adapter import IMAGE_DOC, SPACE_DOC
-from durable.adapter.image import IMAGE_KEY, Image
+from durable.adapter.image import Image
 from durable.adapter.state import RECOVERY_KEY
 from durable.errors import SpaceError
 from durable.log import ROOT_CONVERSATION, Log
@@ -159,9 +159,7 @@ def _log_facts(run_dir: Path, epoch: int) -> _LogFacts:
     try:
         events = recovery_events(log)
         image = Image()
-        for e in log.entries(ROOT_CONVERSATION):
-            if e.kind == "system" and IMAGE_KEY in e.data:
-                image.fold(e.id, e.data[IMAGE_KEY])
+        image.fold_history(log.entries(ROOT_CONVERSATION))
         return _LogFacts(
             calls=calls_of(log), events=events,
             inputs=[(e.id, e.data.get("request_id")) for e in log.entries(ROOT_CONVERSATION)

@@ -139,6 +139,8 @@ class Cell:
     adapter: bool
     calls: int = 0
     edits: int = 0
+    #: The ``checkpoint+store`` cell's CheckpointStore directory (None in the others).
+    store_dir: Path | None = None
     _wal: sqlite3.Connection | None = field(default=None, repr=False)
 
     def _args(self, kind: str) -> tuple[str, dict[str, Any]]:
@@ -215,7 +217,8 @@ def _open_cell(backend: str, mode: str, files: int, spaces: Spaces, work: Path,
         harness = Harness.open(storage, models=ScriptedModel(plan), registry=registry, env=env)
         return Cell(backend, mode, files, harness, harness.root("bench"), storage, log_path,
                     plan, adapter=False)
-    store = DirectoryCheckpointStore(home / "store") if mode == "checkpoint+store" else None
+    store_dir = home / "store" if mode == "checkpoint+store" else None
+    store = None if store_dir is None else DirectoryCheckpointStore(store_dir)
     # Transactional is measured within its limits; auto keeps the defaults, so the
     # report shows where it switches to checkpoint.
     limits = TransactionalLimits(max_files=files + 100) if mode == "transactional" else None
@@ -240,7 +243,7 @@ def _open_cell(backend: str, mode: str, files: int, spaces: Spaces, work: Path,
     for path, data in seed:
         client.write_file(path, data)
     return Cell(backend, mode, files, harness, conversation, storage, log_path, plan,
-                adapter=True)
+                adapter=True, store_dir=store_dir)
 
 
 def backend_spaces(backend: str, work: Path) -> Spaces:

@@ -77,7 +77,9 @@ def call_metrics(repeat: int) -> list[Metric]:
         work = Path(tmp)
         spaces = cost_bench.backend_spaces("local", work)
         with cost_bench.open_cells("local", spaces, MODES, SIZES, work) as cells:
-            store = work / "local-checkpoint-store-1000" / "store"  # the cell's, by its slug
+            store = next(c.store_dir for c in cells
+                         if c.mode == "checkpoint+store" and c.files == 1000)
+            assert store is not None
             before = _size(store)  # the warm-up's first checkpoint copied every file
             samples = cost_bench.measure(cells, repeat, progress=lambda _line: None)
             per_call = (_size(store) - before) / (repeat * len(cost_bench.KINDS)) / 1024

@@ -47,7 +47,7 @@ import secrets
 import socket
 import tarfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +63,7 @@ from docker.types import LogConfig
 from backends.docker.errors import DockerUnavailable
 from backends.local.provider import _NAME  # one rule for Space names on every backend
 from backends.space_client import Endpoint, HttpSpaceClient
+from durable.chunk_reader import ChunkReader
 from durable.errors import SpaceError, SpaceNotFound, SpaceUnavailable
 from spacesd.failpoints import ENV_VAR as FAILPOINTS_ENV
 from spacesd.protocol import (
@@ -124,28 +125,6 @@ class Limits:
             raise ValueError(f"Expected cpus > 0 but got cpus={self.cpus!r}")
         if not (isinstance(self.pids, int) and self.pids > 0):
             raise ValueError(f"Expected an int pids > 0 but got pids={self.pids!r}")
-
-
-class _ChunkReader(io.RawIOBase):
-    """The chunks of an engine's stream as a readable file (for ``tarfile``)."""
-
-    def __init__(self, chunks: Iterable[bytes]) -> None:
-        self._chunks = iter(chunks)
-        self._left = b""
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buf: Any) -> int:
-        while not self._left:
-            chunk = next(self._chunks, None)
-            if chunk is None:
-                return 0
-            self._left = chunk
-        n = min(len(buf), len(self._left))
-        buf[:n] = self._left[:n]
-        self._left = self._left[n:]
-        return n
 
 
 @dataclass(frozen=True)
@@ -437,7 +416,7 @@ class DockerSpaces:
                 chunks, _ = self._api.get_archive(cname, f"{STATE_DIR}/{rel}")
                 # A file's archive holds it by its name, a directory's its files under the
                 # directory's name: member names are paths relative to the state directory.
-                with tarfile.open(fileobj=io.BufferedReader(_ChunkReader(chunks)),
+                with tarfile.open(fileobj=io.BufferedReader(ChunkReader(chunks)),
                                   mode="r|") as tar:
                     for member in tar:
                         src = tar.extractfile(member) if is_audit_file(member.name) else None

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import IO, Protocol, runtime_checkable
 
 from ..atomic_file import fsync_dir, write_atomic
+from ..chunk_reader import ChunkReader
 from ..errors import CorruptLog
 
 MANIFEST_MEMBER = "manifest.json"
@@ -84,7 +85,7 @@ class DirectoryCheckpointStore:
         target = self._name(checkpoint_id, ".manifest.json")
         manifest: bytes | None = None
         dirs: set[Path] = set()
-        with tarfile.open(fileobj=_ChunkReader(chunks), mode="r|") as tar:
+        with tarfile.open(fileobj=ChunkReader(chunks), mode="r|") as tar:
             for member in tar:
                 src = tar.extractfile(member)
                 if src is None:
@@ -192,25 +193,3 @@ def _shas(manifest: bytes, checkpoint_id: str) -> list[str]:
     except (ValueError, KeyError, TypeError) as exc:
         raise DamagedStore(f"the manifest of checkpoint {checkpoint_id} is unreadable "
                            f"({exc})") from None
-
-
-class _ChunkReader(io.RawIOBase):
-    """A file over an iterator of byte chunks (what ``tarfile``'s stream mode reads)."""
-
-    def __init__(self, chunks: Iterator[bytes]) -> None:
-        self._chunks = chunks
-        self._rest = b""
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buf: bytearray) -> int:  # type: ignore[override]
-        while not self._rest:
-            try:
-                self._rest = next(self._chunks)
-            except StopIteration:
-                return 0
-        n = min(len(buf), len(self._rest))
-        buf[:n] = self._rest[:n]
-        self._rest = self._rest[n:]
-        return n

@@ -15,11 +15,14 @@ This module is pure: it computes diffs and plans, and reads blobs back from entr
 from __future__ import annotations
 
 import base64
+import bisect
 import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
 from spacesd.protocol import ScanEntry, ScanResult, workspace_hash
+
+from ..storage.records import EntryRecord
 
 #: Key of the image payload in a hidden system entry.
 IMAGE_KEY = "space_image"
@@ -55,6 +58,17 @@ class Image:
             self.blobs.setdefault(sha, entry_id)
         self.external.update(payload.get("ext", ()))
         self.upto = entry_id
+
+    def fold_history(self, history: list[EntryRecord], *, upto: int | None = None) -> None:
+        """Fold the image entries of ``history`` (a conversation's, in order) after the last
+        one folded, up to entry ``upto`` (all when None): incremental, so a caller that keeps
+        its image folds only what was committed since."""
+        start = bisect.bisect_right(history, self.upto, key=lambda e: e.id)
+        for e in history[start:]:
+            if upto is not None and e.id > upto:
+                break
+            if e.kind == "system" and IMAGE_KEY in e.data:
+                self.fold(e.id, e.data[IMAGE_KEY])
 
     def holds(self, sha: str) -> bool:
         """Whether the log (or its blob store) already holds this content."""

@@ -10,8 +10,6 @@ whole history into an empty image.
 
 from __future__ import annotations
 
-import bisect
-
 from spacesd.protocol import ScanResult
 
 from ..errors import PermanentFailure
@@ -32,11 +30,7 @@ class ImageKeeper:
 
     def catch_up(self, log: Log, conversation: int) -> None:
         """Fold the conversation's image entries after the last one folded."""
-        image = self.image(conversation)
-        history = log.entries(conversation)
-        for e in history[bisect.bisect_right(history, image.upto, key=lambda e: e.id):]:
-            if e.kind == "system" and img.IMAGE_KEY in e.data:
-                image.fold(e.id, e.data[img.IMAGE_KEY])
+        self.image(conversation).fold_history(log.entries(conversation))
 
     def scan(self, client: SpaceClient) -> ScanResult:
         return client.scan(exclude=list(self.limits.exclude))

@@ -19,7 +19,7 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..adapter.image import IMAGE_KEY, Image
+from ..adapter.image import Image
 from ..adapter.checkpoint_store import DirectoryCheckpointStore
 from ..adapter.state import SPACE
 from ..log import Log
@@ -80,11 +80,7 @@ def _with_its_commit(log: Log, conversation: int, entry: int) -> int:
 
 def _from_image(log: Log, conversation: int, entry: int) -> WorkspaceState:
     image = Image()
-    for e in log.entries(conversation):
-        if e.id > entry:
-            break
-        if e.kind == "system" and IMAGE_KEY in e.data:
-            image.fold(e.id, e.data[IMAGE_KEY])
+    image.fold_history(log.entries(conversation), upto=entry)
     directory = blob_dir(log.storage)
     store = None if directory is None else BlobStore(directory)
     out: WorkspaceState = {}

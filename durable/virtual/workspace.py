@@ -15,9 +15,9 @@ nothing reaches the log, and a crashed driver's files are gone.
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..adapter import image as img
 from ..failpoints import failpoint
@@ -76,10 +76,7 @@ class LogWorkspaces:
     def image(self, log: Log, conversation: int) -> img.Image:
         """The conversation's image, folded up to the newest committed entry."""
         image = self._images.setdefault((id(log), conversation), img.Image())
-        history = log.entries(conversation)
-        for e in history[bisect.bisect_right(history, image.upto, key=lambda e: e.id):]:
-            if e.kind == "system" and img.IMAGE_KEY in e.data:
-                image.fold(e.id, e.data[img.IMAGE_KEY])
+        image.fold_history(log.entries(conversation))
         return image
 
     def tree(self, log: Log, conversation: int) -> Tree:
@@ -102,7 +99,9 @@ class LogWorkspaces:
 
     def record(self, ctx: CallContext, after: Tree) -> None:
         """Commit the change from the log's files to ``after`` with the call's result."""
-        self._stage(ctx.log, ctx.conversation, after, ctx.call_id, ctx.on_result)
+        data = self._change(ctx.log, ctx.conversation, after, ctx.call_id)
+        if data is not None:
+            ctx.on_result(lambda tx, _entry: tx.append(ctx.conversation, "system", data))
 
     def seed(self, log: Log, conversation: int) -> None:
         """Commit ``initial`` as the conversation's files if nothing was committed yet (the
@@ -110,16 +109,19 @@ class LogWorkspaces:
         image = self.image(log, conversation)
         if image.upto or image.table or not self.initial:
             return
-        with log.transaction() as tx:
-            self._stage(log, conversation, self.initial, None,
-                        lambda hook: hook(tx, 0))
+        data = self._change(log, conversation, self.initial, None)
+        if data is not None:
+            with log.transaction() as tx:
+                tx.append(conversation, "system", data)
 
-    def _stage(self, log: Log, conversation: int, after: Tree, call_id: str | None,
-               on_result) -> None:  # noqa: ANN001 - CallContext.on_result or an inline one
+    def _change(self, log: Log, conversation: int, after: Tree,
+                call_id: str | None) -> dict[str, Any] | None:
+        """The hidden entry that turns the log's files into ``after`` (None: no change),
+        its larger contents already in the blob store."""
         image = self.image(log, conversation)
         d = img.diff(image, rows_of(after))
         if not d:
-            return
+            return None
         store = self._store(log)
         inline: dict[str, bytes] = {}
         external: list[str] = []
@@ -135,8 +137,7 @@ class LogWorkspaces:
             self._contents[sha] = data
         if external:
             failpoint("virtual.blobs_written", call=call_id, blobs=len(external))
-        data = img.payload(d, inline, call_id=call_id, external=tuple(external))
-        on_result(lambda tx, _entry: tx.append(conversation, "system", data))
+        return img.payload(d, inline, call_id=call_id, external=tuple(external))
 
     @staticmethod
     def _store(log: Log) -> BlobStore | None:

@@ -58,9 +58,8 @@ MUTANTS: tuple[Mutant, ...] = (
     # ---------------------------------------------------------------- virtual workspaces
     Mutant(
         "virtual-change-before-result", "durable/virtual/workspace.py",
-        (("        self._stage(ctx.log, ctx.conversation, after, ctx.call_id, ctx.on_result)\n",
-          "        ctx.commit_now(lambda tx: self._stage(ctx.log, ctx.conversation, after,\n"
-          "                                              ctx.call_id, lambda hook: hook(tx, 0)))\n"),),
+        (("            ctx.on_result(lambda tx, _entry: tx.append(ctx.conversation, \"system\", data))\n",
+          "            ctx.commit_now(lambda tx: tx.append(ctx.conversation, \"system\", data))\n"),),
         "a virtual workspace's call commits its change to the files right away instead of "
         "with its result, so a crash between the two leaves the change in the log and the "
         "call, replay-safe, runs again on top of it",
