@@ -1,7 +1,12 @@
 """The host side of spacesd: a ``durable.spaces.SpaceClient`` over HTTP.
 
-One short connection per request (stdlib ``http.client``): nothing to share between
-threads, nothing left open, and a daemon restart costs only the connection in flight.
+Connections (stdlib ``http.client``): a client keeps the connection of its last answered
+idempotent request open and sends its next idempotent request on it (HTTP/1.1 keep-alive:
+a new connection costs a TCP handshake and a daemon thread, about half of a small request),
+if it is less than ``KEEP_IDLE_S`` old, in the same process; any other request, and one
+that finds the kept connection taken by another thread, opens its own. A kept connection
+that turns out dead (the daemon restarted, or dropped it) is replaced by a new one at once:
+only idempotent requests travel on it, so sending one again is always safe.
 
 Where the daemon is comes from a resolver, called again whenever the cached address fails,
 because a restarted daemon listens on a new port. Retries are careful about effects:
@@ -25,11 +30,15 @@ import base64
 import dataclasses
 import http.client
 import json
+import os
 import random
 import shutil
+import socket
 import tempfile
+import threading
 import time
 import uuid
+import weakref
 from collections import deque
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
@@ -41,6 +50,9 @@ from spacesd import protocol
 from spacesd.protocol import CheckpointInfo, ExecInfo, ScanResult
 
 _CHUNK = 1024 * 1024
+#: A kept connection idle longer than this is not reused (the daemon drops idle ones after
+#: ``spacesd.server.Handler.timeout``, 120 s).
+KEEP_IDLE_S = 30.0
 #: The ``advance_epoch`` owner of every client of this process that names none.
 PROCESS_OWNER = uuid.uuid4().hex
 
@@ -50,6 +62,10 @@ class Endpoint:
     host: str
     port: int
     token: str
+    #: Whether a connection to it may be kept between requests (see the module docstring).
+    #: Not to a machine whose memory can be restored (a microVM's ``loadvm``): its TCP
+    #: state goes back with it, and a kept connection would hang instead of failing.
+    keep_alive: bool = True
 
 
 #: Returns where the Space's daemon is now; raises ``SpaceNotFound`` if the Space is gone
@@ -73,6 +89,45 @@ def _busy_wait(resp: http.client.HTTPResponse, data: bytes) -> float | None:
     return min(max(after, 0.05), 5.0) * random.uniform(0.5, 1.0)
 
 
+class _KeptConnection:
+    """The connection a client keeps between idempotent requests (see the module
+    docstring): at most one, taken by one request at a time."""
+
+    def __init__(self) -> None:
+        #: (connection, the process that opened it, when it became idle)
+        self._kept: tuple[http.client.HTTPConnection, int, float] | None = None
+        self._lock = threading.Lock()
+
+    def take(self, ep: Endpoint, timeout: float) -> http.client.HTTPConnection | None:
+        """The kept connection, if it is fresh, to ``ep`` and this process's; nobody else
+        gets it until it is ``put`` back."""
+        with self._lock:
+            kept, self._kept = self._kept, None
+        if kept is None:
+            return None
+        conn, pid, idle_since = kept
+        if pid != os.getpid():
+            return None  # a forked child's copy of its parent's socket: never shared
+        if (conn.host, conn.port) != (ep.host, ep.port) or conn.sock is None or \
+                time.monotonic() - idle_since > KEEP_IDLE_S:
+            conn.close()
+            return None
+        conn.sock.settimeout(timeout)
+        return conn
+
+    def put(self, conn: http.client.HTTPConnection) -> None:
+        with self._lock:
+            old, self._kept = self._kept, (conn, os.getpid(), time.monotonic())
+        if old is not None and old[1] == os.getpid():
+            old[0].close()
+
+    def close(self) -> None:
+        with self._lock:
+            old, self._kept = self._kept, None
+        if old is not None and old[1] == os.getpid():
+            old[0].close()
+
+
 class HttpSpaceClient:
     def __init__(self, name: str, epoch: int, resolver: Resolver, *, timeout: float = 60.0,
                  retry_for: float = 5.0, long_timeout: float = 900.0,
@@ -87,6 +142,10 @@ class HttpSpaceClient:
         self.busy_for = busy_for
         #: For checkpoints and their transfers, which may take long on big workspaces.
         self.long_timeout = long_timeout
+        self._kept = _KeptConnection()
+        # Closed with the client (a socket left to the collector warns, and stays open
+        # until then); a copy of the client (``with_epoch``) keeps its own.
+        weakref.finalize(self, self._kept.close)
 
     def with_epoch(self, epoch: int) -> HttpSpaceClient:
         other = HttpSpaceClient(self.name, epoch, self._resolver, timeout=self.timeout,
@@ -122,24 +181,31 @@ class HttpSpaceClient:
         resent = reauthorized = False
         while True:
             ep = self._endpoint or self._resolve(deadline)
-            conn = http.client.HTTPConnection(ep.host, ep.port, timeout=timeout, blocksize=_CHUNK)
-            try:
-                conn.connect()
-            except OSError as exc:
-                conn.close()
-                self._endpoint = None
-                if time.monotonic() < deadline:
-                    time.sleep(0.05)
-                    continue
-                raise SpaceUnavailable(
-                    f"Space {self.name!r}: cannot reach its daemon at {ep.host}:{ep.port} "
-                    f"({exc}); it is down, restarting or gone") from exc
+            conn = self._kept.take(ep, timeout) if idempotent and ep.keep_alive else None
+            kept = conn is not None
+            if conn is None:
+                conn = http.client.HTTPConnection(ep.host, ep.port, timeout=timeout,
+                                                  blocksize=_CHUNK)
+                try:
+                    conn.connect()
+                    conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                except OSError as exc:
+                    conn.close()
+                    self._endpoint = None
+                    if time.monotonic() < deadline:
+                        time.sleep(0.05)
+                        continue
+                    raise SpaceUnavailable(
+                        f"Space {self.name!r}: cannot reach its daemon at {ep.host}:{ep.port} "
+                        f"({exc}); it is down, restarting or gone") from exc
             try:
                 conn.request(method, path, body=body,
                              headers={"Authorization": f"Bearer {ep.token}", **headers})
                 resp = conn.getresponse()
             except (OSError, http.client.HTTPException) as exc:
                 conn.close()
+                if kept and not isinstance(exc, TimeoutError):
+                    continue  # the daemon had closed it: the same request on a new one
                 self._endpoint = None
                 if idempotent and not resent:
                     resent = True
@@ -201,18 +267,24 @@ class HttpSpaceClient:
         conn, resp = self._open("POST", protocol.op_path(op), body,
                                 {"Content-Type": "application/json"}, idempotent=idempotent,
                                 timeout=timeout or self.timeout)
-        return json.loads(self._answer(conn, resp, op, epoch))
+        keep = idempotent and self._endpoint is not None and self._endpoint.keep_alive
+        return json.loads(self._answer(conn, resp, op, epoch, keep=keep))
+
 
     def _answer(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse,
-                op: str, epoch: int | None = None) -> bytes:
-        """The body of a 200 answer; closes the connection. A body cut short raises
+                op: str, epoch: int | None = None, *, keep: bool = False) -> bytes:
+        """The body of a 200 answer; closes the connection, or keeps it for the next
+        idempotent request (``keep``, unless the daemon closes it). A body cut short raises
         ``SpaceUnavailable``; any other status raises what ``_fail`` maps it to."""
         try:
             data = resp.read()
         except (OSError, http.client.HTTPException) as exc:
+            conn.close()
             raise SpaceUnavailable(f"Space {self.name!r}: the answer to {op} was cut short "
                                    f"({exc!r})") from exc
-        finally:
+        if keep and not resp.will_close:
+            self._kept.put(conn)
+        else:
             conn.close()
         if resp.status != 200:
             self._fail(resp.status, data, epoch)

@@ -57,7 +57,7 @@ import signal
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -107,12 +107,15 @@ class Containment(ABC):
         (``procfs.kill_groups``), so a shim outlives its escaped descendants and adopts any
         orphan a racing fork leaves."""
 
-    def strays(self, known: Sequence[Tree]) -> list[int]:
-        """Processes of the Space in none of the ``known`` trees (their command unknown)."""
+    def strays(self, known: Sequence[Tree], *, spare: Collection[int] = ()) -> list[int]:
+        """Processes of the Space in none of the ``known`` trees (their command unknown),
+        but for ``spare``: the daemon's own helpers (its shim launcher)."""
         return []
 
-    def kill_strays(self, known: Sequence[Tree], *, timeout: float = 5.0) -> list[int]:
-        """SIGKILL ``strays(known)`` until none is left; returns those left at ``timeout``."""
+    def kill_strays(self, known: Sequence[Tree], *, spare: Collection[int] = (),
+                    timeout: float = 5.0) -> list[int]:
+        """SIGKILL ``strays(known, spare=spare)`` until none is left; returns those left at
+        ``timeout``."""
         return []
 
     def release(self, tree_ids: Iterable[str]) -> None:
@@ -438,14 +441,17 @@ class _Adopting(Containment):
             return set()
         return {tid for tid, pids in escaped(procfs.snapshot()).items() if pids & left}
 
-    def strays(self, known: Sequence[Tree]) -> list[int]:
-        return sorted(self._strays(procfs.snapshot(), known))
+    def strays(self, known: Sequence[Tree], *, spare: Collection[int] = ()) -> list[int]:
+        return sorted(self._strays(procfs.snapshot(), known, spare))
 
-    def kill_strays(self, known: Sequence[Tree], *, timeout: float = 5.0) -> list[int]:
-        return sorted(_kill_until_gone(lambda table: self._strays(table, known), timeout))
+    def kill_strays(self, known: Sequence[Tree], *, spare: Collection[int] = (),
+                    timeout: float = 5.0) -> list[int]:
+        return sorted(_kill_until_gone(lambda table: self._strays(table, known, spare),
+                                       timeout))
 
-    def _strays(self, table: dict[int, procfs.Proc], known: Sequence[Tree]) -> set[int]:
-        candidates = self._candidates(table)
+    def _strays(self, table: dict[int, procfs.Proc], known: Sequence[Tree],
+                spare: Collection[int]) -> set[int]:
+        candidates = self._candidates(table).difference(spare)
         if not candidates:
             return candidates
         return candidates.difference(*_tree_members(table, known).values())

@@ -1,4 +1,5 @@
-"""The daemon's side of the shim's files: starting a shim, reading its claim and exit.
+"""The daemon's side of the shim's files: reading its claim and exit (``shim_launcher``
+starts shims).
 
 See ``shim`` for why the files exist and how the claim race is settled.
 """
@@ -10,7 +11,7 @@ import os
 import shutil
 from dataclasses import dataclass
 
-from .shim import LOST, RESET_SIGNALS, SHIM_PATH, publish
+from .shim import LOST, publish
 
 
 @dataclass(frozen=True)
@@ -34,30 +35,6 @@ def find_bash(env: dict[str, str]) -> str:
     if found is None:
         raise SystemExit("spacesd: no bash on PATH; commands run with 'bash -c'")
     return os.path.abspath(found)
-
-
-def spawn(python: str, bash: str, claim: str, exit_path: str, out_path: str, cwd: str,
-          command: str, env: dict[str, str], contain: str) -> int:
-    """Start the shim in a new session (so its pid is the group id) and return its pid.
-    ``contain``: the containment the shim enters before the command runs
-    (``Containment.shim_arg``).
-
-    stdin is /dev/null; stdout and stderr both append to ``out_path``. Every other
-    descriptor of the daemon is close-on-exec (Python's default), so none leaks.
-    """
-    return os.posix_spawn(
-        python,
-        [python, "-I", "-S", SHIM_PATH, bash, claim, exit_path, cwd, command, contain],
-        env,
-        file_actions=[
-            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-            (os.POSIX_SPAWN_OPEN, 1, out_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
-            (os.POSIX_SPAWN_DUP2, 1, 2),
-        ],
-        setsid=True,
-        setsigdef=RESET_SIGNALS,
-        setsigmask=(),
-    )
 
 
 #: What ``read_claim`` answers for a claim file it cannot read (empty or garbage: a power

@@ -37,6 +37,7 @@ from .failpoints import Channel
 from .journal import DamagedJournal, Journal
 from .protocol import OUTPUT_TAIL_BYTES, STATE_EXEC_DIR, STATE_LEDGER, ExecInfo
 from .shim import SYNC_ENV
+from .shim_launcher import ExitWakeup, ShimLauncher
 
 #: The most output one read returns (a client that fell far behind reads in several steps).
 MAX_READ = 1024 * 1024
@@ -153,7 +154,6 @@ class ExecLedger:
                  sync_exits: bool = False) -> None:
         self._dir = os.path.join(state_dir, STATE_EXEC_DIR)
         os.makedirs(self._dir, exist_ok=True)
-        self._python = python
         self._base_env = base_env
         self._bash = exec_files.find_bash(base_env)
         self._failpoints = failpoints
@@ -164,9 +164,13 @@ class ExecLedger:
         self._lock = threading.Lock()
         self._journal = Journal(os.path.join(state_dir, STATE_LEDGER))
         self._records = replay(self._journal.records)
+        self._wakeup = ExitWakeup()
+        self._launcher = ShimLauncher(python, base_env, self._wakeup)
 
     def close(self) -> None:
         self._journal.close()
+        self._launcher.close()
+        self._wakeup.close()
 
     def _path(self, rec: ExecRecord, suffix: str) -> str:
         return rec.file(self._dir, suffix)
@@ -272,11 +276,12 @@ class ExecLedger:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(self._path(rec, suffix))
             try:
-                pid = exec_files.spawn(self._python, self._bash, self._path(rec, ".claim"),
-                                       self._path(rec, ".exit"), self._path(rec, ".out"),
-                                       cwd, command, {**self._base_env, **env, **self._sync_env,
-                                                      **self._failpoints.shim_env(key=key)},
-                                       self._containment.shim_arg(rec.id))
+                pid = self._launcher.spawn(
+                    [self._bash, self._path(rec, ".claim"), self._path(rec, ".exit"), cwd,
+                     command, self._containment.shim_arg(rec.id)],
+                    {**self._base_env, **env, **self._sync_env,
+                     **self._failpoints.shim_env(key=key)},
+                    self._path(rec, ".out"))
             except OSError as exc:
                 with open(self._path(rec, ".out"), "ab") as f:
                     f.write(f"spacesd: cannot start the command: {exc}\n".encode())
@@ -313,12 +318,15 @@ class ExecLedger:
         deadline = time.monotonic() + wait
         pause = 0.002
         while True:
+            generation = self._wakeup.generation
             st = self._state(rec)
             ended = st.state != "running"
             text, at, nxt, size = self._read_output(rec, offset, ended=ended)
-            if text or ended or time.monotonic() >= deadline:
+            left = deadline - time.monotonic()
+            if text or ended or left <= 0:
                 return self._info(rec, st, output=text, offset=at, size=size), nxt
-            time.sleep(pause)
+            # Woken at once by an exit; output, and the shims of an earlier daemon, by looking.
+            self._wakeup.wait(generation, min(pause, left))
             pause = min(pause * 2, 0.01)
 
     def kill(self, key: str) -> ExecInfo:
@@ -335,7 +343,8 @@ class ExecLedger:
         with self._lock:
             killed = self._kill([r for r in self._records.values() if r.epoch < epoch],
                                 fenced_by=epoch)
-            self._containment.kill_strays(self._trees(self._records.values()))
+            self._containment.kill_strays(self._trees(self._records.values()),
+                                          spare=self._helpers())
             return killed
 
     def _kill(self, recs: list[ExecRecord], *, fenced_by: int | None) -> list[str]:
@@ -366,6 +375,10 @@ class ExecLedger:
                               "fenced_by": fenced_by, "exit_code": exit_code,
                               "ms": ended.ended_ms})
         rec.ended = ended
+
+    def _helpers(self) -> set[int]:
+        """The daemon's own processes, never strays: its shim launcher."""
+        return set() if self._launcher.pid is None else {self._launcher.pid}
 
     def _tree(self, rec: ExecRecord) -> Tree:
         claim = exec_files.read_claim(self._path(rec, ".claim"))
@@ -411,7 +424,7 @@ class ExecLedger:
             live = procfs.group_members(by_pgid)
             older = [rec for rec in recs if rec.epoch < epoch]
             escaped = self._containment.members(self._trees(older))
-            strays = self._containment.strays(self._trees(recs))
+            strays = self._containment.strays(self._trees(recs), spare=self._helpers())
         keys = {rec.key for pgid, rec in by_pgid.items() if pgid in live}
         keys.update(rec.key for rec in older if rec.id in escaped)
         return sorted(keys) + [f"pid {pid} (no key)" for pid in strays]

@@ -3,7 +3,7 @@
 Why a shim: the daemon may be SIGKILLed and restarted while its commands keep running; the
 new daemon is not their parent and cannot ``waitpid`` them, so the exit status would be
 lost. The shim is: it leads the command's session and process group, runs
-``bash -c command``, waits for it and writes the status to an exit file (temp file, fsync,
+``bash -c command``, waits for it and writes the status to an exit file (temp file,
 rename), which any later daemon reads (``exec_files``).
 
 The claim file closes the other race, a daemon that dies between spawning a shim and
@@ -34,11 +34,24 @@ hold the pipe are relayed until they close it. A filesystem that cannot punch ho
 the first ``OUTPUT_WINDOW_BYTES`` and a line saying the rest was dropped; a full state disk
 drops output, never the command.
 
-Run as ``python3 -I -S shim.py BASH CLAIM EXIT CWD COMMAND [CONTAIN]``: by path, without the
-site module, importing only built-in modules (and ``ctypes``, for ``prctl``, in subreaper
-mode), because its start-up is on the path of every command. Hence ``_signal`` (the C
-module under ``signal``, without the enum wrapping that costs ~10 ms to import) and an
-absolute ``BASH`` (``os.execvp`` would import ``warnings``).
+Launching: a Python start-up per command would be most of a command's cost (~8 ms against
+~1.5 ms for the whole of a plain ``bash -c true``), so the daemon keeps one *launcher*,
+``python3 -I -S shim.py --serve``, that has imported this module once and forks a shim per
+command (``serve``; the daemon's side is ``shim_launcher``). A forked shim is the same shim:
+it leads a new session, its stdin is /dev/null and its stdout and stderr append to the
+key's output file, its environment is the one the daemon gave, and it settles the claim race
+exactly as before, so nothing above depends on how it was started. The launcher runs as
+long as the daemon that started it: it exits when the daemon's end of its channel closes
+(a SIGKILLed daemon included), and the shims it forked go on alone, as they always did.
+After the exit record a shim writes one byte to the daemon's wake-up pipe (``WAKE_FD``, if
+the daemon is still the one that started it), so that a waiter learns of the exit at once
+instead of at its next look.
+
+Run by hand as ``python3 -I -S shim.py BASH CLAIM EXIT CWD COMMAND [CONTAIN]``: by path,
+without the site module, importing only built-in modules (and ``ctypes``, for ``prctl``, in
+subreaper mode), as the launcher does. Hence ``_signal`` (the C module under ``signal``,
+without the enum wrapping that costs ~10 ms to import) and an absolute ``BASH``
+(``os.execvp`` would import ``warnings``).
 
 Failpoints: when the daemon reports failpoints it sets ``SPACESD_SHIM_FAILPOINTS`` for the
 shim, which removes it before the command starts (commands never see it); once the command
@@ -62,6 +75,10 @@ _PR_SET_CHILD_SUBREAPER = 36
 SYNC_ENV = "SPACESD_SHIM_SYNC"
 #: The variable through which the daemon gives a shim its failpoint channel (only when on).
 SHIM_ENV_VAR = "SPACESD_SHIM_FAILPOINTS"
+#: The launcher's descriptors: its channel with the daemon, and the daemon's wake-up pipe
+#: (the write end; every shim the launcher forks holds it, and no command does).
+CHANNEL_FD = 0
+WAKE_FD = 3
 
 #: Signals whose disposition must not leak from Python (which ignores SIGPIPE and SIGXFSZ)
 #: or from whoever started the daemon into the user's command.
@@ -84,6 +101,20 @@ ENDED_KEEP_BYTES = 64 * 1024
 _BLOCK = 4096
 _FALLOC_FL_KEEP_SIZE = 1
 _FALLOC_FL_PUNCH_HOLE = 2
+
+
+_LIBC: tuple | None = None
+
+
+def _libc() -> tuple:
+    """``(ctypes, the C library)``, loaded on first use: a shim run by hand imports ctypes
+    (milliseconds) only when it needs it; the launcher loads it once for every shim."""
+    global _LIBC
+    if _LIBC is None:
+        import ctypes
+
+        _LIBC = ctypes, ctypes.CDLL(None, use_errno=True)
+    return _LIBC
 
 
 class Output:
@@ -121,9 +152,7 @@ class Output:
         end = max(0, self.size - self.keep) // _BLOCK * _BLOCK
         if end <= self.punched:
             return
-        import ctypes  # only for outputs past the window: its import costs milliseconds
-
-        libc = ctypes.CDLL(None, use_errno=True)
+        ctypes, libc = _libc()
         libc.fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long)
         if libc.fallocate(self.fd, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE,
                           self.punched, end - self.punched):
@@ -180,14 +209,18 @@ def _wait_for(child: int) -> int:
 
 
 def publish(path: str, text: str) -> bool:
-    """Create ``path`` holding ``text`` whole, unless it exists (then False). The data is
-    on disk before the link, so a power cut never leaves a claim that exists but is empty
-    (that would still read as ``DAMAGED``: lost, never unclaimed)."""
+    """Create ``path`` holding ``text`` whole, unless it exists (then False): a reader
+    never sees a claim that exists but is not complete. Not fsynced: only a power cut loses
+    the page cache, and a claim it leaves missing or empty reads as lost (unclaimed keys are
+    claimed lost, damaged ones are ``DAMAGED``), never as a command that can still start; a
+    Space that can lose power records its exits with ``SYNC_ENV``, which flushes the claim
+    with everything else."""
     tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
     try:
         os.link(tmp, path)
         return True
@@ -214,12 +247,12 @@ def _failpoint(channel: str, point: str) -> None:
 
 
 def _write_exit(path: str, status: int, failpoints: str | None, sync: bool = False) -> None:
-    """The exit record, atomically. fsynced, but its directory is not: after a power loss
-    a missing exit file reads as ``lost`` (outcome unknown), which is safe, and the
-    command's own writes were not synced either. With ``sync`` (``SYNC_ENV``: a Space that
-    can lose power) every filesystem is flushed first and the directory after, so an exit
-    that was recorded survives a power loss with every write the command made before it.
-    ``failpoints``: the shim's channel, if any."""
+    """The exit record, atomically (renamed into place whole). Not synced: after a power
+    loss a missing or damaged exit file reads as ``lost`` (outcome unknown), which is safe,
+    and the command's own writes were not synced either. With ``sync`` (``SYNC_ENV``: a
+    Space that can lose power) every filesystem is flushed first, the record fsynced and the
+    directory after, so an exit that was recorded survives a power loss with every write the
+    command made before it. ``failpoints``: the shim's channel, if any."""
     if sync:
         os.sync()
     code = os.waitstatus_to_exitcode(status)
@@ -230,7 +263,8 @@ def _write_exit(path: str, status: int, failpoints: str | None, sync: bool = Fal
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         os.write(fd, record.encode())
-        os.fsync(fd)
+        if sync:
+            os.fsync(fd)
     finally:
         os.close(fd)
     if failpoints:
@@ -242,14 +276,29 @@ def _write_exit(path: str, status: int, failpoints: str | None, sync: bool = Fal
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+    _wake()
+
+
+#: ``WAKE_FD`` in a shim the launcher forked; None in one run by hand (fd 3 is not ours).
+_wake_fd: int | None = None
+
+
+def _wake() -> None:
+    """Tell the daemon an exit was recorded (see the module docstring): a hint only, so a
+    daemon gone (EPIPE) or a full pipe (its waiters are awake anyway) is no error."""
+    if _wake_fd is None:
+        return
+    try:
+        os.write(_wake_fd, b".")
+    except OSError:
+        pass
 
 
 def _contain(contain: str) -> None:
     """Enter the command's containment (see the module docstring); raises OSError."""
     if contain == SUBREAPER:
-        import ctypes
-
-        if ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0):
+        ctypes, libc = _libc()
+        if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0):
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
         return
     with open(contain + "/cgroup.procs", "w") as f:
@@ -272,19 +321,18 @@ def _main(argv: list) -> None:
         _write_exit(exit_path, 127 << 8, failpoints, sync)  # the wait status of "exit 127"
         return
     pipe, writer = os.pipe()
-    child = os.fork()
-    if child == 0:
-        try:
-            for sig in RESET_SIGNALS:
-                _signal.signal(sig, _signal.SIG_DFL)
-            os.dup2(writer, 1)
-            os.dup2(writer, 2)
-            os.chdir(cwd)
-            os.execv(bash, ["bash", "-c", command])
-        except BaseException as exc:  # noqa: BLE001 - report anything, then exit as sh does
-            os.write(2, f"spacesd: cannot run the command: {exc}\n".encode())
-        os._exit(127)
-    os.close(writer)
+    try:  # posix_spawn (vfork and exec) costs a fraction of a fork of this interpreter
+        os.chdir(cwd)  # the shim's own paths are absolute; the command inherits its cwd
+        child = os.posix_spawn(bash, ["bash", "-c", command], os.environ,
+                               file_actions=[(os.POSIX_SPAWN_DUP2, writer, 1),
+                                             (os.POSIX_SPAWN_DUP2, writer, 2)],
+                               setsigdef=RESET_SIGNALS, setsigmask=())
+    except OSError as exc:  # report it, then end as a shell that could not run it does
+        os.write(2, f"spacesd: cannot run the command: {exc}\n".encode())
+        _write_exit(exit_path, 127 << 8, failpoints, sync)
+        return
+    finally:
+        os.close(writer)
     # Survive a SIGTERM/SIGINT/SIGHUP sent to the whole group, so that the command's death
     # by that signal is recorded. SIGKILL still ends the shim; the daemon records the kills
     # it makes itself.
@@ -309,6 +357,84 @@ def _reap_all() -> None:
             return
 
 
+# ------------------------------------------------------------------ the launcher
+
+
+def _read_exact(fd: int, n: int) -> bytes | None:
+    """``n`` bytes from ``fd``, or None at the end of the stream."""
+    data = b""
+    while len(data) < n:
+        chunk = os.read(fd, n - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+def encode_request(out: str, argv: list[str], env: dict[str, str]) -> bytes:
+    """A launch request: the output file, the shim's arguments and its environment, as
+    NUL-separated fields (none of them can hold a NUL), after a 4-byte length."""
+    fields = [out, str(len(argv)), *argv, *(f"{k}={v}" for k, v in env.items())]
+    body = b"\0".join(os.fsencode(f) for f in fields)
+    return len(body).to_bytes(4, "big") + body
+
+
+def _decode_request(body: bytes) -> tuple[str, list[str], dict[str, str]]:
+    out, count, *rest = (os.fsdecode(f) for f in body.split(b"\0"))
+    argv, pairs = rest[:int(count)], rest[int(count):]
+    return out, argv, dict(pair.split("=", 1) for pair in pairs)
+
+
+def serve() -> None:
+    """The launcher's loop: for each request on ``CHANNEL_FD``, fork a shim and answer its
+    pid (a decimal line) or why it could not be forked (``!`` and the reason); return when
+    the daemon closed the channel."""
+    global _wake_fd
+    _signal.signal(_signal.SIGCHLD, _signal.SIG_IGN)  # the kernel reaps the shims
+    os.set_inheritable(WAKE_FD, False)  # shims hold it; the commands they exec do not
+    os.set_blocking(WAKE_FD, False)
+    _wake_fd = WAKE_FD
+    _libc()  # imported here once, not in every shim (subreaper containment, long outputs)
+    while (head := _read_exact(CHANNEL_FD, 4)) is not None:
+        body = _read_exact(CHANNEL_FD, int.from_bytes(head, "big"))
+        if body is None:
+            return
+        out, argv, env = _decode_request(body)
+        try:  # opened here, so the file exists once the daemon has the pid
+            output = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+            pid = os.fork()
+        except OSError as exc:
+            os.write(CHANNEL_FD, f"!cannot start a shim: {exc}\n".encode())
+            continue
+        if pid == 0:
+            _forked_shim(output, argv, env)
+        os.close(output)
+        os.write(CHANNEL_FD, f"{pid}\n".encode())
+
+
+def _forked_shim(output: int, argv: list[str], env: dict[str, str]) -> None:
+    """Become the shim of one command (in the launcher's child), its stdout and stderr
+    appending to ``output``; never returns."""
+    try:
+        _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)  # the shim waits for its command
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)  # also closes the channel, which is fd 0
+        os.dup2(output, 1)
+        os.dup2(output, 2)
+        os.close(null)
+        os.close(output)
+        os.environ.clear()
+        os.environ.update(env)
+        _main(argv)
+    except BaseException as exc:  # noqa: BLE001 - without an exit record the key reads as lost
+        os.write(2, f"spacesd: the shim failed: {exc!r}\n".encode())
+    os._exit(0)
+
+
 if __name__ == "__main__":
-    _main(sys.argv[1:])
+    if sys.argv[1:] == ["--serve"]:
+        serve()
+    else:
+        _main(sys.argv[1:])
     os._exit(0)  # skip the interpreter's teardown: nothing is left to flush

@@ -196,7 +196,9 @@ class MicroVMSpaces:
             port = int((d / "port").read_text())
         except (OSError, ValueError):
             raise SpaceUnavailable(f"Space {name} has no forwarded port yet") from None
-        return Endpoint("127.0.0.1", port, (d / "token").read_text().strip())
+        # No kept connections: a loadvm rolls the guest's TCP state back (see Endpoint).
+        return Endpoint("127.0.0.1", port, (d / "token").read_text().strip(),
+                        keep_alive=False)
 
     def connect(self, name: str, *, epoch: int) -> HttpSpaceClient:
         if not self.exists(name):

@@ -10,6 +10,9 @@ whole history into an empty image.
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Iterable
+
 from spacesd.protocol import ScanResult
 
 from ..errors import PermanentFailure
@@ -72,15 +75,20 @@ class ImageKeeper:
                 client.write_file(path, img.blob_from(entry.data, ident), mode=mode)
 
     def stage(self, tx: Transaction, conversation: int, client: SpaceClient, scan: ScanResult,
-              call_id: str | None) -> None:
+              call_id: str | None, *, known: Iterable[bytes] = ()) -> None:
         """Record in ``tx`` the diff from the image to ``scan`` (with the bytes of contents
-        the log does not hold yet, read from the Space) and fold it in."""
+        the log does not hold yet: those of ``known`` whose digest the scan found, the rest
+        read from the Space) and fold it in."""
         image = self.image(conversation)
         d = img.diff(image, img.tracked_rows(scan))
         if not d:
             return
+        have = {hashlib.sha256(data).hexdigest(): data for data in known}
         blobs: dict[str, bytes] = {}
         for sha in d.new_blobs(image):
+            if sha in have:
+                blobs[sha] = have[sha]
+                continue
             path = next(p for p, (k, _m, ident) in d.set.items() if k == "file" and ident == sha)
             blobs[sha] = client.read_file(path)
         data = img.payload(d, blobs, call_id=call_id)

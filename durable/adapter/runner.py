@@ -71,6 +71,7 @@ class CallRunner:
 
         ctx.commit_now(start_mark)
         failpoint("space.start_mark", call=ctx.call_id, tool=tool)
+        written: bytes | None = None
         if tool == "bash":
             boot = handle.client.health().get("started_ms")
             failpoint("space.before_spawn", call=ctx.call_id, key=key)
@@ -78,8 +79,8 @@ class CallRunner:
             result = self.stream(ctx, handle, key, info, args.get("timeout"), boot)
         else:
             failpoint("space.file_op", call=ctx.call_id, tool=tool)
-            result = _file_op(handle.client, tool, args)
-        return self.settle(ctx, handle, mode, tool, result)
+            result, written = _file_op(handle.client, tool, args)
+        return self.settle(ctx, handle, mode, tool, result, written)
 
     def stream(self, ctx: CallContext, handle: SpaceHandle, key: str, info: ExecInfo,
                timeout: float | None, boot: int | None = None) -> ToolResult:
@@ -126,8 +127,10 @@ class CallRunner:
         return bash_result(info.exit_code, "".join(chunks), timed_out)
 
     def settle(self, ctx: CallContext, handle: SpaceHandle, mode: Mode, tool: str,
-               result: ToolResult) -> ToolResult:
-        """Record the outcome (and image diff, or the switch) and checkpoint as the mode says."""
+               result: ToolResult, written: bytes | None = None) -> ToolResult:
+        """Record the outcome (and image diff, or the switch) and checkpoint as the mode says.
+        ``written``: the bytes a file call wrote, which the image's diff then need not read
+        back from the Space (only if the scan found exactly them)."""
         log, conv = ctx.log, ctx.conversation
         if mode == "transactional":
             scan = self.image.scan(handle.client)
@@ -135,7 +138,8 @@ class CallRunner:
                                         scan.running, scan.running_keys)
             if verdict.action == "keep":
                 def stage(tx: Transaction, _entry: int) -> None:
-                    self.image.stage(tx, conv, handle.client, scan, ctx.call_id)
+                    self.image.stage(tx, conv, handle.client, scan, ctx.call_id,
+                                     known=() if written is None else (written,))
                 ctx.on_result(stage)
                 return result
             problem = verdict.problem
@@ -165,15 +169,18 @@ def _with_outcome(record: CallRecord | None, result: ToolResult) -> CallRecord:
     return replace(record, outcome=result)
 
 
-def _file_op(client: SpaceClient, tool: str, args: dict[str, Any]) -> ToolResult:
+def _file_op(client: SpaceClient, tool: str,
+             args: dict[str, Any]) -> tuple[ToolResult, bytes]:
+    """The call's result and the bytes it wrote."""
     path = args["path"]
     try:
         if tool == "write":
             data = args["content"].encode("utf-8")
             client.write_file(path, data)
-            return ToolResult(f"Wrote {len(data)} bytes to {path}")
+            return ToolResult(f"Wrote {len(data)} bytes to {path}"), data
         text = client.read_file(path).decode("utf-8")
-        client.write_file(path, apply_edits(text, args["edits"], path).encode("utf-8"))
-        return ToolResult(f"Applied {len(args['edits'])} edit(s) to {path}")
+        data = apply_edits(text, args["edits"], path).encode("utf-8")
+        client.write_file(path, data)
+        return ToolResult(f"Applied {len(args['edits'])} edit(s) to {path}"), data
     except SpaceError as exc:
         raise tool_error(exc) from None
