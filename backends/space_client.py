@@ -57,6 +57,13 @@ KEEP_IDLE_S = 30.0
 PROCESS_OWNER = uuid.uuid4().hex
 
 
+def new_process_owner() -> None:
+    """A new ``PROCESS_OWNER``: in a process forked from one that imported this module
+    (``chaos.driver_server``), which is another owner."""
+    global PROCESS_OWNER
+    PROCESS_OWNER = uuid.uuid4().hex
+
+
 @dataclass(frozen=True)
 class Endpoint:
     host: str

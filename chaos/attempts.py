@@ -34,7 +34,8 @@ from typing import Self
 
 from . import live
 from .errors import RunAborted
-from .processes import OwnedProcess
+from .driver_forks import forkable, server
+from .processes import Owned, OwnedProcess
 
 #: How long a driver may run, a hold may park one, or a fault timer may take to end.
 DRIVER_TIMEOUT_S = 180.0
@@ -95,7 +96,7 @@ class AttemptScope:
     def __init__(self, note: live.Campaign | None = None) -> None:
         self.note = note
         self._lock = threading.Lock()
-        self._drivers: list[OwnedProcess] = []
+        self._drivers: list[Owned] = []
         self._timers: list[FaultTimers] = []
         self._cancelled = threading.Event()
 
@@ -109,12 +110,17 @@ class AttemptScope:
     def cancelled(self) -> bool:
         return self._cancelled.is_set()
 
-    def launch(self, argv: list[str], env: dict[str, str], log: Path) -> OwnedProcess:
-        """Start a driver (its output to ``log``), owned by the scope from here on."""
+    def launch(self, argv: list[str], env: dict[str, str], log: Path) -> Owned:
+        """Start a driver (its output to ``log``), owned by the scope from here on: forked
+        by the driver server when it runs the campaign's driver (``driver_forks``)."""
         if self.cancelled:
             raise RunAborted("the campaign was interrupted")
-        with open(log, "wb") as out:
-            driver = OwnedProcess(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+        driver: Owned
+        if forkable(argv):
+            driver = server().launch(argv, env, log)
+        else:
+            with open(log, "wb") as out:
+                driver = OwnedProcess(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
         with self._lock:
             self._drivers.append(driver)
         if self.note is not None:
@@ -123,7 +129,7 @@ class AttemptScope:
             driver.kill_group()
         return driver
 
-    def wait(self, driver: OwnedProcess, timeout: float = DRIVER_TIMEOUT_S) -> int:
+    def wait(self, driver: Owned, timeout: float = DRIVER_TIMEOUT_S) -> int:
         """``driver``'s exit code, or ``EXIT_TIMED_OUT`` after ending it at ``timeout``;
         reaped either way."""
         try:
@@ -164,7 +170,7 @@ class AttemptScope:
             driver.kill_group()
             self._reap(driver)
 
-    def _reap(self, driver: OwnedProcess) -> None:
+    def _reap(self, driver: Owned) -> None:
         driver.close()
         with self._lock:
             if driver in self._drivers:

@@ -17,6 +17,7 @@ from typing import Any, TextIO
 
 
 from . import live
+from .bytecode import compile_packages
 from .faults import RECOVERY_POINTS, FaultPlan, exhaustive_plans
 from .plots import campaign_plots
 from .records import ResultsDir
@@ -226,6 +227,7 @@ def run_campaign(cfg: CampaignConfig, out: TextIO = sys.stdout) -> int:
     """Run the campaign; raises ``BackendUnavailable`` before any run when the backend
     cannot be had here (the CLI turns that into exit 254)."""
     t0 = time.time()
+    compile_packages()
     with tempfile.TemporaryDirectory(prefix="chaos-probe-") as probe:
         probe_backend(cfg.backend, Path(probe))
     results = ResultsDir.create(cfg.results_root, cfg.mode, cfg.backend)

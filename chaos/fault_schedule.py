@@ -29,7 +29,7 @@ from .attempts import DRIVER_TIMEOUT_S, FaultTimers
 from .faults import Action, Fault, FaultPlan
 from .holds import Holds
 from .nemesis import Operation, ValidatingNemesis
-from .processes import Driver, OwnedProcess
+from .processes import Driver, Owned
 from .rendezvous import Answer, Hit
 from .run_state import RunState
 
@@ -81,7 +81,7 @@ class FaultSchedule:
                     reporter_gone = reporter_gone or _kills_reporter(hit, fault, *fired)
         return "killed" if reporter_gone else "continue"
 
-    def arm(self, timers: FaultTimers, attempt: int, driver: OwnedProcess) -> None:
+    def arm(self, timers: FaultTimers, attempt: int, driver: Owned) -> None:
         """Start the timers of ``attempt``'s time faults (its driver was just launched)."""
         for index, fault in enumerate(self.plan.faults):
             if fault.trigger == "time" and fault.attempt == attempt:
@@ -110,7 +110,7 @@ class FaultSchedule:
         self.nemesis.teardown()
 
     def _fire_timed(self, timers: FaultTimers, index: int, fault: Fault,
-                    driver: OwnedProcess) -> None:
+                    driver: Owned) -> None:
         """A timer's fault: an error here is the run's, never lost with the timer thread."""
         try:
             if fault.action == "delete_space":

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Self
 
 from .attempts import DRIVER_TIMEOUT_S
-from .processes import OwnedProcess
+from .processes import Owned
 from .rendezvous import Hit
 from .run_state import RunState
 
@@ -72,7 +72,7 @@ class Holds:
             hold.release.set()
 
 
-def wait_parked(hold: Hold, driver: OwnedProcess, timeout: float = DRIVER_TIMEOUT_S) -> bool:
+def wait_parked(hold: Hold, driver: Owned, timeout: float = DRIVER_TIMEOUT_S) -> bool:
     """Wait until ``hold`` parks ``driver``: whether it did and the driver still runs (False
     when the driver exited first, or after ``timeout``)."""
     deadline = time.monotonic() + timeout

@@ -27,6 +27,22 @@ class Driver(Protocol):
     def kill_group(self) -> None: ...
 
 
+class Owned(Protocol):
+    """A driver the runner owns: spawned (``OwnedProcess``) or forked by the driver server
+    (``chaos.driver_forks.ForkedDriver``)."""
+
+    pid: int
+    killed: bool
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def kill_group(self) -> None: ...
+
+    def close(self, grace: float = 3.0) -> None: ...
+
+
 class OwnedProcess:
     """A child in a new session (its own process group) that is ended on ``close``."""
 

@@ -46,7 +46,7 @@ from .nemesis import NoopNemesis, Target, ValidatingNemesis
 from .machine_check import run_machine_check
 from .observe import agent_history, observe, observe_virtual
 from .redrive import DriverTracker, draw_redrive_plan, keys_of, kind_of, observe_second, run_redrive
-from .processes import OwnedProcess
+from .processes import Owned
 from .rendezvous import Rendezvous
 from .run_record import RunRecord
 from .run_spaces import delete_spaces, save_workspace, seed_space
@@ -141,7 +141,7 @@ class Run:
     # ------------------------------------------------------------------ drivers
 
     def launch(self, attempt: int, failpoints: str | None, *, heartbeat: float = 0.5,
-               other: OtherSession | None = None) -> OwnedProcess:
+               other: OtherSession | None = None) -> Owned:
         """Start a driver of the run's session (at the next epoch), or of ``other``."""
         epoch = other.epoch if other else self.epoch + 1
         run_dir = other.run_dir if other else self.dir
@@ -159,7 +159,7 @@ class Run:
                       {"attempt": attempt, "epoch": epoch})
         return driver
 
-    def await_driver(self, driver: OwnedProcess, attempt: int, *, epoch: int | None = None,
+    def await_driver(self, driver: Owned, attempt: int, *, epoch: int | None = None,
                      other: OtherSession | None = None) -> int:
         """Wait for a driver (reaped, and ended at the timeout) and record its exit."""
         code = self.scope.wait(driver)

@@ -52,7 +52,18 @@ POINTS: dict[str, str] = {
     "session.end": "the session finished; the driver is about to exit 0",
 }
 
-_channel = Channel(os.environ.get(ENV_VAR), POINTS, registry="durable.failpoints.POINTS")
+def _from_environment() -> Channel:
+    return Channel(os.environ.get(ENV_VAR), POINTS, registry="durable.failpoints.POINTS")
+
+
+_channel = _from_environment()
+
+
+def reopen() -> None:
+    """Take the channel from the environment again: in a process forked from one that
+    imported this module (``chaos.driver_server``), whose environment is its own."""
+    global _channel
+    _channel = _from_environment()
 
 
 def failpoint(point: str, **info: Any) -> None:
