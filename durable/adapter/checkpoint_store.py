@@ -2,15 +2,20 @@
 checkpoint outlives the loss of its Space.
 
 ``DirectoryCheckpointStore`` keeps what the Space's daemon keeps: content-addressed objects
-(``objects/ab/abcdef...``, one per distinct content, ever) and one manifest per checkpoint
-(``<id>.manifest.json``, exactly as the daemon wrote it, its hash inside). A checkpoint is
-copied in as the daemon's export tar, asked to leave out the objects the store already
-holds (``known``: those of the newest manifest stored, a hint), so a store grows by what
-changed, not by the workspace per checkpoint. The manifest is written last, after every
-object it names is on disk (fsynced): a copy cut short leaves objects no manifest names,
-never a manifest without its objects. ``open`` gives back a whole export tar (manifest, then
-every object, each checked against its hash) for ``checkpoint_import``. Stores written as
-one tar per checkpoint (``<id>.tar``, before objects) are still read.
+(``objects/ab/abcdef...``, one per distinct content, ever) and one manifest per checkpoint.
+A checkpoint is copied in as the daemon's export tar, asked to leave out the objects the
+store already holds (``known``: those of the newest manifest stored, a hint), so a store
+grows by what changed, not by the workspace per checkpoint. A manifest is stored whole
+(``<id>.manifest.json``, as the daemon exported it) or, after one this store object wrote,
+as its difference from that one (``<id>.delta.json``: the entries set and removed, its base's
+id and its depth): a manifest lists every file, about 100 bytes each, so a whole one per
+checkpoint made a store grow by ~100 KiB per call at 1000 files whatever changed. Every
+``MAX_DELTA_DEPTH``-th is whole again, so a damaged base costs at most that many checkpoints
+and reading one applies at most that many differences. The manifest is written last, after
+every object it names is on disk (fsynced): a copy cut short leaves objects no manifest
+names, never a manifest without its objects. ``open`` gives back a whole export tar
+(manifest, then every object, each checked against its hash) for ``checkpoint_import``.
+Stores written as one tar per checkpoint (``<id>.tar``, before objects) are still read.
 """
 
 from __future__ import annotations
@@ -30,6 +35,10 @@ from ..chunk_reader import ChunkReader
 from ..errors import CorruptLog
 
 MANIFEST_MEMBER = "manifest.json"
+#: A stored manifest is a difference from another at most this many times in a row.
+MAX_DELTA_DEPTH = 16
+#: The entry tables of a manifest, each keyed by path (``files`` is a list of records).
+_TABLES = ("files", "symlinks", "dirs")
 #: Bytes of a rebuilt tar kept in memory before it spills to a temporary file.
 SPOOL_BYTES = 8 * 1024 * 1024
 
@@ -70,6 +79,9 @@ class DirectoryCheckpointStore:
         self.path.mkdir(parents=True, exist_ok=True)
         self._objects = self.path / "objects"
         self._known: frozenset[str] | None = None
+        #: (id, manifest, depth) of the newest manifest this object stored: the next one's
+        #: base.
+        self._last: tuple[str, dict, int] | None = None
 
     def _name(self, checkpoint_id: str, suffix: str) -> Path:
         if "/" in checkpoint_id or checkpoint_id.startswith("."):
@@ -82,7 +94,7 @@ class DirectoryCheckpointStore:
     # -- copying in ----------------------------------------------------------------
 
     def put(self, checkpoint_id: str, chunks: Iterator[bytes]) -> None:
-        target = self._name(checkpoint_id, ".manifest.json")
+        self._name(checkpoint_id, "")  # a plain name, before anything is copied
         manifest: bytes | None = None
         dirs: set[Path] = set()
         with tarfile.open(fileobj=ChunkReader(chunks), mode="r|") as tar:
@@ -106,7 +118,16 @@ class DirectoryCheckpointStore:
             fsync_dir(d)
         if dirs:
             fsync_dir(self._objects)
-        write_atomic(target, manifest)
+        whole = _parse(manifest, checkpoint_id)
+        if self._last is not None and self._last[2] < MAX_DELTA_DEPTH:
+            base_id, base, depth = self._last
+            write_atomic(self._name(checkpoint_id, ".delta.json"), json.dumps(
+                {"base": base_id, "depth": depth + 1, **_delta(base, whole)},
+                separators=(",", ":")).encode())
+            self._last = (checkpoint_id, whole, depth + 1)
+        else:
+            write_atomic(self._name(checkpoint_id, ".manifest.json"), manifest)
+            self._last = (checkpoint_id, whole, 0)
         self._known = frozenset(_shas(manifest, checkpoint_id))
 
     def _put_object(self, sha: str, src: IO[bytes]) -> Path:
@@ -136,20 +157,53 @@ class DirectoryCheckpointStore:
 
     def known(self) -> frozenset[str]:
         if self._known is None:  # a new process: the newest manifest's objects
-            manifests = sorted(self.path.glob("*.manifest.json"), key=lambda p: p.stat().st_mtime)
+            stored = sorted([*self.path.glob("*.manifest.json"), *self.path.glob("*.delta.json")],
+                            key=lambda p: p.stat().st_mtime)
             self._known = frozenset()
-            if manifests:
-                newest = manifests[-1]
-                self._known = frozenset(
-                    sha for sha in _shas(newest.read_bytes(), newest.name)
-                    if self._object(sha).exists())
+            if stored:
+                newest = stored[-1].name.rsplit(".", 2)[0]
+                manifest = self._manifest(newest)
+                self._known = frozenset(f["sha256"] for f in manifest["files"]
+                                        if self._object(f["sha256"]).exists())
         return self._known
+
+    def _manifest(self, checkpoint_id: str) -> dict:
+        """The whole manifest of a stored checkpoint (its differences applied to their
+        bases); ``FileNotFoundError`` when it is not stored, ``DamagedStore`` when a base is
+        missing or unreadable."""
+        chain: list[dict] = []
+        at = checkpoint_id
+        while True:
+            try:
+                whole = _parse(self._name(at, ".manifest.json").read_bytes(), at)
+                break
+            except FileNotFoundError:
+                pass
+            try:
+                delta = json.loads(self._name(at, ".delta.json").read_bytes())
+                base = delta["base"]
+            except FileNotFoundError:
+                if not chain:
+                    raise
+                raise DamagedStore(f"checkpoint {checkpoint_id} in {self.path} is stored as a "
+                                   f"difference from {at}, which is missing") from None
+            except (ValueError, KeyError, TypeError) as exc:
+                raise DamagedStore(f"the manifest of checkpoint {at} in {self.path} is "
+                                   f"unreadable ({exc})") from None
+            chain.append(delta)
+            if len(chain) > MAX_DELTA_DEPTH * 4:  # more than any store writes: a loop
+                raise DamagedStore(f"checkpoint {checkpoint_id} in {self.path}: its chain of "
+                                   "differences does not end in a whole manifest")
+            at = base
+        for delta in reversed(chain):
+            whole = _apply(whole, delta, checkpoint_id)
+        return whole
 
     # -- reading back ----------------------------------------------------------------
 
     def open(self, checkpoint_id: str) -> IO[bytes] | None:
         try:
-            manifest = self._name(checkpoint_id, ".manifest.json").read_bytes()
+            manifest = json.dumps(self._manifest(checkpoint_id), separators=(",", ":")).encode()
         except FileNotFoundError:
             try:
                 return open(self._name(checkpoint_id, ".tar"), "rb")  # a store of before
@@ -183,13 +237,58 @@ class DirectoryCheckpointStore:
                 tar.addfile(info, io.BytesIO(data))
 
     def has(self, checkpoint_id: str) -> bool:
-        return (self._name(checkpoint_id, ".manifest.json").exists()
-                or self._name(checkpoint_id, ".tar").exists())
+        return any(self._name(checkpoint_id, suffix).exists()
+                   for suffix in (".manifest.json", ".delta.json", ".tar"))
 
 
-def _shas(manifest: bytes, checkpoint_id: str) -> list[str]:
+def _parse(manifest: bytes, checkpoint_id: str) -> dict:
+    """A whole manifest, checked for what the store reads of it."""
     try:
-        return [f["sha256"] for f in json.loads(manifest)["files"]]
+        whole = json.loads(manifest)
+        if not all(isinstance(f["path"], str) and isinstance(f["sha256"], str)
+                   for f in whole["files"]) or not all(
+                isinstance(whole[t], dict) for t in _TABLES[1:]):
+            raise TypeError("an entry table is not what an export holds")
+        return whole
     except (ValueError, KeyError, TypeError) as exc:
         raise DamagedStore(f"the manifest of checkpoint {checkpoint_id} is unreadable "
                            f"({exc})") from None
+
+
+def _shas(manifest: bytes, checkpoint_id: str) -> list[str]:
+    return [f["sha256"] for f in _parse(manifest, checkpoint_id)["files"]]
+
+
+def _tables(manifest: dict) -> dict[str, dict]:
+    """Each entry table keyed by path (a file's value: its record)."""
+    return {"files": {f["path"]: f for f in manifest["files"]},
+            "symlinks": manifest["symlinks"], "dirs": manifest["dirs"]}
+
+
+def _delta(base: dict, new: dict) -> dict:
+    """What turns ``base`` into ``new``: its other fields, and per table what is set
+    (added or changed) and what is removed."""
+    old_t, new_t = _tables(base), _tables(new)
+    out: dict = {"fields": {k: v for k, v in new.items() if k not in _TABLES}}
+    for table in _TABLES:
+        old, cur = old_t[table], new_t[table]
+        out[table] = {"set": {p: v for p, v in cur.items() if old.get(p) != v},
+                      "del": sorted(p for p in old if p not in cur)}
+    return out
+
+
+def _apply(base: dict, delta: dict, checkpoint_id: str) -> dict:
+    """``base`` with ``delta`` applied (``_delta``'s inverse)."""
+    try:
+        tables = _tables(base)
+        for table in _TABLES:
+            entries = dict(tables[table])
+            for path in delta[table]["del"]:
+                entries.pop(path, None)
+            entries.update(delta[table]["set"])
+            tables[table] = entries
+        return {**delta["fields"], "files": [tables["files"][p] for p in sorted(tables["files"])],
+                "symlinks": tables["symlinks"], "dirs": tables["dirs"]}
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise DamagedStore(f"a difference in the chain of checkpoint {checkpoint_id} is "
+                           f"unreadable ({exc})") from None

@@ -4,6 +4,7 @@ a copy cut short never taken for a checkpoint, damage detected, old stores still
 from __future__ import annotations
 
 import io
+import json
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 
 from backends.local import LocalSpaces
 from durable.adapter import DirectoryCheckpointStore, WorkspaceSnapshots
-from durable.adapter.checkpoint_store import DamagedStore
+from durable.adapter.checkpoint_store import MAX_DELTA_DEPTH, DamagedStore
 from durable.adapter.snapshots import CheckpointRef
 from durable.spaces import SpaceClient
 
@@ -53,12 +54,54 @@ def test_a_store_grows_by_what_changed(tmp_path: Path, spaces: LocalSpaces) -> N
     client.write_file("src/f000.txt", b"changed\n")
     snapshots.take(client, "c2")
     growth = _size(tmp_path / "store") - first
-    manifest = (tmp_path / "store" / "c2.manifest.json").stat().st_size
-    assert growth == manifest + len(b"changed\n")  # one new object and the manifest
+    delta = (tmp_path / "store" / "c2.delta.json").stat().st_size
+    assert growth == delta + len(b"changed\n")  # one new object and the manifest's change
+    assert delta < 600 < (tmp_path / "store" / "c1.manifest.json").stat().st_size / 20
     # the daemon left out what the store said it had
     have = store.known()
     assert len(have) == FILES
     assert _members(client.checkpoint_export("c2", have=have)) == ["manifest.json"]
+
+
+def _manifest(chunks: Iterator[bytes]) -> dict:
+    """The export's manifest, its files in path order (the daemon lists them as it walked)."""
+    with tarfile.open(fileobj=io.BytesIO(b"".join(chunks)), mode="r:") as tar:
+        member = tar.extractfile("manifest.json")
+        assert member is not None
+        manifest = json.loads(member.read())
+    return {**manifest, "files": sorted(manifest["files"], key=lambda f: f["path"])}
+
+
+def test_a_chain_of_differences_gives_back_each_manifest(tmp_path: Path,
+                                                         spaces: LocalSpaces) -> None:
+    """Files, links and directories added, changed and removed across more checkpoints
+    than a chain may hold: each one opened is the manifest the daemon exported, also by
+    another store object; a missing base is named."""
+    client = _space(spaces, "a")
+    store = DirectoryCheckpointStore(tmp_path / "store")
+    exported = {}
+    for n in range(MAX_DELTA_DEPTH + 3):
+        client.write_file(f"src/f{n:03d}.txt", f"v{n}\n".encode())  # changed
+        client.write_file(f"new/d{n}/g.txt", b"g")  # a file in a new directory
+        client.symlink(f"links/l{n}", f"../src/f{n:03d}.txt")
+        if n % 3 == 2:
+            client.remove(f"new/d{n - 1}", recursive=True)  # a file and its directory go
+            client.remove(f"links/l{n - 2}")
+        client.write_file(f"src/f{n + 50:03d}.txt", f"file {n + 50}\n".encode() * 400,
+                          mode=0o755)  # the same content, another mode
+        client.checkpoint_create(f"c{n}")
+        exported[f"c{n}"] = _manifest(client.checkpoint_export(f"c{n}"))
+        store.put(f"c{n}", client.checkpoint_export(f"c{n}", have=store.known()))
+    kinds = sorted(p.name.split(".", 1)[1] for p in (tmp_path / "store").glob("c*.json"))
+    assert kinds.count("manifest.json") == 2  # the first, and the first after a full chain
+    reader = DirectoryCheckpointStore(tmp_path / "store")
+    for name, manifest in exported.items():
+        with reader.open(name) as tar:  # type: ignore[union-attr]
+            assert _manifest(iter([tar.read()])) == manifest, name
+    assert reader.known() == {f["sha256"] for f in manifest["files"]}
+    (tmp_path / "store" / "c3.delta.json").unlink()
+    with pytest.raises(DamagedStore, match="difference from c3, which is missing"):
+        reader.open("c5")
 
 
 def test_a_checkpoint_from_the_store_restores_in_another_space(
