@@ -76,6 +76,8 @@ class ExecRecord:
     cwd: str
     epoch: int
     started_ms: int
+    #: ``procfs.life()`` when it started (None in ledgers written before it was recorded).
+    life: str | None = None
     ended: Ended | None = None
     #: (pid, start time) of the shim spawned by *this* daemon instance: covers the moment
     #: between spawn and the shim's claim.
@@ -103,6 +105,8 @@ def _check_record(n: int, raw: dict[str, Any]) -> None:
     bad = ["t"] if fields is None else [
         name for name, kinds in fields.items()
         if not isinstance(raw.get(name, ...), kinds) or isinstance(raw.get(name), bool)]
+    if not isinstance(raw.get("life", ""), str):
+        bad.append("life")
     if bad:
         raise DamagedJournal(
             f"exec ledger record {n} lacks or mistypes {', '.join(bad)}: {str(raw)[:120]}; "
@@ -118,8 +122,8 @@ def replay(records: Iterable[dict[str, Any]]) -> dict[str, ExecRecord]:
         _check_record(n, raw)
         if raw.get("t") == "start":
             recs[raw["key"]] = ExecRecord(
-                raw["key"], raw["id"], raw["command"], raw["cwd"], raw["epoch"], raw["ms"]
-            )
+                raw["key"], raw["id"], raw["command"], raw["cwd"], raw["epoch"], raw["ms"],
+                raw.get("life"))
         elif raw.get("t") == "end" and raw.get("key") in recs:
             recs[raw["key"]].ended = Ended(
                 raw.get("exit_code"), raw["signal"], raw["ms"], raw["fenced_by"]
@@ -164,6 +168,7 @@ class ExecLedger:
         self._lock = threading.Lock()
         self._journal = Journal(os.path.join(state_dir, STATE_LEDGER))
         self._records = replay(self._journal.records)
+        self._life = procfs.life()
         self._wakeup = ExitWakeup()
         self._launcher = ShimLauncher(python, base_env, self._wakeup)
 
@@ -186,7 +191,8 @@ class ExecLedger:
             return _State("running", rec.spawned[0])  # the shim is still starting up
         if claim is None:
             claim = exec_files.claim_lost(self._path(rec, ".claim"))
-        if isinstance(claim, exec_files.Claim) and procfs.is_alive(claim.pid, claim.started):
+        if isinstance(claim, exec_files.Claim) and not self._of_earlier_life(rec) and \
+                procfs.is_alive(claim.pid, claim.started):
             return _State("running", claim.pid)
         # Gone without a status, unless it wrote one just after the first look.
         end = recorded_end(rec, self._dir)
@@ -194,7 +200,15 @@ class ExecLedger:
             return _State("exited", self._pgid(rec), *end)
         return _State("lost", self._pgid(rec))
 
+    def _of_earlier_life(self, rec: ExecRecord) -> bool:
+        """Whether ``rec`` started in an earlier life of the Space (``procfs.life``): its
+        processes are all gone, and its pid and group now name others."""
+        return rec.life is not None and rec.life != self._life
+
     def _pgid(self, rec: ExecRecord) -> int | None:
+        """The process group of ``rec``'s command, None when it can have no live member."""
+        if self._of_earlier_life(rec):
+            return None
         claim = exec_files.read_claim(self._path(rec, ".claim"))
         if isinstance(claim, exec_files.Claim):
             return claim.pid
@@ -266,9 +280,10 @@ class ExecLedger:
                         key=key)
                 return self.status(key)
             rec = ExecRecord(key, hashlib.sha256(key.encode()).hexdigest()[:32], command, cwd,
-                             epoch, _now_ms())
+                             epoch, _now_ms(), self._life)
             self._journal.append({"t": "start", "key": key, "id": rec.id, "command": command,
-                                  "cwd": cwd, "epoch": epoch, "ms": rec.started_ms})
+                                  "cwd": cwd, "epoch": epoch, "ms": rec.started_ms,
+                                  "life": self._life})
             self._failpoints.report("spacesd.exec.recorded", {"key": key, "epoch": epoch})
             # Published in _records only once spawned: a status() racing this start must not
             # find it unclaimed and declare it lost before its shim could claim it.
@@ -381,6 +396,8 @@ class ExecLedger:
         return set() if self._launcher.pid is None else {self._launcher.pid}
 
     def _tree(self, rec: ExecRecord) -> Tree:
+        if self._of_earlier_life(rec):
+            return Tree(rec.id, None)
         claim = exec_files.read_claim(self._path(rec, ".claim"))
         return Tree(rec.id, (claim.pid, claim.started) if isinstance(claim, exec_files.Claim)
                     else rec.spawned)

@@ -35,6 +35,20 @@ def start_time(pid: int) -> int | None:
     return int(fields[19])
 
 
+def life() -> str:
+    """What names this life of the Space's processes: the boot and the start of PID 1 of
+    this PID namespace. A container restarted, or a machine rebooted, has a new one, and
+    every process of an earlier life is gone, while pids (and, after a reboot, start times)
+    begin again and are handed to new processes: a recorded pid or process group of an
+    earlier life names nobody of this one."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = "unknown-boot"
+    return f"{boot}:{start_time(1)}"
+
+
 def is_alive(pid: int, started: int) -> bool:
     """Whether the process ``pid`` that started at ``started`` still runs."""
     return start_time(pid) == started

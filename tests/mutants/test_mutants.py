@@ -48,7 +48,8 @@ class Mutant:
 #: The ledger's start record and the spawn's failpoint, as they stand in exec_ledger.py.
 RECORD = ('            self._journal.append({"t": "start", "key": key, "id": rec.id, '
           '"command": command,\n'
-          '                                  "cwd": cwd, "epoch": epoch, "ms": rec.started_ms})\n'
+          '                                  "cwd": cwd, "epoch": epoch, "ms": rec.started_ms,\n'
+          '                                  "life": self._life})\n'
           '            self._failpoints.report("spacesd.exec.recorded", {"key": key, '
           '"epoch": epoch})\n')
 SPAWNED = ('            self._failpoints.report("spacesd.exec.spawned",\n'

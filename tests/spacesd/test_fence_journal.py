@@ -4,8 +4,10 @@ the operations do or answer."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -78,3 +80,36 @@ def test_alive_is_checked_in_proc_not_taken_from_memory(tmp_path: Path, monkeypa
     while procfs.group_members([pgid]):
         assert time.monotonic() < deadline, f"group {pgid} outlived its SIGKILL"
         time.sleep(0.01)
+
+
+def test_a_key_of_an_earlier_life_names_no_process_of_this_one(tmp_path: Path) -> None:
+    """After a container restart (or a reboot) pids begin again: found by the docker
+    campaign, a new process (the shim launcher) got the pid an old command's shim had
+    claimed, and the fence took it for that command's group, reported it alive and would
+    kill it. A key started in another ``procfs.life`` has no live process: an innocent
+    group leader with the claimed pid and start time is neither counted nor killed."""
+    (tmp_path / "work").mkdir()
+    state = tmp_path / "state"
+    innocent = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        started = procfs.start_time(innocent.pid)
+        assert started is not None
+        Daemon(str(tmp_path / "work"), str(state)).close()  # the state directory's layout
+        key_id = "0" * 32
+        with open(state / "ledger.jsonl", "a") as f:  # as an earlier life left it
+            f.write(json.dumps({"t": "start", "key": "old", "id": key_id, "command": "sleep 1",
+                                "cwd": str(tmp_path / "work"), "epoch": 1, "ms": 1,
+                                "life": "another-boot:1"}) + "\n")
+        (state / "exec" / f"{key_id}.claim").write_text(f"{innocent.pid} {started}\n")
+        daemon = Daemon(str(tmp_path / "work"), str(state))
+        try:
+            assert daemon.call("exec_status", {"epoch": 1, "key": "old"})["state"] == "lost"
+            assert daemon.call("advance_epoch", {"epoch": 2})["killed"] == []
+            assert fences(state)[-1] == {"t": "advance", "epoch": 2, "floor_before": 0,
+                                         "raised": True, "killed": [], "alive_after": []}
+        finally:
+            daemon.close()
+        assert innocent.poll() is None, "the fence killed a process of this life"
+    finally:
+        innocent.kill()
+        innocent.wait()
