@@ -6,12 +6,13 @@ checkpoint outlives the loss of its Space.
 A checkpoint is copied in as the daemon's export tar, asked to leave out the objects the
 store already holds (``known``: those of the newest manifest stored, a hint), so a store
 grows by what changed, not by the workspace per checkpoint. A manifest is stored whole
-(``<id>.manifest.json``, as the daemon exported it) or, after one this store object wrote,
-as its difference from that one (``<id>.delta.json``: the entries set and removed, its base's
-id and its depth): a manifest lists every file, about 100 bytes each, so a whole one per
-checkpoint made a store grow by ~100 KiB per call at 1000 files whatever changed. Every
-``MAX_DELTA_DEPTH``-th is whole again, so a damaged base costs at most that many checkpoints
-and reading one applies at most that many differences. The manifest is written last, after
+(``<id>.manifest.json``, as the daemon exported it) or as its difference from the last whole
+one this store object wrote (``<id>.delta.json``: the entries set and removed, and its
+base's id): a manifest lists every file, about 100 bytes each, so a whole one per checkpoint
+made a store grow by ~100 KiB per call at 1000 files whatever changed. A difference that
+grew to ``1/DELTA_FRACTION`` of its base's size is written whole instead, and becomes the
+next base: reading a checkpoint applies at most one difference, and a damaged base costs
+the differences made from it. The manifest is written last, after
 every object it names is on disk (fsynced): a copy cut short leaves objects no manifest
 names, never a manifest without its objects. ``open`` gives back a whole export tar
 (manifest, then every object, each checked against its hash) for ``checkpoint_import``.
@@ -35,8 +36,8 @@ from ..chunk_reader import ChunkReader
 from ..errors import CorruptLog
 
 MANIFEST_MEMBER = "manifest.json"
-#: A stored manifest is a difference from another at most this many times in a row.
-MAX_DELTA_DEPTH = 16
+#: A manifest is stored as a difference while that is below 1/this of its base's size.
+DELTA_FRACTION = 8
 #: The entry tables of a manifest, each keyed by path (``files`` is a list of records).
 _TABLES = ("files", "symlinks", "dirs")
 #: Bytes of a rebuilt tar kept in memory before it spills to a temporary file.
@@ -79,9 +80,9 @@ class DirectoryCheckpointStore:
         self.path.mkdir(parents=True, exist_ok=True)
         self._objects = self.path / "objects"
         self._known: frozenset[str] | None = None
-        #: (id, manifest, depth) of the newest manifest this object stored: the next one's
-        #: base.
-        self._last: tuple[str, dict, int] | None = None
+        #: (id, manifest, size) of the last whole manifest this object stored: the base of
+        #: the differences it stores next.
+        self._base: tuple[str, dict, int] | None = None
 
     def _name(self, checkpoint_id: str, suffix: str) -> Path:
         if "/" in checkpoint_id or checkpoint_id.startswith("."):
@@ -119,15 +120,18 @@ class DirectoryCheckpointStore:
         if dirs:
             fsync_dir(self._objects)
         whole = _parse(manifest, checkpoint_id)
-        if self._last is not None and self._last[2] < MAX_DELTA_DEPTH:
-            base_id, base, depth = self._last
-            write_atomic(self._name(checkpoint_id, ".delta.json"), json.dumps(
-                {"base": base_id, "depth": depth + 1, **_delta(base, whole)},
-                separators=(",", ":")).encode())
-            self._last = (checkpoint_id, whole, depth + 1)
+        delta = None
+        if self._base is not None:
+            base_id, base, size = self._base
+            delta = json.dumps({"base": base_id, **_delta(base, whole)},
+                               separators=(",", ":")).encode()
+            if len(delta) * DELTA_FRACTION >= size:
+                delta = None
+        if delta is not None:
+            write_atomic(self._name(checkpoint_id, ".delta.json"), delta)
         else:
             write_atomic(self._name(checkpoint_id, ".manifest.json"), manifest)
-            self._last = (checkpoint_id, whole, 0)
+            self._base = (checkpoint_id, whole, len(manifest))
         self._known = frozenset(_shas(manifest, checkpoint_id))
 
     def _put_object(self, sha: str, src: IO[bytes]) -> Path:
@@ -168,36 +172,27 @@ class DirectoryCheckpointStore:
         return self._known
 
     def _manifest(self, checkpoint_id: str) -> dict:
-        """The whole manifest of a stored checkpoint (its differences applied to their
-        bases); ``FileNotFoundError`` when it is not stored, ``DamagedStore`` when a base is
-        missing or unreadable."""
-        chain: list[dict] = []
-        at = checkpoint_id
-        while True:
-            try:
-                whole = _parse(self._name(at, ".manifest.json").read_bytes(), at)
-                break
-            except FileNotFoundError:
-                pass
-            try:
-                delta = json.loads(self._name(at, ".delta.json").read_bytes())
-                base = delta["base"]
-            except FileNotFoundError:
-                if not chain:
-                    raise
-                raise DamagedStore(f"checkpoint {checkpoint_id} in {self.path} is stored as a "
-                                   f"difference from {at}, which is missing") from None
-            except (ValueError, KeyError, TypeError) as exc:
-                raise DamagedStore(f"the manifest of checkpoint {at} in {self.path} is "
-                                   f"unreadable ({exc})") from None
-            chain.append(delta)
-            if len(chain) > MAX_DELTA_DEPTH * 4:  # more than any store writes: a loop
-                raise DamagedStore(f"checkpoint {checkpoint_id} in {self.path}: its chain of "
-                                   "differences does not end in a whole manifest")
-            at = base
-        for delta in reversed(chain):
-            whole = _apply(whole, delta, checkpoint_id)
-        return whole
+        """The whole manifest of a stored checkpoint (a difference applied to its base);
+        ``FileNotFoundError`` when it is not stored, ``DamagedStore`` when its base is
+        missing or either is unreadable."""
+        try:
+            return _parse(self._name(checkpoint_id, ".manifest.json").read_bytes(),
+                          checkpoint_id)
+        except FileNotFoundError:
+            pass
+        raw = self._name(checkpoint_id, ".delta.json").read_bytes()
+        try:
+            delta = json.loads(raw)
+            base = str(delta["base"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DamagedStore(f"the manifest of checkpoint {checkpoint_id} in {self.path} "
+                               f"is unreadable ({exc})") from None
+        try:
+            whole = _parse(self._name(base, ".manifest.json").read_bytes(), base)
+        except FileNotFoundError:
+            raise DamagedStore(f"checkpoint {checkpoint_id} in {self.path} is stored as a "
+                               f"difference from {base}, which is missing") from None
+        return _apply(whole, delta, checkpoint_id)
 
     # -- reading back ----------------------------------------------------------------
 
@@ -290,5 +285,5 @@ def _apply(base: dict, delta: dict, checkpoint_id: str) -> dict:
         return {**delta["fields"], "files": [tables["files"][p] for p in sorted(tables["files"])],
                 "symlinks": tables["symlinks"], "dirs": tables["dirs"]}
     except (KeyError, TypeError, AttributeError) as exc:
-        raise DamagedStore(f"a difference in the chain of checkpoint {checkpoint_id} is "
+        raise DamagedStore(f"the difference stored for checkpoint {checkpoint_id} is "
                            f"unreadable ({exc})") from None

@@ -13,7 +13,7 @@ import pytest
 
 from backends.local import LocalSpaces
 from durable.adapter import DirectoryCheckpointStore, WorkspaceSnapshots
-from durable.adapter.checkpoint_store import MAX_DELTA_DEPTH, DamagedStore
+from durable.adapter.checkpoint_store import DELTA_FRACTION, DamagedStore
 from durable.adapter.snapshots import CheckpointRef
 from durable.spaces import SpaceClient
 
@@ -74,13 +74,13 @@ def _manifest(chunks: Iterator[bytes]) -> dict:
 
 def test_a_chain_of_differences_gives_back_each_manifest(tmp_path: Path,
                                                          spaces: LocalSpaces) -> None:
-    """Files, links and directories added, changed and removed across more checkpoints
-    than a chain may hold: each one opened is the manifest the daemon exported, also by
-    another store object; a missing base is named."""
+    """Files, links and directories added, changed and removed over many checkpoints, until
+    the difference has grown enough to store a whole manifest again: each one opened is the
+    manifest the daemon exported, also by another store object; a missing base is named."""
     client = _space(spaces, "a")
     store = DirectoryCheckpointStore(tmp_path / "store")
     exported = {}
-    for n in range(MAX_DELTA_DEPTH + 3):
+    for n in range(40):
         client.write_file(f"src/f{n:03d}.txt", f"v{n}\n".encode())  # changed
         client.write_file(f"new/d{n}/g.txt", b"g")  # a file in a new directory
         client.symlink(f"links/l{n}", f"../src/f{n:03d}.txt")
@@ -92,16 +92,21 @@ def test_a_chain_of_differences_gives_back_each_manifest(tmp_path: Path,
         client.checkpoint_create(f"c{n}")
         exported[f"c{n}"] = _manifest(client.checkpoint_export(f"c{n}"))
         store.put(f"c{n}", client.checkpoint_export(f"c{n}", have=store.known()))
-    kinds = sorted(p.name.split(".", 1)[1] for p in (tmp_path / "store").glob("c*.json"))
-    assert kinds.count("manifest.json") == 2  # the first, and the first after a full chain
+    stored = tmp_path / "store"
+    whole = sorted(int(p.name[1:].split(".")[0]) for p in stored.glob("c*.manifest.json"))
+    assert whole[0] == 0 and len(whole) >= 2  # the first, and another once changes piled up
+    for delta in stored.glob("c*.delta.json"):
+        base = json.loads(delta.read_bytes())["base"]
+        base_size = (stored / f"{base}.manifest.json").stat().st_size
+        assert delta.stat().st_size * DELTA_FRACTION < base_size
     reader = DirectoryCheckpointStore(tmp_path / "store")
     for name, manifest in exported.items():
         with reader.open(name) as tar:  # type: ignore[union-attr]
             assert _manifest(iter([tar.read()])) == manifest, name
     assert reader.known() == {f["sha256"] for f in manifest["files"]}
-    (tmp_path / "store" / "c3.delta.json").unlink()
-    with pytest.raises(DamagedStore, match="difference from c3, which is missing"):
-        reader.open("c5")
+    (stored / "c0.manifest.json").unlink()
+    with pytest.raises(DamagedStore, match="difference from c0, which is missing"):
+        reader.open("c1")
 
 
 def test_a_checkpoint_from_the_store_restores_in_another_space(
