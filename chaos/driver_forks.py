@@ -20,11 +20,10 @@ import socket
 import subprocess
 import sys
 import threading
-import warnings
 from pathlib import Path
 from typing import Any
 
-from .processes import python_argv
+from .processes import Owned, python_argv
 
 DRIVER_MODULE = "chaos.driver"
 FORK_ENV = "CHAOS_FORK_DRIVERS"
@@ -38,7 +37,7 @@ def forkable(argv: list[str]) -> bool:
             and os.environ.get(FORK_ENV, "1") != "0")
 
 
-class ForkedDriver:
+class ForkedDriver(Owned):
     """A driver forked by the server: a process group of its own, like a spawned one."""
 
     def __init__(self, pid: int, argv: list[str]) -> None:
@@ -62,33 +61,8 @@ class ForkedDriver:
         assert self._code is not None
         return self._code
 
-    def kill_group(self) -> None:
-        """SIGKILL the whole process group (idempotent)."""
-        with self._lock:
-            if self._ended.is_set() and self.killed:
-                return
-            self.killed = True
-            try:
-                os.killpg(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
     def close(self, grace: float = 3.0) -> None:
-        """End it as ``OwnedProcess.close`` does: SIGTERM, ``grace``, SIGKILL; and wait."""
-        if not self._ended.is_set():
-            try:
-                os.killpg(self.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            if not self._ended.wait(grace):
-                warnings.warn(f"driver {self.pid} ignored SIGTERM; killing it", RuntimeWarning,
-                              stacklevel=2)
-                self.kill_group()
-        else:
-            try:  # the leader is gone; its group may not be (a tool's background child)
-                os.killpg(self.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        self._end(grace)
         self._ended.wait()
 
 

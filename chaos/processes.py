@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import warnings
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import IO, Protocol, Self
 
@@ -27,23 +28,61 @@ class Driver(Protocol):
     def kill_group(self) -> None: ...
 
 
-class Owned(Protocol):
-    """A driver the runner owns: spawned (``OwnedProcess``) or forked by the driver server
-    (``chaos.driver_forks.ForkedDriver``)."""
+class Owned(ABC):
+    """A driver the runner owns, in a session of its own (its pid is its process group):
+    spawned (``OwnedProcess``) or forked by the driver server
+    (``chaos.driver_forks.ForkedDriver``). Subclasses say how to ``poll`` and ``wait`` for
+    it (set ``pid``, ``argv``, ``killed`` and ``_lock``); killing and ending are the same."""
 
     pid: int
+    argv: list[str]
     killed: bool
+    _lock: threading.Lock
 
+    @abstractmethod
     def poll(self) -> int | None: ...
 
-    def wait(self, timeout: float | None = None) -> int: ...
+    @abstractmethod
+    def wait(self, timeout: float | None = None) -> int:
+        """Its exit code; ``subprocess.TimeoutExpired`` at ``timeout``."""
 
-    def kill_group(self) -> None: ...
+    @abstractmethod
+    def close(self, grace: float = 3.0) -> None:
+        """``_end`` it, and wait until it is reaped."""
 
-    def close(self, grace: float = 3.0) -> None: ...
+    def kill_group(self) -> None:
+        """SIGKILL the whole process group (idempotent; the child is reaped by ``wait``)."""
+        with self._lock:
+            if self.poll() is not None and self.killed:
+                return
+            self.killed = True
+            try:
+                os.killpg(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def _end(self, grace: float) -> None:
+        """The Trio way: SIGTERM to the group, ``grace`` seconds, then SIGKILL with a
+        warning; a group whose leader is gone (a tool's background child) is SIGKILLed."""
+        if self.poll() is None:
+            try:
+                os.killpg(self.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.wait(grace)
+            except subprocess.TimeoutExpired:
+                warnings.warn(f"process {self.pid} ({self.argv[:3]}) ignored SIGTERM; "
+                              "killing it", RuntimeWarning, stacklevel=3)
+                self.kill_group()
+        else:
+            try:
+                os.killpg(self.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
 
-class OwnedProcess:
+class OwnedProcess(Owned):
     """A child in a new session (its own process group) that is ended on ``close``."""
 
     def __init__(
@@ -70,17 +109,6 @@ class OwnedProcess:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def kill_group(self) -> None:
-        """SIGKILL the whole process group (idempotent; the child is reaped by ``wait``)."""
-        with self._lock:
-            if self.proc.poll() is not None and self.killed:
-                return
-            self.killed = True
-            try:
-                os.killpg(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
     def wait(self, timeout: float | None = None) -> int:
         return self.proc.wait(timeout)
 
@@ -89,23 +117,7 @@ class OwnedProcess:
 
     def close(self, grace: float = 3.0) -> None:
         try:
-            if self.proc.poll() is None:
-                try:
-                    os.killpg(self.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-                try:
-                    self.proc.wait(grace)
-                except subprocess.TimeoutExpired:
-                    warnings.warn(f"process {self.pid} ({self.argv[:3]}) ignored SIGTERM; "
-                                  "killing it", RuntimeWarning, stacklevel=2)
-                    self.kill_group()
-            else:
-                # The leader is gone; its group may not be (a tool's background child).
-                try:
-                    os.killpg(self.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+            self._end(grace)
         finally:
             self.proc.wait()
             for stream in (self.proc.stdout, self.proc.stderr):
