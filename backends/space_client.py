@@ -188,7 +188,7 @@ class HttpSpaceClient:
         resent = reauthorized = False
         while True:
             ep = self._endpoint or self._resolve(deadline)
-            conn = self._kept.take(ep, timeout) if idempotent and ep.keep_alive else None
+            conn = self._kept.take(ep, timeout) if self._keeps(idempotent) else None
             kept = conn is not None
             if conn is None:
                 conn = http.client.HTTPConnection(ep.host, ep.port, timeout=timeout,
@@ -274,9 +274,12 @@ class HttpSpaceClient:
         conn, resp = self._open("POST", protocol.op_path(op), body,
                                 {"Content-Type": "application/json"}, idempotent=idempotent,
                                 timeout=timeout or self.timeout)
-        keep = idempotent and self._endpoint is not None and self._endpoint.keep_alive
-        return json.loads(self._answer(conn, resp, op, epoch, keep=keep))
+        return json.loads(self._answer(conn, resp, op, epoch, keep=self._keeps(idempotent)))
 
+    def _keeps(self, idempotent: bool) -> bool:
+        """Whether a request's connection is kept for the next (see the module docstring):
+        only an idempotent one's, to an endpoint that allows it."""
+        return idempotent and self._endpoint is not None and self._endpoint.keep_alive
 
     def _answer(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse,
                 op: str, epoch: int | None = None, *, keep: bool = False) -> bytes:

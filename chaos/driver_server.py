@@ -59,7 +59,6 @@ def _become_driver(request: dict[str, Any], log: int, server_fds: list[int]) -> 
         os.dup2(log, 2)
         os.close(null)
         os.close(log)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         os.environ.clear()
         os.environ.update(request["env"])
         os.environ[live.RUNNER_PID_ENV] = str(os.getppid())

@@ -116,7 +116,7 @@ class ShimLauncher:
         appending to ``out_path``; its pid. A launcher found dead is started again once;
         raises ``LaunchFailed`` if no shim could be started."""
         request = encode_request(out_path, argv, env)
-        for attempt in (1, 2):
+        for _ in range(2):
             channel = self._channel or self._start()
             try:
                 channel.sendall(request)

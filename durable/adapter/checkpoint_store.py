@@ -98,6 +98,7 @@ class DirectoryCheckpointStore:
         self._name(checkpoint_id, "")  # a plain name, before anything is copied
         manifest: bytes | None = None
         dirs: set[Path] = set()
+        received: set[str] = set()
         with tarfile.open(fileobj=ChunkReader(chunks), mode="r|") as tar:
             for member in tar:
                 src = tar.extractfile(member)
@@ -106,11 +107,14 @@ class DirectoryCheckpointStore:
                 if member.name == MANIFEST_MEMBER:
                     manifest = src.read()
                 elif member.name.startswith("objects/"):
-                    dirs.add(self._put_object(member.name[len("objects/"):], src))
+                    sha = member.name[len("objects/"):]
+                    dirs.add(self._put_object(sha, src))
+                    received.add(sha)
         if manifest is None:
             raise DamagedStore(f"the export of checkpoint {checkpoint_id} has no manifest")
-        missing = [sha for sha in _shas(manifest, checkpoint_id)
-                   if not self._object(sha).exists()]
+        whole = _parse(manifest, checkpoint_id)
+        shas = frozenset(f["sha256"] for f in whole["files"])
+        missing = [sha for sha in sorted(shas - received) if not self._object(sha).exists()]
         if missing:
             self._known = frozenset()
             raise IncompleteCopy(f"checkpoint {checkpoint_id}: {len(missing)} object(s) left "
@@ -119,7 +123,6 @@ class DirectoryCheckpointStore:
             fsync_dir(d)
         if dirs:
             fsync_dir(self._objects)
-        whole = _parse(manifest, checkpoint_id)
         delta = None
         if self._base is not None:
             base_id, base, size = self._base
@@ -132,7 +135,7 @@ class DirectoryCheckpointStore:
         else:
             write_atomic(self._name(checkpoint_id, ".manifest.json"), manifest)
             self._base = (checkpoint_id, whole, len(manifest))
-        self._known = frozenset(_shas(manifest, checkpoint_id))
+        self._known = shas
 
     def _put_object(self, sha: str, src: IO[bytes]) -> Path:
         """Write one object (checked against its name) unless it is there; its directory."""
@@ -198,7 +201,7 @@ class DirectoryCheckpointStore:
 
     def open(self, checkpoint_id: str) -> IO[bytes] | None:
         try:
-            manifest = json.dumps(self._manifest(checkpoint_id), separators=(",", ":")).encode()
+            manifest = self._manifest(checkpoint_id)
         except FileNotFoundError:
             try:
                 return open(self._name(checkpoint_id, ".tar"), "rb")  # a store of before
@@ -213,13 +216,14 @@ class DirectoryCheckpointStore:
         out.seek(0)
         return out  # type: ignore[return-value]
 
-    def _write_tar(self, checkpoint_id: str, manifest: bytes, out: IO[bytes]) -> None:
+    def _write_tar(self, checkpoint_id: str, manifest: dict, out: IO[bytes]) -> None:
         """The export tar of a stored checkpoint: its manifest, then each object, checked."""
         with tarfile.open(fileobj=out, mode="w|") as tar:
+            data = json.dumps(manifest, separators=(",", ":")).encode()
             info = tarfile.TarInfo(MANIFEST_MEMBER)
-            info.size = len(manifest)
-            tar.addfile(info, io.BytesIO(manifest))
-            for sha in sorted(set(_shas(manifest, checkpoint_id))):
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+            for sha in sorted({f["sha256"] for f in manifest["files"]}):
                 try:
                     data = self._object(sha).read_bytes()
                 except FileNotFoundError:
@@ -248,10 +252,6 @@ def _parse(manifest: bytes, checkpoint_id: str) -> dict:
     except (ValueError, KeyError, TypeError) as exc:
         raise DamagedStore(f"the manifest of checkpoint {checkpoint_id} is unreadable "
                            f"({exc})") from None
-
-
-def _shas(manifest: bytes, checkpoint_id: str) -> list[str]:
-    return [f["sha256"] for f in _parse(manifest, checkpoint_id)["files"]]
 
 
 def _tables(manifest: dict) -> dict[str, dict]:
