@@ -1,5 +1,10 @@
 import sys
 
-from .cli import main
+try:
+    from .cli import main
 
-sys.exit(main())
+    code = main()
+except KeyboardInterrupt:  # Ctrl-C outside the campaign's own handler (while the modules load)
+    print("chaos: interrupted", file=sys.stderr)
+    code = 130
+sys.exit(code)

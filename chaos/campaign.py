@@ -7,10 +7,13 @@ is unknown (and none inconsistent). Bad arguments (254) and a crash of the harne
 
 from __future__ import annotations
 
+import signal
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
@@ -255,10 +258,17 @@ def _run(cfg: CampaignConfig, results: ResultsDir, note: live.Campaign, t0: floa
         specs, total, reachable = _specs(cfg, results.runs_dir, pool)
         progress = Progress(total)
 
+        taken: dict[int, RunSpec] = {}  # exhaustive: the runs whose lead may be retried
+
         def finished(record: dict[str, Any]) -> bool:
             """Record a run that ended by itself; whether it failed."""
             if record.get("interrupted"):
                 return False  # cut short by Ctrl-C: proves nothing, recorded nowhere
+            spec = taken.pop(record["index"], None)
+            if spec is not None and (again := lead_retry(spec, record)) is not None:
+                pool.submit(again)  # its kill did not land: the same plan once more
+                taken[again.index] = again
+                return False
             records.append(record)
             results.append_run(record)
             progress.update(record)
@@ -276,6 +286,8 @@ def _run(cfg: CampaignConfig, results: ResultsDir, note: live.Campaign, t0: floa
                     if spec is None:
                         break
                     pool.submit(spec)
+                    if cfg.mode == "exhaustive":
+                        taken[spec.index] = spec
                 if not pool.in_flight():
                     break
                 for record in pool.finished(timeout=1.0):
@@ -290,8 +302,61 @@ def _run(cfg: CampaignConfig, results: ResultsDir, note: live.Campaign, t0: floa
             while pool.in_flight() and time.time() < deadline:
                 for record in pool.finished(timeout=max(0.0, deadline - time.time())):
                     finished(record)
-    return publish(cfg, results, records, time.time() - t0, reachable=reachable,
-                   interrupted=interrupted, out=out)
+    with sigint_deferred() as late:  # a Ctrl-C now would cut the SUMMARY short
+        code = publish(cfg, results, records, time.time() - t0, reachable=reachable,
+                       interrupted=interrupted, out=out)
+    if not late:
+        return code
+    print("chaos: interrupted while the SUMMARY was written (it was written whole, of every "
+          "run)", file=sys.stderr, flush=True)
+    return EXIT["interrupted"]
+
+
+@contextmanager
+def sigint_deferred() -> Iterator[list[int]]:
+    """Hold off Ctrl-C (in the main thread) until the block ends; the list it yields is
+    non-empty after the block if one came meanwhile."""
+    came: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield came
+        return
+    before = signal.signal(signal.SIGINT, lambda signum, _frame: came.append(signum))
+    try:
+        yield came
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+#: How many times an exhaustive run is tried before its (point, occurrence) counts as not
+#: covered: a run takes the reference run's path, unless something outside the plan (the
+#: machine's load) moved it.
+LEAD_TRIES = 3
+
+
+def lead_missed(record: dict[str, Any]) -> str | None:
+    """Why an exhaustive run's lead fault (the (point, occurrence) it exists for) did not
+    land, or None when it did."""
+    if 0 in record.get("fired", []):
+        return None
+    lead = record["plan"]["faults"][0]
+    said = [op["value"] for op in record.get("history", [])
+            if op.get("process") == "nemesis" and "skipped" in str(op.get("value"))]
+    return (said[0] if said else f"the run never reached {lead['point']}#"
+            f"{lead['occurrence']} (its driver took another path than the reference run)")
+
+
+def lead_retry(spec: RunSpec, record: dict[str, Any]) -> RunSpec | None:
+    """``spec`` to run again when ``record`` missed its lead fault and has tries left; the
+    misses so far ride along in ``spec.lead_misses`` and end in the record that stays."""
+    missed = lead_missed(record)
+    if missed is None or record["verdict"]["valid"] is not True:
+        record["lead_misses"] = list(spec.lead_misses)
+        return None
+    misses = (*spec.lead_misses, missed)
+    if len(misses) >= LEAD_TRIES:
+        record["lead_misses"] = list(misses)
+        return None
+    return replace(spec, lead_misses=misses)
 
 
 def publish(cfg: CampaignConfig, results: ResultsDir, records: list[dict[str, Any]],
@@ -308,6 +373,13 @@ def publish(cfg: CampaignConfig, results: ResultsDir, records: list[dict[str, An
         if reachable is not None:
             print(f"exhaustive: {covered} of {reachable} (failpoint, occurrence) pairs "
                   f"covered, {len({p for p, _ in fired})} distinct failpoints", file=out)
+        for r in records:
+            if r.get("lead_misses"):
+                lead = r["plan"]["faults"][0]
+                state = "not covered" if lead_missed(r) else "covered on a retry"
+                print(f"exhaustive: run {r['index']} ({lead['point']}#{lead['occurrence']}) "
+                      f"{state} after {len(r['lead_misses'])} miss(es): "
+                      f"{r['lead_misses'][-1]}", file=out)
     summary = summarize(mode=cfg.mode, backend=cfg.backend,
                         seed_base=cfg.seeds[0] if cfg.seeds else cfg.seed_base,
                         records=records, seconds=seconds, covered=covered,

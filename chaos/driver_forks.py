@@ -115,7 +115,18 @@ class DriverServer:
         return answer[0]
 
     def _read(self) -> None:
-        reader = self._channel.makefile("rb")
+        with self._channel.makefile("rb") as reader:
+            self._read_from(reader)
+        # The server is gone: its drivers died with it (they ask for SIGKILL at its death).
+        with self._lock:
+            orphans, self._drivers = list(self._drivers.values()), {}
+            waiting, self._answers = list(self._answers.values()), {}
+        for driver in orphans:
+            driver.exited(-signal.SIGKILL)
+        for done, _answer in waiting:
+            done.set()
+
+    def _read_from(self, reader: Any) -> None:
         for line in reader:
             message = json.loads(line)
             if "exited" in message:
@@ -133,14 +144,6 @@ class DriverServer:
                     answer.append(driver)
                 else:
                     answer.append(str(message["error"]))
-            done.set()
-        # The server is gone: its drivers died with it (they ask for SIGKILL at its death).
-        with self._lock:
-            orphans, self._drivers = list(self._drivers.values()), {}
-            waiting, self._answers = list(self._answers.values()), {}
-        for driver in orphans:
-            driver.exited(-signal.SIGKILL)
-        for done, _answer in waiting:
             done.set()
 
     def close(self) -> None:

@@ -148,10 +148,16 @@ def clean_dead() -> tuple[int, int]:
                 procfs.kill_exact(e["driver"], e["started"])
                 killed += 1
         roots = [e["spaces"] for e in entries if "spaces" in e]
+        # Before and after the Spaces' deletion: a daemon still starting when its campaign
+        # died writes into its Space while it is removed; one whose directory is gone
+        # already is found only by what it names.
+        for pid, started in _orphans_of(roots):
+            procfs.kill_exact(pid, started)
+            killed += 1
         for root in roots:
             if Path(root).is_dir():
                 LocalSpaces(Path(root)).delete_all()
-        for pid, started in _orphans_of(roots):  # Spaces whose directories were deleted
+        for pid, started in _orphans_of(roots):
             procfs.kill_exact(pid, started)
             killed += 1
         for e in entries:

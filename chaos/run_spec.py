@@ -40,3 +40,5 @@ class RunSpec:
     #: Steps (indices, among those kept) replaced by the simplest step, a write of their
     #: marker, for a shrunk run (``scenarios.steps.simple_step``).
     simple_steps: tuple[int, ...] = ()
+    #: Exhaustive: why earlier tries of this run missed their lead fault (retried then).
+    lead_misses: tuple[str, ...] = ()

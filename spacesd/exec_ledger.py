@@ -408,6 +408,10 @@ class ExecLedger:
     def _live_groups(self, recs: list[ExecRecord]) -> dict[int, ExecRecord]:
         """The records of ``recs`` whose tree (process group, or what left it) still has a
         live member, by process group id."""
+        return {pgid: rec for pgid, (rec, _pids) in self._live_members(recs).items()}
+
+    def _live_members(self, recs: list[ExecRecord]) -> dict[int, tuple[ExecRecord, set[int]]]:
+        """``_live_groups`` with the live pids of each tree (its group and what left it)."""
         by_pgid: dict[int, ExecRecord] = {}
         for rec in recs:
             if rec.group_gone:
@@ -423,11 +427,13 @@ class ExecLedger:
                 by_pgid[pgid] = rec
         live = procfs.group_members(by_pgid)
         escaped = self._containment.members(self._trees(by_pgid.values()))
-        gone = [rec for pgid, rec in by_pgid.items() if pgid not in live and rec.id not in escaped]
+        members = {pgid: (rec, {*live.get(pgid, ()), *escaped.get(rec.id, ())})
+                   for pgid, rec in by_pgid.items()}
+        gone = [rec for rec, pids in members.values() if not pids]
         for rec in gone:
             rec.group_gone = True
         self._containment.release(rec.id for rec in gone)
-        return {pgid: rec for pgid, rec in by_pgid.items() if not rec.group_gone}
+        return {pgid: (rec, pids) for pgid, (rec, pids) in members.items() if pids}
 
     def alive_below(self, epoch: int) -> list[str]:
         """Keys started under an epoch below ``epoch`` whose tree has a live member, then
@@ -448,8 +454,17 @@ class ExecLedger:
 
     def running_keys(self) -> list[str]:
         """Keys whose tree still has a live member: a command that left ``sleep 100 &`` (or
-        ``setsid sleep 100 &``) behind counts even after its shell exited."""
-        return sorted(rec.key for rec in self._live_groups(list(self._records.values())).values())
+        ``setsid sleep 100 &``) behind counts even after its shell exited. A shim whose
+        command's exit is recorded is not one: it only drains the output and exits (a
+        window that load stretches to milliseconds), or waits for the orphans it adopted,
+        which count themselves."""
+        keys = []
+        for pgid, (rec, pids) in self._live_members(list(self._records.values())).items():
+            if recorded_end(rec, self._dir) is not None:
+                pids = pids - {pgid}  # the shim leads its group: its pid is the group's id
+            if pids:
+                keys.append(rec.key)
+        return sorted(keys)
 
     def _output_size(self, rec: ExecRecord) -> int:
         try:

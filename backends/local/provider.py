@@ -17,6 +17,7 @@ daemon keeps it from its commands. ``save_state`` copies what an audit reads
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import re
@@ -175,9 +176,18 @@ class LocalSpaces:
         with self._locked(name) as space:
             if not space.dir.exists():
                 return
-            self._kill_daemon(space)
-            procs.kill_space_processes(str(space.state))
-            shutil.rmtree(space.dir)
+            for tries_left in reversed(range(3)):
+                self._kill_daemon(space)
+                procs.kill_space_processes(str(space.state))
+                try:
+                    shutil.rmtree(space.dir)
+                    return
+                except OSError as exc:
+                    # A daemon that was still starting (detaching from a creator that was
+                    # SIGKILLed) wrote its files while the tree was being removed: kill it,
+                    # now that it can be found, and remove again.
+                    if exc.errno != errno.ENOTEMPTY or not tries_left:
+                        raise
 
     def restart(self, name: str) -> None:
         """As a machine restart: the daemon and every process it started die (found by the

@@ -142,8 +142,7 @@ class QMP(LineChannel):
         cut, deleted) raises ``SpaceUnavailable``: whether the command took effect is
         unknown, as for any request to a Space that broke off."""
         try:
-            with self._lock, self._connect() as s:
-                f = s.makefile("rw", encoding="utf-8")
+            with self._lock, self._connect() as s, s.makefile("rw", encoding="utf-8") as f:
                 self._line(f, name)  # the greeting
                 for cmd in ({"execute": "qmp_capabilities"},
                             {"execute": name, **({"arguments": arguments} if arguments else {})}):

@@ -9,7 +9,7 @@ from typing import Any
 import psutil
 import pytest
 
-from chaos.campaign import CampaignConfig, run_campaign
+from chaos.campaign import LEAD_TRIES, CampaignConfig, lead_retry, run_campaign
 from chaos.ci_subset import BY_NAME, SLICES, run_slices
 from chaos.cli import main
 from chaos.fault_kinds import RestartSpace
@@ -211,3 +211,30 @@ def test_a_revert_is_recorded_before_the_rerun_it_allows(tmp_path: Path) -> None
                if e["kind"] == "reverted" and e["call_id"] == append.call_id]
     assert len(reverts) == 1 and append.result_entry is not None
     assert reverts[0]["entry"] < append.result_entry
+
+
+def test_an_exhaustive_run_whose_kill_missed_is_tried_again_and_says_why() -> None:
+    """A run of the exhaustive mode exists for one (point, occurrence): when its lead fault
+    did not land it runs again (``LEAD_TRIES`` in all), and the record that stays says why
+    each try missed; a run that failed its check is never retried (the failure stands)."""
+    lead = {"action": "kill_driver", "point": "space.outcome", "occurrence": 2}
+    spec = RunSpec(index=7, seed=1, campaign_mode="exhaustive", durable_mode="auto",
+                   backend="local", preset="small", steps=None, work_dir=Path("/nonexistent"))
+
+    def record(fired: list[int], valid: bool | None = True) -> dict:
+        return {"index": 7, "fired": fired, "plan": {"faults": [lead]},
+                "verdict": {"valid": valid}, "history": []}
+
+    tries = []
+    current: RunSpec | None = spec
+    while current is not None:
+        last = record([1])
+        tries.append(current)
+        current = lead_retry(current, last)
+    assert len(tries) == LEAD_TRIES
+    assert last["lead_misses"] == ["the run never reached space.outcome#2 (its driver took "
+                                   "another path than the reference run)"] * LEAD_TRIES
+    landed = record([0, 1])
+    assert lead_retry(tries[1], landed) is None and len(landed["lead_misses"]) == 1
+    broken = record([], valid=False)
+    assert lead_retry(spec, broken) is None and broken["lead_misses"] == []

@@ -16,6 +16,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from backends.local import LocalSpaces
 from chaos.summary import parse_summary
 from spacesd import procfs
@@ -153,6 +155,64 @@ def test_ctrl_c_ends_a_campaign_in_seconds_and_keeps_what_finished(tmp_path: Pat
     assert _campaign_pids(str(tmp_path)) == []
     for spaces_dir in (results / "latest" / "runs").glob("*/spaces"):
         assert LocalSpaces(spaces_dir).names() == []
+
+
+#: When a Ctrl-C lands, in a 3-run campaign: seconds after its imports began (while it
+#: imports, probes its backend, starts its first runs), or once N runs are recorded plus a
+#: delay (N=1: mid-run, in the other runs' faults and checks; N=3: while it writes its
+#: SUMMARY).
+MOMENTS = [("start", 0, 0.0), ("start", 0, 0.4), ("start", 0, 1.2), ("start", 0, 2.5),
+           ("runs", 1, 0.0), ("runs", 1, 0.4), ("runs", 2, 0.1), ("runs", 3, 0.0)]
+
+
+def _imports_began(pid: int) -> bool:
+    """Whether ``pid`` is importing the campaign's modules (it loaded PyYAML's extension):
+    a SIGINT before, during the interpreter's own start-up, is CPython's to handle."""
+    try:
+        return "/_yaml." in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return True  # gone: nothing to wait for
+
+
+@pytest.mark.slow
+def test_ctrl_c_at_any_moment_exits_130_and_leaves_nothing(tmp_path: Path) -> None:
+    """A campaign interrupted anywhere, from its imports to its SUMMARY, exits 130 (or 0
+    when it had already finished) without a traceback, and leaves no process behind."""
+    for i, (after, runs, delay) in enumerate(MOMENTS):
+        results = tmp_path / f"r{i}"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "chaos", "run", "--mode", "checkpoint", "--runs", "3",
+             "--jobs", "2", "--results", str(results)], cwd=ROOT, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            recorded = results / "latest" / "runs.jsonl"
+            while not _imports_began(proc.pid) or after == "runs" and proc.poll() is None \
+                    and not (recorded.exists() and recorded.read_text().count("\n") >= runs):
+                time.sleep(0.005)
+            time.sleep(delay)
+            proc.send_signal(signal.SIGINT)
+            sent = time.monotonic()
+            out, err = proc.communicate(timeout=300)  # only a hang takes minutes
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        moment = f"Ctrl-C at {after} {runs} +{delay}s"
+        print(f"{moment}: exit {proc.returncode} after {time.monotonic() - sent:.1f} s")
+        # 130, or death by SIGINT, which a shell reports as 130 too (CPython ends that way
+        # when the KeyboardInterrupt hit code run through PyRun_*, even though it was caught)
+        interrupted = (130, -signal.SIGINT)
+        assert proc.returncode in ((0, *interrupted) if runs == 3 else interrupted), \
+            (moment, err)
+        assert "Traceback" not in err, (moment, err)
+        if proc.returncode != 0:
+            assert "interrupted" in err, (moment, err)
+        if after == "runs":  # the finished runs' SUMMARY, whole, whenever runs finished
+            assert any(line.startswith("SUMMARY ") and line.endswith(("verdict=interrupted",
+                                                                        "verdict=valid"))
+                       for line in out.splitlines()), (moment, out)
+        time.sleep(0.3)
+        assert _campaign_pids(str(results)) == [], moment
 
 
 def test_a_sigkilled_campaign_leaves_nothing_after_chaos_clean(tmp_path: Path) -> None:

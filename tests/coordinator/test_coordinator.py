@@ -49,7 +49,7 @@ def journal(tmp: Path, name: str) -> list[dict]:
 
 
 def serve(store: CoordinatorStore, spaces: LocalSpaces, config: CoordinatorConfig = FAST,
-          timeout: float = 60.0) -> Coordinator:
+          timeout: float = 300.0) -> Coordinator:
     """A coordinator in a thread until every session ended (or ``timeout``: a failure)."""
     coordinator = Coordinator(store, spaces, config=config, id="test")
     stop = threading.Event()
@@ -185,7 +185,16 @@ def test_cancel_kills_the_driver_and_ends_the_session(store: CoordinatorStore,
                                                       spaces: LocalSpaces,
                                                       tmp_path: Path) -> None:
     store.submit(fake("s", tmp_path, spaces, [{"sleep": 60}]), 0.0)
-    threading.Timer(1.0, lambda: store.cancel("s", time.time())).start()
+
+    def cancel_once_the_driver_runs() -> None:
+        """The cancel must find a driver to kill: it is sent once the driver journaled its
+        start (a fixed delay raced the driver's start-up on a busy machine)."""
+        deadline = time.monotonic() + 120
+        while not journal(tmp_path, "s") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        store.cancel("s", time.time())
+
+    threading.Thread(target=cancel_once_the_driver_runs).start()
     config = CoordinatorConfig(backoff=Backoff(0.0), stall_secs=30.0, heartbeat_secs=0.2,
                                poll_secs=0.05, claim_secs=0.6)
     serve(store, spaces, config)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -139,6 +140,30 @@ def test_background_leftovers_count_as_running(client: HttpSpaceClient) -> None:
     assert scan.running and scan.running_keys == ["k"]
     client.exec_kill("k")
     assert not client.scan().running
+
+
+def test_a_shim_still_finishing_after_its_exit_is_no_running_process(
+        client: HttpSpaceClient, space: LocalSpace) -> None:
+    """Once a command's exit is recorded its shim still drains the output pipe and exits;
+    in that moment (long under load) the shim alone is no process left running, or ``auto``
+    leaves transactional mode for a command that left nothing behind (found by the
+    exhaustive campaign under load: the reference run switched, later runs did not).
+
+    The test holds the shim there: it opens the command's stdout (the shim's pipe) through
+    ``/proc``, so the shim's drain waits for the test to close it."""
+    client.exec_start("k", f"echo $$ > pid; {GATE}; echo done")
+    pid = int(wait_for_file(space.work / "pid"))
+    shim = os.getpgid(pid)  # the shim leads the command's process group
+    held = os.open(f"/proc/{pid}/fd/1", os.O_WRONLY)
+    try:
+        (space.work / "go").touch()
+        info = client.exec_wait("k", timeout=60)
+        assert info.state == "exited" and info.exit_code == 0
+        assert os.path.exists(f"/proc/{shim}"), "the shim waits for the held pipe"
+        scan = client.scan()
+        assert not scan.running and scan.running_keys == [], scan.running_keys
+    finally:
+        os.close(held)
 
 
 def test_daemon_killed_mid_command_then_reattached_never_twice(
