@@ -158,13 +158,13 @@ TARGETED = (
           Fault("restart_space", "failpoint", "spacesd.restore.partial", 1)),
 )
 
-#: Power cuts while the ci-power agent's command sleeps, its append fsynced: at several
-#: delays after the driver's launch, so that some land in the sleep however slow the
-#: machine boots the command.
+#: Power cuts while the ci-power agent's command sleeps, its append fsynced: once the
+#: command printed (it prints after its fsync), with the driver killed too or meeting the
+#: machine's reboot itself.
 POWER_CUTS = tuple(
-    _plan(1, Fault("power_loss", "time", attempt=1, delay=delay, kill_driver=True),
-          preset="ci-power")
-    for delay in (2.0, 2.75, 3.5, 4.25))
+    _plan(1, Fault("power_loss", "failpoint", "space.running", 1, kill_driver=kill,
+                   after_output=True), preset="ci-power")
+    for kill in (True, False))
 
 SLICES: tuple[Slice, ...] = (
     Slice("transactional", "transactional recovery under every fault kind, combined ones too",

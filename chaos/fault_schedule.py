@@ -23,6 +23,7 @@ deterministically.
 from __future__ import annotations
 
 import threading
+import time
 from functools import partial
 
 from .attempts import DRIVER_TIMEOUT_S, FaultTimers
@@ -75,6 +76,10 @@ class FaultSchedule:
                    and fault.occurrence == hit.occurrence)
             due = due or (hit.point == "session.end" and fault.trigger == "time"
                           and fault.attempt == attempt)
+            if due and fault.after_output and not self._printed(hit):
+                self.nemesis.skip(index, f"the command at {hit.point}#{hit.occurrence} ended "
+                                  "without printing anything")
+                continue
             if due:  # every fault due here fires, in plan order
                 fired = self._fire(index, fault, hit, driver)
                 if fired is not None:
@@ -108,6 +113,27 @@ class FaultSchedule:
             else:
                 self.nemesis.skip(index, f"{fault.point} was reached {reached} time(s)")
         self.nemesis.teardown()
+
+    def _printed(self, hit: Hit) -> bool:
+        """Wait (the reporting driver waits at its failpoint meanwhile) until the command
+        the hit names (``key``) printed something, through the Space's daemon; False when
+        it ended first. Its key ends in the epoch of the driver that started it, the epoch
+        the question is asked at."""
+        target = self.nemesis.target
+        key = hit.info.get("key")
+        if target is None or target.spaces is None or not isinstance(key, str):
+            raise ValueError(f"a fault after a command's output needs a Space and a failpoint "
+                             f"that names the command's key; {hit.point} names none")
+        client = target.spaces.connect(target.space, epoch=int(key.rpartition("@")[2]))
+        deadline = time.monotonic() + DRIVER_TIMEOUT_S  # only a hang gets there
+        while time.monotonic() < deadline:
+            info = client.exec_status(key)
+            if info.output_size > 0 or info.output:
+                return True
+            if info.state != "running":
+                return False
+            time.sleep(0.02)
+        raise TimeoutError(f"the command {key} printed nothing within {DRIVER_TIMEOUT_S} s")
 
     def _fire_timed(self, timers: FaultTimers, index: int, fault: Fault,
                     driver: Owned) -> None:

@@ -64,10 +64,17 @@ class Fault:
     delay: float | None = None
     #: For a Space fault: also SIGKILL the driver (else it meets the fault itself).
     kill_driver: bool = True
+    #: At a failpoint that names a running command (``space.running``): fire only once
+    #: that command has printed something (an event in the Space, read through its daemon,
+    #: so that a fault meant for a command's later moment waits for it however slow the
+    #: machine is, instead of guessing a delay).
+    after_output: bool = False
 
     def describe(self) -> str:
         where = (f"{self.point}#{self.occurrence}" if self.trigger == "failpoint"
                  else f"attempt {self.attempt} +{self.delay:.2f}s")
+        if self.after_output:
+            where += " once its command printed"
         extra = " +kill driver" if self.action != "kill_driver" and self.kill_driver else ""
         return f"{self.action}{extra} at {where}"
 

@@ -112,8 +112,11 @@ class ValidatingNemesis:
         #: (fault index, action) of every operation invoked, and every fault skipped.
         self._invoked: set[tuple[int, str]] = set()
         self._skipped: set[int] = set()
+        #: What it injures, once ``setup``.
+        self.target: Target | None = None
 
     def setup(self, target: Target) -> None:
+        self.target = target
         self.inner.setup(target)
 
     def invoke(self, op: Operation) -> Completion:

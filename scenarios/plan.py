@@ -143,8 +143,10 @@ def _command(k: int, kind: str, rng: random.Random, preset: Preset
     if kind == "synced_append":
         # Its append reaches the disk (fsync of the file) while it still runs: a power
         # loss then keeps the line; only a ledger that recorded the start durably first
-        # tells the next driver the command ran.
-        return f"{append} && sync {LOG_FILE}; sleep {preset.long_seconds}", {}
+        # tells the next driver the command ran. What it prints after the fsync tells the
+        # campaign the line is durable (``Fault.after_output``).
+        return (f"{append} && sync {LOG_FILE} && printf '{m} synced\\n'; "
+                f"sleep {preset.long_seconds}"), {}
     if kind == "background":
         return f"(sleep {BACKGROUND_SECONDS} >/dev/null 2>&1 &); {append}", {}
     if kind == "detached":

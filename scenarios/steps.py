@@ -123,6 +123,11 @@ def _append(step: Step, ws: WorkspaceModel) -> tuple[int, str]:
     return 0, ""
 
 
+def _synced_append(step: Step, ws: WorkspaceModel) -> tuple[int, str]:
+    _append_marker(step, ws)
+    return 0, f"{step.marker} synced\n"
+
+
 def _many_files(step: Step, ws: WorkspaceModel) -> tuple[int, str]:
     for i in range(1, step.params["count"] + 1):
         ws.write(f"bulk{step.index}/f{i}", f"{step.marker}-{i}\n".encode(),
@@ -210,7 +215,7 @@ def _sums(step: Step, ws: WorkspaceModel) -> tuple[int, str]:
 #: The effect (and the exit status and output it gives) of each shell step kind.
 EFFECTS: dict[str, Effect] = {
     "append": _append, "long": _append, "background": _append, "detached": _append,
-    "synced_append": _append,
+    "synced_append": _synced_append,
     "many_files": _many_files,
     "fail": _fail, "write_fail": _write_fail, "big_output": _big_output, "rm": _rm, "mv": _mv,
     "mkdir": _mkdir, "symlink": _symlink, "chmod": _chmod, "binary": _binary,

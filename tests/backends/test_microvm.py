@@ -6,10 +6,11 @@ kill. Skipped with the reason when QEMU is missing or the guest cannot be built 
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,30 @@ def sh(client: object, key: str, command: str) -> str:
     info = client.exec_wait(key)  # type: ignore[attr-defined]
     assert info.state == "exited", info
     return str(info.output)
+
+
+_polls = itertools.count(1)
+
+
+def poll(client: object, command: str, until: Callable[[str], bool],
+         timeout: float = 300.0) -> str:
+    """The output of ``command``, run again (each time under a new key) until ``until``
+    holds for it: an event in the guest, however slow the machine is; only a hang reaches
+    ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        out = sh(client, f"poll{next(_polls)}@1", command)
+        if until(out):
+            return out
+        assert time.monotonic() < deadline, f"{command!r} never gave the awaited output: {out!r}"
+        time.sleep(0.1)
+
+
+def printed(client: object, key: str, text: str, timeout: float = 300.0) -> None:
+    """Wait until the running command ``key`` printed ``text``."""
+    deadline = time.monotonic() + timeout
+    while text not in client.exec_wait(key, timeout=0.5).output:  # type: ignore[attr-defined]
+        assert time.monotonic() < deadline, f"{key} never printed {text!r}"
 
 
 def test_a_space_is_made_found_from_another_process_and_deleted(vms, tmp_path: Path) -> None:
@@ -98,19 +123,24 @@ def test_a_machine_checkpoint_brings_processes_back_and_writes_after_it_are_gone
     c = vms.connect("a", epoch=1)
     c.exec_start("counter@1", "echo $$ > /tmp/pid; i=0; while true; do i=$((i + 1)); "
                  "echo $i > /tmp/n; sleep 0.1; done")
-    time.sleep(1.0)
-    snaps.checkpoint("a", "cp1")
+    pid = poll(c, "cat /tmp/pid 2>/dev/null", str.strip).strip()
+    poll(c, "cat /tmp/n 2>/dev/null", str.strip)
+    # Stopped while checkpointed, so the restored counter shows exactly the checkpoint's
+    # count (a running one would count on by however long the restore took).
+    sh(c, "stop1@1", f"kill -STOP {pid}")
     at_checkpoint = int(sh(c, "read1@1", "cat /tmp/n"))
-    pid = sh(c, "pid1@1", "cat /tmp/pid").strip()
+    snaps.checkpoint("a", "cp1")
     c.write_file("after.txt", b"written after the checkpoint")
-    time.sleep(2.0)
-    later = int(sh(c, "read2@1", "cat /tmp/n"))
+    sh(c, "cont1@1", f"kill -CONT {pid}")
+    later = int(poll(c, "cat /tmp/n", lambda out: int(out) > at_checkpoint + 5))
     snaps.restore_space("a", "cp1")
     assert c.stat("after.txt") is None
     assert c.exec_status("counter@1").state == "running"
     again = int(sh(c, "read3@1", "cat /tmp/n"))  # a key the checkpoint never saw: new
     assert sh(c, "pid2@1", "cat /tmp/pid").strip() == pid
-    assert at_checkpoint <= again < later, (at_checkpoint, again, later)
+    assert again == at_checkpoint < later, (at_checkpoint, again, later)
+    sh(c, "cont2@1", f"kill -CONT {pid}")  # the restored process counts on from there
+    poll(c, "cat /tmp/n", lambda out: int(out) > at_checkpoint)
     assert snaps.list("a") == ["cp1"]
     snaps.fork("a", "cp1", "b")
     b = vms.connect("b", epoch=1)
@@ -130,8 +160,8 @@ def test_a_power_loss_loses_unsynced_writes_and_a_clean_restart_keeps_them(vms) 
     vms.restart("a")  # a clean reboot syncs first
     assert c.read_file("clean.txt") == b"kept-by-a-clean-reboot\n"
     c.exec_start("w2@1", "echo unsynced > unsynced.txt; echo synced > synced.txt; "
-                 "sync synced.txt; sleep 60")
-    time.sleep(2.0)
+                 "sync synced.txt; echo durable; sleep 60")
+    printed(c, "w2@1", "durable")
     c.write_file("daemon.txt", b"fsynced by the daemon")
     vms.power_loss("a")
     assert not (c.stat("unsynced.txt") and c.read_file("unsynced.txt"))  # content lost

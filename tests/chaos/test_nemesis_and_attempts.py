@@ -127,7 +127,7 @@ class SlowSpaces:
 
     def save_state(self, name: str, dest: Path) -> None:
         self.saving.set()
-        assert self.go.wait(5)
+        assert self.go.wait(120)
         self.saved.append(dest)
 
     def delete(self, name: str) -> None:
@@ -148,7 +148,7 @@ def test_two_losses_due_at_once_lose_the_space_once(tmp_path: Path,
     nemesis.setup(Target(spaces, "cua-c1", tmp_path, state, armed))  # type: ignore[arg-type]
     first = threading.Thread(target=nemesis.invoke, args=(_op(0, lose),))
     first.start()
-    assert spaces.saving.wait(5)
+    assert spaces.saving.wait(120)
     second = nemesis.invoke(_op(1, timed))
     spaces.go.set()
     first.join(5)
@@ -212,7 +212,7 @@ def test_closing_an_attempt_waits_for_a_fault_already_firing() -> None:
 
     timers = FaultTimers()
     timers.start(0.0, slow_fault)
-    assert started.wait(5)
+    assert started.wait(120)
     timers.close()
     assert done.is_set(), "close returned while the attempt's fault was still firing"
 

@@ -79,7 +79,7 @@ def run_swapper(space: LocalSpace, sentinel: Path) -> subprocess.Popen:
 def stop(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         os.kill(proc.pid, signal.SIGKILL)  # ours, by its pid
-    proc.wait(timeout=10)
+    proc.wait(timeout=120)
     if proc.stdout is not None:
         proc.stdout.close()
 
