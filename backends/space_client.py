@@ -419,9 +419,13 @@ class HttpSpaceClient:
         return CheckpointInfo.from_json(self._call("checkpoint_create", id=checkpoint_id,
                                                    timeout=self.long_timeout))
 
-    def checkpoint_restore(self, checkpoint_id: str) -> CheckpointInfo:
-        return CheckpointInfo.from_json(self._call("checkpoint_restore", id=checkpoint_id,
-                                                   timeout=self.long_timeout))
+    def checkpoint_restore(self, checkpoint_id: str, *,
+                           exclude: list[str] | None = None) -> CheckpointInfo:
+        fields: dict[str, Any] = {"id": checkpoint_id}
+        if exclude:
+            fields["exclude"] = list(exclude)
+        return CheckpointInfo.from_json(self._call("checkpoint_restore",
+                                                   timeout=self.long_timeout, **fields))
 
     def checkpoint_list(self) -> list[CheckpointInfo]:
         return [CheckpointInfo.from_json(c) for c in self._call("checkpoint_list")["checkpoints"]]

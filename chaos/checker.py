@@ -25,9 +25,13 @@ not decide (it lacked data, or crashed); a crashing check never aborts the campa
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from scenarios import Scenario
+from spacesd.protocol import ScanEntry
+
+if TYPE_CHECKING:
+    from .golden import Golden
 
 Valid = bool | Literal["unknown"]
 #: A verdict's name: in SUMMARY lines (``verdict=``) and for the exit code (``campaign.EXIT``).
@@ -55,8 +59,8 @@ class ObservedCall:
 @dataclass
 class Observation:
     calls: list[ObservedCall]
-    #: (path, kind, permission bits, sha256 or target) of the final workspace
-    workspace: list[tuple[str, str, int, str]]
+    #: The final workspace's state (its scan), every entry
+    workspace: list[ScanEntry]
     #: file contents of the marker file, for exactly-once counts
     log_txt: str
     #: (tool, marker, call id) of every real run of a host tool
@@ -94,7 +98,9 @@ class Observation:
     second: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out["workspace"] = [e.to_json() for e in self.workspace]
+        return out
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> Observation:
@@ -102,7 +108,8 @@ class Observation:
         known = {f.name for f in fields(cls)}
         raw = {k: v for k, v in raw.items() if k in known}
         raw["calls"] = [ObservedCall(**c) for c in raw["calls"]]
-        raw["workspace"] = [tuple(r) for r in raw["workspace"]]
+        raw["workspace"] = [ScanEntry.from_json(r) if isinstance(r, dict) else _old_row(*r)
+                            for r in raw["workspace"]]
         raw["effects"] = [tuple(e) for e in raw["effects"]]
         for key in ("inputs", "epoch_raises", "entry_epochs"):
             raw[key] = [tuple(r) for r in raw.get(key, [])]
@@ -130,7 +137,8 @@ def merge(verdicts: list[Valid]) -> Valid:
     return True
 
 
-def check(scenario: Scenario, obs: Observation, *, campaign_mode: str) -> Verdict:
+def check(scenario: Scenario, obs: Observation, *, campaign_mode: str,
+          golden: Golden | None = None) -> Verdict:
     """Run every check; see ``chaos.checks``. A redrive race's second session (``second``)
     ran on the first's Space after it: it is checked in full from the state the first
     session's log implies, and the first's workspace check (G1) is left to it (the Space
@@ -138,7 +146,7 @@ def check(scenario: Scenario, obs: Observation, *, campaign_mode: str) -> Verdic
     from .checks import run_checks
 
     if obs.second is None:
-        return run_checks(scenario, obs, campaign_mode)
+        return run_checks(scenario, obs, campaign_mode, golden=golden)
     from dataclasses import replace
 
     from .checks.implied import implied
@@ -152,3 +160,10 @@ def check(scenario: Scenario, obs: Observation, *, campaign_mode: str) -> Verdic
     checks = first.checks + [c for c in second.checks if c not in first.checks]
     return Verdict(merge([first.valid, second.valid]),
                    first.errors + [f"second session: {e}" for e in second.errors], checks)
+
+
+def _old_row(path: str, kind: str, mode: int, ident: str) -> ScanEntry:
+    """A workspace row of a record written before the whole state was kept."""
+    return ScanEntry(path, kind, size=0, mode=mode,  # type: ignore[arg-type]
+                     sha256=ident if kind == "file" else None,
+                     target=ident if kind == "symlink" else None)

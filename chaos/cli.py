@@ -27,7 +27,7 @@ import traceback
 from pathlib import Path
 from typing import NoReturn
 
-from scenarios import PresetError
+from scenarios import PresetError, WorkloadError
 
 from .campaign import EXIT, MODES, run_campaign
 from .ci_subset import BY_NAME, run_slices
@@ -80,7 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--steps", type=int, default=None)
     run.add_argument("--seed-base", type=int, default=None)
     run.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
-    run.add_argument("--preset", default=None, help="scenario preset name or YAML path")
+    run.add_argument("--preset", default=None,
+                     help="scenario preset name or YAML path; 'real' draws a bundled workload "
+                          "per run")
+    run.add_argument("--workload", default=None,
+                     help="a workload file (a user's own tool calls, checked against a "
+                          "golden run), or the name of a bundled one (scenarios/workloads)")
     run.add_argument("--durable-mode", choices=DURABLE_MODES,
                      default=os.environ.get("CRASH_DURABLE_MODE") or None)
     run.add_argument("--results", type=Path, default=Path("results"))
@@ -159,6 +164,13 @@ def build_parser() -> argparse.ArgumentParser:
     cln.add_argument("--results", type=Path, default=Path("results"))
     cln.add_argument("--backend", choices=("all", "local", "docker"), default="all",
                      help="which Spaces to remove (docker: every campaign's, running or not)")
+    wl = sub.add_parser("workload", help="workloads: a session's tool calls to crash-test")
+    wl_sub = wl.add_subparsers(dest="workload_command", required=True)
+    wfl = wl_sub.add_parser("from-log", help="write the workload of the tool calls a durable "
+                            "log committed (a session's SQLite log)")
+    wfl.add_argument("log", type=Path, help="the log: a driver's state/log.sqlite")
+    wfl.add_argument("--out", type=Path, default=None, help="where to write it (default: stdout)")
+    wfl.add_argument("--name", default=None, help="the workload's name (default: the log's)")
     img = sub.add_parser("image", help="build the Docker Space image (as ci/build-images.sh)")
     img_sub = img.add_subparsers(dest="image_command", required=True)
     imb = img_sub.add_parser("build", help="build durable-space (a debootstrap'd base when "
@@ -202,6 +214,19 @@ def _worker(args: argparse.Namespace, extra: list[str]) -> int:
                 extra)
 
 
+def _workload(args: argparse.Namespace) -> int:
+    from scenarios.workload_from_log import from_log
+
+    text = from_log(args.log, name=args.name)
+    if args.out is None:
+        sys.stdout.write(text)
+    else:
+        args.out.write_text(text)
+        print(f"chaos: wrote {args.out}; run it with: python -m chaos run --mode checkpoint "
+              f"--workload {args.out}", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -224,9 +249,11 @@ def main(argv: list[str] | None = None) -> int:
             return _image(args)
         if args.command == "merge":
             return merge(args.shards, args.results)
+        if args.command == "workload":
+            return _workload(args)
         return clean(args)
-    except (BadArguments, PresetError, BackendUnavailable, BadResults, FileNotFoundError,
-            NotADirectoryError) as exc:
+    except (BadArguments, PresetError, WorkloadError, BackendUnavailable, BadResults,
+            FileNotFoundError, NotADirectoryError) as exc:
         print(f"chaos: {exc}", file=sys.stderr)
         return EXIT_BAD_ARGS
     except KeyboardInterrupt:

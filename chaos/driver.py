@@ -27,7 +27,7 @@ from durable.fence_contract import Fence
 from durable.harness import Submission
 from durable.session_driver import Session, SessionEnv, run_durable_session
 from durable.tools import ToolRegistry
-from scenarios import generate, load
+from scenarios import scenario_of
 from scenarios.plan import Scenario
 from scenarios.host_tools import effect_tools
 
@@ -47,7 +47,8 @@ SPACE_FAILPOINTS_ENV = "CHAOS_SPACE_FAILPOINTS"
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m chaos.driver", description=__doc__)
     p.add_argument("--run-dir", type=Path, required=True)
-    p.add_argument("--preset", default="default")
+    p.add_argument("--preset", default="default",
+                   help="a preset's name or path, or workload:<path> (a workload file)")
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--keep-steps", default=None,
@@ -75,10 +76,10 @@ def _indices(text: str) -> tuple[int, ...]:
 def main(argv: list[str] | None = None) -> int:
     die_with_parent()
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    preset = load(args.preset)
     keep = None if args.keep_steps is None else _indices(args.keep_steps)
-    scenario = generate(args.seed, preset, steps=args.steps, keep=keep,
-                        simple=_indices(args.simple_steps))
+    scenario = scenario_of(args.preset, args.seed, steps=args.steps, keep=keep,
+                           simple=_indices(args.simple_steps))
+    preset = scenario.preset
     if args.backend == VIRTUAL:
         return _virtual_session(args, scenario)
     spaces = make_spaces(args.backend, args.spaces_dir or args.run_dir,

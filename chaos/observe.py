@@ -20,9 +20,11 @@ from durable.log import ROOT_CONVERSATION, Log
 from durable.session_driver import session_log
 from durable.storage.sqlite import EpochHistory, SqliteStorage
 from durable.virtual import Tree, virtual
+from durable.virtual.workspace import rows_of
 from scenarios.host_tools import read_effects
 from scenarios.steps import LOG_FILE
 from spacesd.audit import read_state
+from spacesd.protocol import ScanEntry
 
 from .checker import Observation, ObservedCall
 from .space_providers import CampaignSpaces
@@ -99,14 +101,12 @@ def observe(run_dir: Path, spaces: CampaignSpaces, space_name: str, *, session: 
     log's floor, which is used then. ``foreign_keys``: keys another log of this session
     started in the Space (stale mode's foreign kind)."""
     facts = _log_facts(run_dir, epoch)
-    rows: list[tuple[str, str, int, str]] = []
+    rows: list[ScanEntry] = []
     log_txt = ""
     try:
         client = spaces.connect(space_name, epoch=facts.epoch)
-        scan = client.scan()
-        rows = [(e.path, e.kind, e.mode, (e.sha256 if e.kind == "file" else e.target) or "")
-                for e in scan.entries if e.kind in ("file", "symlink")]
-        if any(r[0] == LOG_FILE for r in rows):
+        rows = client.scan().entries
+        if any(e.path == LOG_FILE for e in rows):
             log_txt = client.read_file(LOG_FILE).decode("utf-8", "replace")
     except SpaceError:
         rows = []  # the Space is gone: the hash comparison reports it
@@ -186,8 +186,7 @@ def observe_virtual(run_dir: Path, initial: Tree, *, session: str, epoch: int,
         tree = virtual(initial=initial).snapshot(log, ROOT_CONVERSATION)
     finally:
         log.close()
-    rows = [(p, n.kind, n.mode, hashlib.sha256(n.data).hexdigest() if n.kind == "file"
-             else n.data.decode("utf-8", "surrogateescape")) for p, n in sorted(tree.items())]
+    rows = [row.entry(path) for path, row in sorted(rows_of(tree).items())]
     log_node = tree.get(LOG_FILE)
     obs = Observation(
         calls=facts.calls, workspace=rows,

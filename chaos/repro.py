@@ -13,7 +13,7 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
-from scenarios import generate, load
+from scenarios import scenario_of
 
 from .campaign import EXIT, CampaignConfig
 from .checker import VERDICT_NAMES, Observation, Valid, check, merge
@@ -116,7 +116,7 @@ def analyze(args: argparse.Namespace) -> int:
             verdicts.append("unknown")
             print(f"run {r['index']}: no observation recorded: unknown")
             continue
-        scenario = generate(r["seed"], load(r["preset"]), steps=r["steps"])
+        scenario = scenario_of(r["preset"], r["seed"], steps=r["steps"])
         v = check(scenario, Observation.from_json(r["observation"]),
                   campaign_mode=r["campaign_mode"])
         verdicts.append(v.valid)

@@ -14,7 +14,7 @@ import os
 import re
 from pathlib import Path
 
-from scenarios import load
+from scenarios import load, scenario_of, workload
 
 from .campaign import MODES, CampaignConfig
 from .cluster import check_address
@@ -131,9 +131,14 @@ def campaign_config(args: argparse.Namespace) -> CampaignConfig:
         raise BadArguments(f"--steps must be at least 1, got {steps}")
     if args.jobs < 1:
         raise BadArguments(f"--jobs must be at least 1, got {args.jobs}")
+    preset = args.preset
+    if args.workload is not None:
+        if preset is not None:
+            raise BadArguments("--workload and --preset both name the agent; pass one")
+        preset = workload.PREFIX + str(workload.find(args.workload).resolve())
     cfg = CampaignConfig(mode=args.mode, backend=args.backend, runs=runs, steps=steps,
                          seed_base=1 if seed is None else seed, jobs=args.jobs,
-                         preset=args.preset, durable_mode=args.durable_mode,
+                         preset=preset, durable_mode=args.durable_mode,
                          results_root=args.results, keep=args.keep, driver=args.driver,
                          points=tuple(p for p in args.points.split(",") if p),
                          pairs=args.pairs, stop_on_failure=args.stop_on_failure,
@@ -145,5 +150,8 @@ def campaign_config(args: argparse.Namespace) -> CampaignConfig:
     unknown = sorted(set(cfg.points) - set(ALL_POINTS))
     if unknown:
         raise BadArguments(f"unknown failpoint(s) {unknown}; known: {sorted(ALL_POINTS)}")
-    load(cfg.preset_name)  # a bad preset is a bad argument, before anything runs
+    if cfg.preset_name.startswith(workload.PREFIX) or cfg.preset_name == workload.REAL:
+        scenario_of(cfg.preset_name, cfg.seed_base)  # a bad workload: before anything runs
+    else:
+        load(cfg.preset_name)  # a bad preset is a bad argument, before anything runs
     return cfg

@@ -19,6 +19,8 @@ def seed_space(spaces: CampaignSpaces, name: str, scenario: Scenario) -> None:
         client.write_file(path, data, mode=mode)
     for path, target in sorted(scenario.initial.links.items()):
         client.symlink(path, target)
+    for path in sorted(scenario.initial.dirs):
+        client.mkdir(path)  # the empty ones; the rest exist as the files' parents
 
 
 def save_workspace(spaces: CampaignSpaces, name: str, epoch: int, run_dir: Path) -> None:

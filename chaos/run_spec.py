@@ -42,3 +42,6 @@ class RunSpec:
     simple_steps: tuple[int, ...] = ()
     #: Exhaustive: why earlier tries of this run missed their lead fault (retried then).
     lead_misses: tuple[str, ...] = ()
+    #: A workload's golden run (``chaos.golden``): no faults, no checks; its observation is
+    #: the oracle of the faulted runs.
+    golden: bool = False

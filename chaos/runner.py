@@ -30,7 +30,7 @@ from typing import Any
 from durable.adapter.space_names import session_token, space_name
 from durable.log import ROOT_CONVERSATION
 from durable.session_driver import EXIT_FENCED, EXIT_OK, EXIT_PERMANENT
-from scenarios import generate, load
+from scenarios import scenario_of
 from scenarios.plan import Scenario
 
 from . import live
@@ -40,6 +40,7 @@ from .driver import SPACE_PREFIX, initial_tree
 from .fault_kinds import FaultNemesis
 from .fault_schedule import FaultSchedule
 from .faults import FaultPlan, draw_plan, on_machine, on_virtual, reachable_points
+from .golden import Golden, GoldenFailed, golden_for
 from .holds import Holds
 from .launch import OtherSession, driver_argv, driver_env
 from .nemesis import NoopNemesis, Target, ValidatingNemesis
@@ -73,9 +74,9 @@ class Run:
     def __init__(self, spec: RunSpec, note: live.Campaign | None = None) -> None:
         self.spec = spec
         self.dir = spec.work_dir / f"run-{spec.index:04d}"
-        self.preset = load(spec.preset)
-        self.scenario: Scenario = generate(spec.seed, self.preset, steps=spec.steps,
-                                           keep=spec.keep_steps, simple=spec.simple_steps)
+        self.scenario: Scenario = scenario_of(spec.preset, spec.seed, steps=spec.steps,
+                                              keep=spec.keep_steps, simple=spec.simple_steps)
+        self.preset = self.scenario.preset
         plan = spec.plan or self._draw_plan()
         self.plan = on_virtual(plan) if spec.backend == VIRTUAL else plan
         self.state = RunState()
@@ -285,7 +286,16 @@ class Run:
                                   foreign_keys=self.foreign_keys)
         obs.coordinator = self.redrive
         obs.second = observe_second(self)
-        verdict = check(self.scenario, obs, campaign_mode=self.spec.campaign_mode)
+        if self.spec.golden:  # the oracle itself: it must only have finished
+            return obs, events, Verdict(True if final_exit == EXIT_OK else "unknown",
+                                        [] if final_exit == EXIT_OK else
+                                        [f"the golden run ended with exit {final_exit}"])
+        try:
+            golden = self._golden(obs)
+        except GoldenFailed as exc:
+            return obs, events, Verdict("unknown", [f"no oracle: {exc}"], ["golden"])
+        verdict = check(self.scenario, obs, campaign_mode=self.spec.campaign_mode,
+                        golden=golden)
         errors = self.state.errors()
         if errors:
             verdict = Verdict(False if verdict.valid is False else "unknown",
@@ -297,6 +307,15 @@ class Run:
                               verdict.errors, ["untested", *verdict.checks])
         self.state.add_history(agent_history(obs.calls, self.state.t0))
         return obs, events, verdict
+
+    def _golden(self, obs: Observation) -> Golden | None:
+        """A workload's oracle for this run: the golden run without the calls this run
+        ended interrupted (None for a scripted agent, whose model is its oracle)."""
+        if self.scenario.workload is None:
+            return None
+        took = {c.step for c in obs.calls if c.result in ("ok", "fail")}
+        cut = frozenset(c.step for c in obs.calls if c.result == "info") - took
+        return golden_for(self.spec, cut, len(self.scenario.steps))
 
     def _clean_up(self, *, failed: bool) -> None:
         """Phase 5: keep a failed run's workspace, delete the run's Spaces, and its

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from durable.atomic_file import write_atomic
-from scenarios import generate, load
+from scenarios import scenario_of
 from scenarios.steps import SIMPLE_KIND
 
 from . import live
@@ -115,8 +115,8 @@ class Shrinker:
         self._cache: dict[Candidate, RunRecord | None] = {}
         self._numbers = itertools.count(1)
         self._lock = threading.Lock()
-        self.kinds = {s.index: s.kind for s in generate(self.base.seed, load(self.base.preset),
-                                                        steps=self.base.steps).steps}
+        self.kinds = {s.index: s.kind for s in scenario_of(self.base.preset, self.base.seed,
+                                                           steps=self.base.steps).steps}
 
     def spec(self, c: Candidate, work: Path) -> RunSpec:
         assert self.base.plan is not None
@@ -280,8 +280,8 @@ def target_check(record: dict[str, Any]) -> str:
 
 def story(spec: RunSpec, record: RunRecord, check: str) -> list[str]:
     """The shrunk run as lines a person reads: steps, faults, recoveries, the check."""
-    scenario = generate(spec.seed, load(spec.preset), steps=spec.steps, keep=spec.keep_steps,
-                        simple=spec.simple_steps)
+    scenario = scenario_of(spec.preset, spec.seed, steps=spec.steps, keep=spec.keep_steps,
+                           simple=spec.simple_steps)
     lines = [f"The agent (seed {spec.seed}, preset {spec.preset}, {spec.durable_mode} mode) "
              f"takes {len(scenario.steps)} step(s):"]
     for s in scenario.steps:

@@ -31,7 +31,7 @@ import time
 from typing import TYPE_CHECKING
 
 from durable.session_driver import EXIT_FENCED, EXIT_OK
-from scenarios import generate, load
+from scenarios import load, scenario_of
 from scenarios.steps import DETACHED_GRACE_SECONDS
 
 from .faults import reachable_points
@@ -141,7 +141,7 @@ def _another_session(run: Run) -> int | None:
     assert run.spaces is not None
     other = OtherSession(f"{run.session}-other", run.spec.seed + FOREIGN_SEED_OFFSET,
                          run.spec.preset, run.dir / "other")
-    scenario = generate(other.seed, load(other.preset), steps=run.spec.steps)
+    scenario = scenario_of(other.preset, other.seed, steps=run.spec.steps)
     seed_space(run.spaces, run.space_of(other.name), scenario)
     proc = run.launch(1, None, other=other)
     run.state.count("foreign")

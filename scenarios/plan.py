@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from durable.models import PlannedCall, ScriptedModel
 
@@ -26,15 +26,20 @@ from .steps import (
     DETACHED_GRACE_SECONDS,
     DOC_FILE,
     LEAK_FILE,
+    DATED,
     LINK_SLOTS,
     LOG_FILE,
     README,
+    SPARSE_SIZE,
     WRITE_SLOTS,
     Step,
     simple_step,
     write_path,
 )
 from .workspace_model import WorkspaceModel
+
+if TYPE_CHECKING:
+    from .workload import Workload
 
 SLOTS = 5
 
@@ -45,6 +50,9 @@ class Scenario:
     preset: Preset
     initial: WorkspaceModel
     steps: list[Step]
+    #: A user's workload (``scenarios.workload``): its steps' effects come from a golden
+    #: run, not from a model.
+    workload: Workload | None = None
 
     def keep(self, indices: tuple[int, ...] | None, simple: tuple[int, ...] = ()) -> Scenario:
         """A shrunk scenario: only the steps whose index is in ``indices`` (all for None),
@@ -64,10 +72,10 @@ class Scenario:
             if s.index in simple:
                 out.append(simple_step(s))
                 continue
-            if s.tool == "edit":
+            if s.kind == "edit":  # a scripted edit (a workload's is the user's own)
                 s = _edit(s.index, s.params["slot"], slots)
             out.append(s)
-        return Scenario(self.seed, self.preset, self.initial, out)
+        return Scenario(self.seed, self.preset, self.initial, out, self.workload)
 
     def model(self) -> ScriptedModel:
         return ScriptedModel(
@@ -104,6 +112,8 @@ def initial_workspace(seed: int, preset: Preset, rng: random.Random) -> Workspac
     for i in range(2):
         ws.files[write_path(i)] = (f"initial w{i}\n".encode(), 0o644)
     ws.links["links/readme"] = f"../{README}"
+    for path in [*ws.files, *ws.links]:
+        ws.parents(path)
     return ws
 
 
@@ -211,6 +221,36 @@ def _command(k: int, kind: str, rng: random.Random, preset: Preset
         lines = max(1, preset.large_bytes // len(line))
         return (f"mkdir -p big && {{ for i in $(seq 1 {lines}); do printf '{m} payload\\n'; "
                 f"done; }} > {path}", {"path": path, "size": lines * len(line)})
+    if kind == "empty_dir":  # git's refs/heads after gc, a build's empty output directory
+        return f"mkdir -p empty/e{k}/deep/er", {"path": f"empty/e{k}/deep/er"}
+    if kind == "hardlink":  # cp -al, a clone's objects: one inode, two names, one write
+        a, b = f"hl/a{k}", f"hl/b{k}"
+        return (f"mkdir -p hl && printf '{m}\\n' > {a} && ln -f {a} {b} && "
+                f"printf 'more\\n' >> {b}"), {"a": a, "b": b}
+    if kind == "fifo":
+        path = f"fifos/f{k}"
+        return f"mkdir -p fifos && rm -f {path} && mkfifo -m 640 {path}", {"path": path}
+    if kind == "abs_symlink":  # a venv's bin/python3 -> /usr/bin/python3; a dangling one
+        link, dangling = f"links/abs{k}", f"links/gone{k}"
+        return (f"mkdir -p links && ln -sfn /usr/bin/env {link} && "
+                f"ln -sfn /nonexistent/{m} {dangling}"), {"link": link, "dangling": dangling}
+    if kind == "odd_name":  # what unzip leaves of a Windows archive, a newline, a dash
+        names = (f"odd/new\nline-{k}", f"odd/C:\\temp\\r{k}.txt", f"odd/-dash{k}")
+        return (f"mkdir -p odd && printf '{m}\\n' > $'odd/new\\nline-{k}' && "
+                f"printf '{m}\\n' > 'odd/C:\\temp\\r{k}.txt' && "
+                f"printf '{m}\\n' > ./odd/-dash{k}"), {"paths": names}
+    if kind == "sparse":  # truncate -s, a disk image: holes stay holes
+        path = f"sparse/s{k}"
+        return (f"mkdir -p sparse && rm -f {path} && truncate -s {SPARSE_SIZE} {path} && "
+                f"printf '{m}' | dd of={path} conv=notrunc status=none"), {"path": path}
+    if kind == "dated":  # touch -d, tar x, git's fixed dates: an mtime a program set
+        path = f"dated/d{k}"
+        return (f"mkdir -p dated && printf '{m}\\n' > {path} && "
+                f"touch -d '{DATED}' {path} dated"), {"path": path}
+    if kind == "setid":  # set-id and sticky bits a restore must keep
+        path, shared = f"modes/s{k}", f"modes/t{k}"
+        return (f"mkdir -p modes/t{k} && printf '{m}\\n' > {path} && chmod 4755 {path} && "
+                f"chmod 1777 {shared}"), {"path": path, "shared": shared}
     if kind == "sums":
         path = write_path(rng.randrange(WRITE_SLOTS))
         return (f"{{ sha256sum {DOC_FILE} {README}; cat {path} 2>/dev/null | sha256sum; }} "

@@ -16,7 +16,10 @@ import yaml
 
 STEP_KINDS = ("write", "edit", "append", "long", "background", "many_files", "never_tool",
               "safe_tool", "fail", "write_fail", "big_output", "rm", "mv", "mkdir", "symlink",
-              "chmod", "binary", "large", "sums", "detached", "synced_append", "large_loop")
+              "chmod", "binary", "large", "sums", "detached", "synced_append", "large_loop",
+              # the shapes real programs leave (git, venvs, tar, make): see steps.py
+              "empty_dir", "hardlink", "fifo", "abs_symlink", "odd_name", "sparse", "dated",
+              "setid")
 PRESET_DIR = Path(__file__).parent
 
 

@@ -35,6 +35,12 @@ WRITE_SLOTS = 4
 LINK_SLOTS = 3
 CHMOD_MODES = (0o600, 0o640, 0o700, 0o750, 0o755, 0o604)
 BACKGROUND_SECONDS = 120
+#: Size of a ``sparse`` step's file, and the fs block its one data extent fills.
+SPARSE_SIZE = 1 << 20
+BLOCK = 4096
+#: The mtime a ``dated`` step sets (UTC, as touch -d reads the trailing Z), in ns.
+DATED = "2001-02-03T04:05:06Z"
+DATED_NS = 981173106 * 10**9
 #: Where a ``detached`` step's writer writes if it outlives its command.
 LEAK_FILE = "leak.txt"
 #: How long after its command's fence window a ``detached`` step's writer writes.
@@ -53,6 +59,9 @@ class Expected:
     is_error: bool = False
     #: A command's exit status (None for the other tools).
     exit_code: int | None = None
+    #: sha256 of the whole content, when ``content`` is only its head (a golden run's
+    #: result as the observation keeps it); None: the content's own.
+    sha256: str | None = None
 
 
 @dataclass(frozen=True)
@@ -92,6 +101,9 @@ class Step:
                 text = text.replace(e["old_text"], e["new_text"])
             ws.write(path, text.encode())
             return Expected(f"Applied {len(self.args['edits'])} edit(s) to {path}")
+        if self.kind == "workload":
+            raise ValueError(f"{self.marker}: a workload call's effect comes from its golden "
+                             "run (chaos.golden), not from a model")
         if self.tool == "bash":
             code, output = EFFECTS[self.kind](self, ws)
             result = bash_result(code, output)
@@ -162,9 +174,14 @@ def _mv(step: Step, ws: WorkspaceModel) -> tuple[int, str]:
     src, dst = step.params["src"], step.params["dst"]
     if src not in ws.files:
         return 0, "nothing to move\n"
-    data, mode = ws.files.pop(src)
+    data, mode = ws.files[src]
+    when = ws.times.get(src)  # mv keeps the inode: its mode and mtime
+    ws.remove(src)
     ws.remove(dst)
+    ws.touched_dir_of(dst)
     ws.files[dst] = (data, mode)
+    if when is not None:
+        ws.times[dst] = when
     return 0, "moved\n"
 
 
@@ -174,8 +191,10 @@ def _mkdir(step: Step, ws: WorkspaceModel) -> tuple[int, str]:
 
 
 def _symlink(step: Step, ws: WorkspaceModel) -> tuple[int, str]:
-    ws.remove(step.params["link"])
-    ws.links[step.params["link"]] = step.params["target"]
+    link = step.params["link"]
+    ws.remove(link)
+    ws.parents(link)
+    ws.links[link] = step.params["target"]
     return 0, ""
 
 
@@ -183,7 +202,8 @@ def _chmod(step: Step, ws: WorkspaceModel) -> tuple[int, str]:
     path = step.params["path"]
     if path not in ws.files:
         return 0, "no file\n"
-    ws.files[path] = (ws.files[path][0], step.params["mode"])
+    for member in ws.group(path):  # the mode is the inode's
+        ws.files[member] = (ws.files[member][0], step.params["mode"])
     return 0, "changed\n"
 
 
@@ -212,6 +232,66 @@ def _sums(step: Step, ws: WorkspaceModel) -> tuple[int, str]:
     return 0, out
 
 
+def _empty_dir(step: Step, ws: WorkspaceModel) -> tuple[int, str]:
+    ws.parents(step.params["path"] + "/x")
+    return 0, ""
+
+
+def _hardlink(step: Step, ws: WorkspaceModel) -> tuple[int, str]:
+    a, b = step.params["a"], step.params["b"]
+    ws.write(a, f"{step.marker}\nmore\n".encode())
+    ws.remove(b)
+    ws.files[b] = ws.files[a]
+    ws.hardlinks[max(a, b)] = min(a, b)
+    return 0, ""
+
+
+def _fifo(step: Step, ws: WorkspaceModel) -> tuple[int, str]:
+    path = step.params["path"]
+    ws.remove(path)
+    ws.parents(path)
+    ws.fifos[path] = 0o640
+    return 0, ""
+
+
+def _abs_symlink(step: Step, ws: WorkspaceModel) -> tuple[int, str]:
+    for link, target in ((step.params["link"], "/usr/bin/env"),
+                         (step.params["dangling"], f"/nonexistent/{step.marker}")):
+        ws.remove(link)
+        ws.parents(link)
+        ws.links[link] = target
+    return 0, ""
+
+
+def _odd_name(step: Step, ws: WorkspaceModel) -> tuple[int, str]:
+    for path in step.params["paths"]:
+        ws.write(path, f"{step.marker}\n".encode())
+    return 0, ""
+
+
+def _sparse(step: Step, ws: WorkspaceModel) -> tuple[int, str]:
+    path = step.params["path"]
+    data = step.marker.encode()
+    ws.remove(path)
+    ws.write(path, data + bytes(SPARSE_SIZE - len(data)))
+    ws.extents[path] = ((0, BLOCK),)
+    return 0, ""
+
+
+def _dated(step: Step, ws: WorkspaceModel) -> tuple[int, str]:
+    path = step.params["path"]
+    ws.write(path, f"{step.marker}\n".encode())
+    ws.times[path] = ws.times["dated"] = DATED_NS
+    return 0, ""
+
+
+def _setid(step: Step, ws: WorkspaceModel) -> tuple[int, str]:
+    ws.write(step.params["path"], f"{step.marker}\n".encode(), 0o4755)
+    ws.parents(step.params["shared"] + "/x")
+    ws.dirs[step.params["shared"]] = 0o1777
+    return 0, ""
+
+
 #: The effect (and the exit status and output it gives) of each shell step kind.
 EFFECTS: dict[str, Effect] = {
     "append": _append, "long": _append, "background": _append, "detached": _append,
@@ -220,6 +300,8 @@ EFFECTS: dict[str, Effect] = {
     "fail": _fail, "write_fail": _write_fail, "big_output": _big_output, "rm": _rm, "mv": _mv,
     "mkdir": _mkdir, "symlink": _symlink, "chmod": _chmod, "binary": _binary,
     "large": _large, "large_loop": _large, "sums": _sums,
+    "empty_dir": _empty_dir, "hardlink": _hardlink, "fifo": _fifo, "abs_symlink": _abs_symlink,
+    "odd_name": _odd_name, "sparse": _sparse, "dated": _dated, "setid": _setid,
 }
 APPENDING = frozenset({"append", "long", "background", "detached", "write_fail",
                        "big_output", "synced_append"})

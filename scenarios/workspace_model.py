@@ -1,9 +1,13 @@
-"""The model of a workspace that scripted steps change: files with modes, and symlinks.
+"""The model of a workspace that scripted steps change: the workspace state contract
+(``spacesd.protocol.ScanEntry``), as far as a step's effect decides it.
 
 The checker replays the effects of the committed calls over this model to get the state the
 workspace must be in, and hashes it with the one workspace hash the Space uses too
-(``spacesd.protocol.workspace_hash``: path, kind, permission bits, content or link target).
-Directories are implied by the paths under them, as in that hash.
+(``spacesd.protocol.workspace_hash``). Directories are entries of their own: every parent a
+write or a command makes (``mkdir -p``, the write tool's parents: 0755 under the daemon's
+umask 022) stays until a step removes it. An mtime is known only where a step sets it
+(``touch -d``): a command's writes happen at a time no model can predict, so those entries
+carry none and the checker compares their mtimes with nothing (``protocol.times_as``).
 """
 
 from __future__ import annotations
@@ -11,50 +15,108 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-from spacesd.protocol import workspace_hash
+from spacesd.protocol import ScanEntry, workspace_hash
 
 #: The mode of a file a command or the write tool creates (spacesd runs with umask 022).
 NEW_FILE_MODE = 0o644
+#: The mode of a directory ``mkdir -p`` or the write tool's parents get.
+NEW_DIR_MODE = 0o755
 
 
 @dataclass
 class WorkspaceModel:
     #: path → (content, permission bits)
     files: dict[str, tuple[bytes, int]] = field(default_factory=dict)
-    #: path → link target (as given to ``ln -s``; may dangle)
+    #: path → link target (as given to ``ln -s``; may dangle, may be absolute)
     links: dict[str, str] = field(default_factory=dict)
+    #: path → permission bits
+    dirs: dict[str, int] = field(default_factory=dict)
+    #: path → permission bits
+    fifos: dict[str, int] = field(default_factory=dict)
+    #: hardlink groups: a later member's path → the group's first path
+    hardlinks: dict[str, str] = field(default_factory=dict)
+    #: sparse files: path → data extents ((offset, length), ...)
+    extents: dict[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)
+    #: the mtimes a step set (``touch -d``), by path
+    times: dict[str, int] = field(default_factory=dict)
 
     def copy(self) -> WorkspaceModel:
-        return WorkspaceModel(dict(self.files), dict(self.links))
+        return WorkspaceModel(dict(self.files), dict(self.links), dict(self.dirs),
+                              dict(self.fifos), dict(self.hardlinks), dict(self.extents),
+                              dict(self.times))
 
     def exists(self, path: str) -> bool:
-        return path in self.files or path in self.links
+        return any(path in t for t in (self.files, self.links, self.dirs, self.fifos))
 
     def content(self, path: str) -> bytes | None:
         entry = self.files.get(path)
         return None if entry is None else entry[0]
 
+    def parents(self, path: str) -> None:
+        """Make ``path``'s missing parent directories (``mkdir -p``): its parent's mtime
+        is then the moment of the step, unknown."""
+        parts = path.split("/")[:-1]
+        for i in range(1, len(parts) + 1):
+            self.dirs.setdefault("/".join(parts[:i]), NEW_DIR_MODE)
+        self.touched_dir_of(path)
+
+    def touched_dir_of(self, path: str) -> None:
+        """An entry was made or removed in ``path``'s directory: its mtime is now."""
+        self.times.pop(path.rpartition("/")[0], None)
+
     def write(self, path: str, data: bytes, mode: int | None = None) -> None:
         """Replace ``path``'s content; a new file gets ``NEW_FILE_MODE``, an existing one
-        keeps its mode unless ``mode`` is given (as the write tool and ``>`` do)."""
+        keeps its mode unless ``mode`` is given (as the write tool and ``>`` do). Writing
+        through a hardlink changes the group: ``>`` truncates the shared inode."""
         self.links.pop(path, None)
+        self.parents(path)
         old = self.files.get(path)
         keep = old[1] if old is not None else NEW_FILE_MODE
-        self.files[path] = (data, keep if mode is None else mode)
+        for member in self.group(path):
+            self.files[member] = (data, keep if mode is None else mode)
+            self.times.pop(member, None)
+            self.extents.pop(member, None)
 
     def append(self, path: str, data: bytes) -> None:
         self.write(path, (self.content(path) or b"") + data)
 
-    def remove(self, path: str) -> None:
-        self.files.pop(path, None)
-        self.links.pop(path, None)
+    def group(self, path: str) -> list[str]:
+        """``path`` and every path hardlinked with it."""
+        first = self.hardlinks.get(path, path)
+        return [first, *(p for p, f in self.hardlinks.items() if f == first)] \
+            if first in self.files else [path]
 
-    def rows(self) -> list[tuple[str, str, int, str]]:
-        """(path, kind, mode, sha256 or target), the rows ``workspace_hash`` takes."""
-        out = [(p, "file", mode, hashlib.sha256(data).hexdigest())
+    def remove(self, path: str) -> None:
+        """Remove one name (a file, link or FIFO; ``rm -f``): a hardlink group keeps its
+        other members, the next one in path order becoming its first."""
+        self.links.pop(path, None)
+        self.fifos.pop(path, None)
+        if path in self.files:
+            self.touched_dir_of(path)
+        members = [p for p in self.group(path) if p != path] if path in self.files else []
+        self.files.pop(path, None)
+        self.extents.pop(path, None)
+        self.times.pop(path, None)
+        self.hardlinks.pop(path, None)
+        if members:
+            first = min(members)
+            for m in members:
+                self.hardlinks.pop(m, None)
+                if m != first:
+                    self.hardlinks[m] = first
+
+    def entries(self) -> list[ScanEntry]:
+        """The state as the Space's scan reports it (mtimes only where a step set one)."""
+        t = self.times.get
+        out = [ScanEntry(p, "file", bool(mode & 0o100), len(data),
+                         hashlib.sha256(data).hexdigest(), mode=mode, mtime_ns=t(p),
+                         link=self.hardlinks.get(p), extents=self.extents.get(p))
                for p, (data, mode) in self.files.items()]
-        out += [(p, "symlink", 0, target) for p, target in self.links.items()]
-        return sorted(out)
+        out += [ScanEntry(p, "symlink", target=target, mtime_ns=t(p))
+                for p, target in self.links.items()]
+        out += [ScanEntry(p, "dir", mode=mode, mtime_ns=t(p)) for p, mode in self.dirs.items()]
+        out += [ScanEntry(p, "fifo", mode=mode, mtime_ns=t(p)) for p, mode in self.fifos.items()]
+        return sorted(out, key=lambda e: e.path)
 
     def hash(self) -> str:
-        return workspace_hash(self.rows())
+        return workspace_hash(self.entries())

@@ -3,7 +3,9 @@
 Layout under ``<state>/checkpoints``: ``objects/<sha[:2]>/<sha>`` holds each distinct file
 content once (a file already stored costs nothing in the next checkpoint: the stat cache
 gives its digest without reading it, and its object exists), ``manifests/<id>.json`` lists
-the files (digest, size, mode), symlinks (target) and directories (mode) of one checkpoint.
+the workspace state of one checkpoint, every path of it (``protocol.ScanEntry``): files
+(digest, size, every mode bit, hardlink group, sparse extents), symlinks (target, any: a
+link is data), directories (empty ones too) and FIFOs (mode), and every entry's mtime.
 
 Damage: a manifest carries a SHA-256 of its own content (``checksum``; manifests of older
 daemons have none and are read as they are), and restore checks each object it copies back
@@ -16,22 +18,24 @@ appends to the workspace file in place.
 
 Restore makes the workspace equal to a manifest in steps that are each idempotent: remove
 what the manifest lacks (or has with another kind), create directories, write back each file
-whose content or mode differs (atomically), fix symlinks, then set directory modes. A crash
-midway leaves a mix of old and new whole files; running restore again converges.
+whose content (or hardlink group) differs (atomically; a sparse file's holes stay holes),
+link the other members of each hardlink group, make FIFOs, fix symlinks, set the mode of
+what differs, then every mtime (directories last, deepest first, since each entry made in
+a directory changed its mtime) and the directories' modes. A crash midway leaves a mix of
+old and new whole files; running restore again converges. Nothing is rewritten that already
+equals the manifest, so a restore never changes an untouched file's mode or time.
 
 Export and import move a checkpoint as a tar stream (``manifest.json`` then
 ``objects/<sha>``); import checks every object against its name and the manifest against
-the path rules, so a hostile tar cannot write outside the workspace on restore. Its symlinks
-must follow the rules of the ``symlink`` op (``paths.check_link_target``): import refuses a
-tar with one that does not, and the manifest is marked ``imported`` so that restore checks
-each link again against its real parent directory. (A checkpoint made here keeps the links
-the workspace had, absolute ones too, like a virtualenv's: they came from this workspace.)
+the path rules. An import may leave out objects of files the workspace holds right now:
+they are taken from there (each checked against its digest), so the adapter's revert to its
+image sends only the contents the workspace lost.
 
 Confinement: restore and create reach every entry through ``paths.Walk`` (directory fds,
-no following a link out of the root), like the file ops. Modes: restore applies only the
-permission bits (``0o777``): set-user-id, set-group-id and sticky bits are stripped.
-The store is private: its directories are 0700 and objects 0400 (content of a 0600 file is
-not readable by others in the store), whatever the mode of the files they copy.
+no following a link out of the root), like the file ops. A symlink is created as it was
+recorded, whatever its target; no restore step ever follows one. The store is private: its
+directories are 0700 and objects 0400 (content of a 0600 file is not readable by others in
+the store), whatever the mode of the files they copy.
 """
 
 from __future__ import annotations
@@ -49,14 +53,14 @@ import tarfile
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import IO, Any, Protocol, cast
 
 from . import paths
 from .errors import BadRequest, Damaged, NotFound, OutsideRoot
 from .failpoints import Channel
-from .file_ops import PERMISSION_BITS, Workspace
-from .protocol import CheckpointInfo
+from .file_ops import Workspace
+from .protocol import CheckpointInfo, ScanEntry
 from .workspace_scan import Scanner
 
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,199}")
@@ -73,6 +77,19 @@ class FileRec:
     sha256: str
     size: int
     mode: int
+    #: The first member of its hardlink group, when it is a later one.
+    link: str | None = None
+    #: Data extents of a sparse file (``[offset, length]``), None when dense.
+    extents: tuple[tuple[int, int], ...] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"path": self.path, "sha256": self.sha256, "size": self.size,
+                               "mode": self.mode}
+        if self.link is not None:
+            out["link"] = self.link
+        if self.extents is not None:
+            out["extents"] = [list(x) for x in self.extents]
+        return out
 
 
 @dataclass(frozen=True)
@@ -82,31 +99,61 @@ class Manifest:
     files: list[FileRec] = field(default_factory=list)
     symlinks: dict[str, str] = field(default_factory=dict)
     dirs: dict[str, int] = field(default_factory=dict)
-    #: Came from ``checkpoint_import``: its links are checked again on restore.
-    imported: bool = False
+    fifos: dict[str, int] = field(default_factory=dict)
+    #: Every entry's mtime (ns); a manifest of an older daemon has none.
+    times: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, checkpoint_id: str, created_ms: int, entries: list[ScanEntry]) -> Manifest:
+        m = cls(checkpoint_id, created_ms)
+        for e in entries:
+            if e.kind == "file":
+                m.files.append(FileRec(e.path, e.sha256 or "", e.size, e.mode, e.link,
+                                       e.extents))
+            elif e.kind == "symlink":
+                m.symlinks[e.path] = e.target or ""
+            elif e.kind == "dir":
+                m.dirs[e.path] = e.mode
+            else:
+                m.fifos[e.path] = e.mode
+            if e.mtime_ns is not None:
+                m.times[e.path] = e.mtime_ns
+        return m
+
+    def entries(self) -> list[ScanEntry]:
+        """The state this manifest records, as scan entries (``protocol.workspace_hash``)."""
+        t = self.times.get
+        out = [ScanEntry(f.path, "file", bool(f.mode & stat.S_IXUSR), f.size, f.sha256,
+                         mode=f.mode, mtime_ns=t(f.path), link=f.link, extents=f.extents)
+               for f in self.files]
+        out += [ScanEntry(p, "symlink", target=v, mtime_ns=t(p)) for p, v in self.symlinks.items()]
+        out += [ScanEntry(p, "dir", mode=v, mtime_ns=t(p)) for p, v in self.dirs.items()]
+        out += [ScanEntry(p, "fifo", mode=v, mtime_ns=t(p)) for p, v in self.fifos.items()]
+        return sorted(out, key=lambda e: e.path)
 
     def info(self) -> CheckpointInfo:
         return CheckpointInfo(self.id, len(self.files), sum(f.size for f in self.files),
                               self.created_ms)
 
     def to_json(self) -> dict[str, Any]:
-        out = {"id": self.id, "created_ms": self.created_ms,
-               "files": [asdict(f) for f in self.files], "symlinks": self.symlinks,
-               "dirs": self.dirs}
-        if self.imported:
-            out["imported"] = True
-        return out
+        return {"id": self.id, "created_ms": self.created_ms,
+                "files": [f.to_json() for f in self.files], "symlinks": self.symlinks,
+                "dirs": self.dirs, "fifos": self.fifos, "times": self.times}
 
     @classmethod
     def from_json(cls, raw: Any, checkpoint_id: str) -> Manifest:
         """A manifest checked against the path rules; ``BadRequest`` says what is wrong."""
         try:
             m = cls(checkpoint_id, int(raw["created_ms"]),
-                    [FileRec(f["path"], f["sha256"], int(f["size"]), int(f["mode"]))
+                    [FileRec(f["path"], f["sha256"], int(f["size"]), int(f["mode"]),
+                             None if f.get("link") is None else str(f["link"]),
+                             None if f.get("extents") is None else
+                             tuple((int(a), int(b)) for a, b in f["extents"]))
                      for f in raw["files"]],
                     {str(k): str(v) for k, v in raw["symlinks"].items()},
                     {str(k): int(v) for k, v in raw["dirs"].items()},
-                    raw.get("imported") is True)
+                    {str(k): int(v) for k, v in raw.get("fifos", {}).items()},
+                    {str(k): int(v) for k, v in raw.get("times", {}).items()})
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise BadRequest(f"checkpoint {checkpoint_id!r}: malformed manifest ({exc})") from None
         m._validate()
@@ -114,7 +161,7 @@ class Manifest:
 
     def _validate(self) -> None:
         seen: set[str] = set()
-        for path in [f.path for f in self.files] + list(self.symlinks) + list(self.dirs):
+        for path in [f.path for f in self.files] + [*self.symlinks, *self.dirs, *self.fifos]:
             if path in seen or "/".join(paths.split_rel(path)) != path or not path:
                 raise BadRequest(f"checkpoint {self.id!r}: bad or repeated path {path!r}")
             seen.add(path)
@@ -122,19 +169,21 @@ class Manifest:
             if parent and parent not in self.dirs:
                 raise BadRequest(f"checkpoint {self.id!r}: {path!r} is not under a directory "
                                  "of the checkpoint")
+        files = {f.path: f for f in self.files}
         for f in self.files:
             if not _SHA.fullmatch(f.sha256) or not 0 <= f.mode <= 0o7777:
                 raise BadRequest(f"checkpoint {self.id!r}: bad digest or mode for {f.path!r}")
-
-    def check_links(self) -> None:
-        """Refuse (``OutsideRoot``) a symlink the ``symlink`` op would refuse (every parent
-        of a manifest path is a directory of the manifest, so its path is its real path)."""
-        for path, target in self.symlinks.items():
-            try:
-                paths.check_link_target(path.split("/"), target)
-            except OutsideRoot as exc:
-                raise OutsideRoot(f"checkpoint {self.id!r}: symlink {path!r}: "
-                                  f"{exc.message}") from None
+            first = files.get(f.link) if f.link is not None else None
+            if f.link is not None and (first is None or first.link is not None
+                                       or first.sha256 != f.sha256 or not f.link < f.path):
+                raise BadRequest(f"checkpoint {self.id!r}: {f.path!r} is a hardlink of "
+                                 f"{f.link!r}, which is not the first file of its group")
+            if f.extents is not None and any(a < 0 or b <= 0 or a + b > f.size
+                                             for a, b in f.extents):
+                raise BadRequest(f"checkpoint {self.id!r}: bad extents for {f.path!r}")
+        for mode in [*self.dirs.values(), *self.fifos.values()]:
+            if not 0 <= mode <= 0o7777:
+                raise BadRequest(f"checkpoint {self.id!r}: a mode out of range ({mode:o})")
 
 
 class Readable(Protocol):
@@ -244,100 +293,140 @@ class Checkpoints:
     def create(self, checkpoint_id: str) -> CheckpointInfo:
         check_id(checkpoint_id)
         with self._lock:
-            start_ns = time.time_ns()
-            m = Manifest(checkpoint_id, int(time.time() * 1000))
-            for rel, st in self._scanner.walk():
-                if paths.bad_char(rel):
-                    continue  # refused by scans too: not workspace content
-                kind = paths.kind_of(st.st_mode)
-                if kind == "dir":
-                    m.dirs[rel] = stat.S_IMODE(st.st_mode)
-                elif kind == "symlink":
+            entries, _refused = self._scanner.scan()  # refused kinds are no state (a socket)
+            kept: list[ScanEntry] = []
+            stored: dict[str, tuple[str, int]] = {}  # first file of a group -> its object
+            for e in entries:
+                if e.kind == "file" and e.link is None and e.sha256 is not None and \
+                        not os.path.exists(self._object(e.sha256)):
                     try:
-                        with self._ws.walk(rel, follow=False) as w:
-                            m.symlinks[rel] = os.readlink(w.name, dir_fd=w.fd)
+                        sha, size = self._store(self._read_entry(e.path))
                     except (OSError, OutsideRoot):
                         continue  # removed or changed meanwhile
-                elif kind == "file":
-                    sha = self._scanner.digest(rel, st, start_ns)
-                    size = st.st_size
-                    if sha is not None and not os.path.exists(self._object(sha)):
-                        try:
-                            sha, size = self._store(self._read_entry(rel))
-                        except (OSError, OutsideRoot):
-                            continue  # removed or changed meanwhile
-                    if sha is not None:
-                        m.files.append(FileRec(rel, sha, size, stat.S_IMODE(st.st_mode)))
+                    if sha != e.sha256:  # changed between the scan and the copy
+                        e = replace(e, sha256=sha, size=size, extents=None)
+                if e.kind == "file":
+                    if e.link is None:
+                        stored[e.path] = (e.sha256 or "", e.size)
+                    elif e.link in stored:  # a group's members hold what its first holds
+                        e = replace(e, sha256=stored[e.link][0], size=stored[e.link][1])
+                    else:
+                        continue  # its group's first file went away meanwhile
+                kept.append(e)
+            m = Manifest.of(checkpoint_id, int(time.time() * 1000), kept)
             self._failpoints.report("spacesd.checkpoint.objects", {"id": checkpoint_id})
             self._save(m)
             return m.info()
 
-    def restore(self, checkpoint_id: str) -> CheckpointInfo:
+    def restore(self, checkpoint_id: str, *, exclude: list[str] | None = None
+                ) -> CheckpointInfo:
+        """Make the workspace equal to the checkpoint; ``exclude``: paths (scan globs) it
+        leaves as they are (a manifest made without them does not name them)."""
         with self._lock:
             m = self.load(checkpoint_id)
-            self._restore(m)
+            self._restore(m, exclude or [])
             return m.info()
 
-    def _restore(self, m: Manifest) -> None:
+    def _restore(self, m: Manifest, exclude: list[str]) -> None:
         ws = self._ws
-        want: dict[str, str] = {f.path: "file" for f in m.files}
-        want.update({p: "symlink" for p in m.symlinks})
-        want.update({p: "dir" for p in m.dirs})
+        want = {e.path: e for e in m.entries()}
+        have = {e.path: e for e in self._scanner.scan(exclude)[0]}
         touched = {""}  # directories (relative) whose entries changed
         # 1. Remove what the checkpoint lacks or has as another kind (children first).
-        for rel, st in reversed(list(self._scanner.walk())):
-            if want.get(rel) != paths.kind_of(st.st_mode):
+        for rel, st in reversed(list(self._scanner.walk(exclude))):
+            wanted = want.get(rel)
+            if wanted is None or wanted.kind != paths.kind_of(st.st_mode):
                 with contextlib.suppress(FileNotFoundError, NotADirectoryError), \
                         ws.walk(rel, follow=False) as w:
                     if stat.S_ISDIR(st.st_mode):
                         shutil.rmtree(w.name, dir_fd=w.fd, ignore_errors=True)
                     else:
                         os.unlink(w.name, dir_fd=w.fd)
+                have.pop(rel, None)
                 touched.add(_parent(rel))
         self._failpoints.report("spacesd.restore.partial", {"id": m.id})
-        # 2. Directories, writable while files go in; their modes are set last.
+        # 2. Directories, writable while entries go in; their modes are set last.
+        opened: set[str] = set()  # directories made, or made writable for now
         for rel in sorted(m.dirs):
+            now = have.get(rel)
+            if now is not None and now.mode & stat.S_IRWXU == stat.S_IRWXU:
+                continue
             with ws.walk(rel, follow=False, make_dirs=True) as w:
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(w.name, 0o700, dir_fd=w.fd)
-                with _opened(w.name, _DIR_FLAGS, w.fd) as fd:
-                    os.fchmod(fd, (m.dirs[rel] & PERMISSION_BITS) | stat.S_IRWXU)
-            touched.add(_parent(rel))
-        # 3. Files whose content or mode differs.
-        start_ns = time.time_ns()
-        for f in m.files:
-            mode = f.mode & PERMISSION_BITS
-            with ws.walk(f.path, follow=False) as w:
-                try:
-                    st = os.stat(w.name, dir_fd=w.fd, follow_symlinks=False)
-                    same = (stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == mode
-                            and self._scanner.digest(f.path, st, start_ns) == f.sha256)
-                except FileNotFoundError:
-                    same = False
-                if not same:
-                    ws.writer.write(w.name, self._verified(m.id, f), mode=mode,
-                                    sync_dir=False, dir_fd=w.fd)
-                    touched.add(_parent(f.path))
-        # 4. Symlinks (an imported checkpoint's checked like the symlink op's).
-        for rel, target in m.symlinks.items():
-            with ws.walk(rel, follow=False) as w:
-                try:
-                    current = os.readlink(w.name, dir_fd=w.fd)
-                except OSError:
-                    current = None
-                if current != target:
-                    if m.imported:
-                        paths.check_link_target([*w.parts, w.name], target)
-                    ws.symlink_at(rel, w.fd, w.name, target)
+                if now is None:
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(w.name, 0o700, dir_fd=w.fd)
                     touched.add(_parent(rel))
-        # 5. Directory modes, then make the renames durable.
+                with _opened(w.name, _DIR_FLAGS, w.fd) as fd:
+                    os.fchmod(fd, m.dirs[rel] | stat.S_IRWXU)
+            opened.add(rel)
+        # 3. Files: the first of each hardlink group whose content (or group) differs is
+        # written again; then the group's other members are linked to it.
+        rewritten: set[str] = set()
+        for f in m.files:
+            if f.link is not None:
+                continue
+            now = have.get(f.path)
+            if now is not None and now.kind == "file" and now.link is None and \
+                    now.sha256 == f.sha256 and now.extents == f.extents:
+                continue
+            with ws.walk(f.path, follow=False) as w:
+                ws.writer.write(w.name, self._verified(m.id, f), mode=f.mode, sync_dir=False,
+                                dir_fd=w.fd, extents=f.extents)
+            rewritten.add(f.path)
+            touched.add(_parent(f.path))
+        for f in m.files:
+            if f.link is not None and self._relink(f.link, f.path):
+                touched.add(_parent(f.path))
+        # 4. FIFOs and symlinks (any target: a restore never follows a link).
+        for rel in m.fifos:
+            if have.get(rel) is None:
+                with ws.walk(rel, follow=False) as w:
+                    os.mkfifo(w.name, 0o600, dir_fd=w.fd)
+                touched.add(_parent(rel))
+        for rel, target in m.symlinks.items():
+            now = have.get(rel)
+            if now is None or now.target != target:
+                with ws.walk(rel, follow=False) as w:
+                    ws.symlink_at(rel, w.fd, w.name, target)
+                touched.add(_parent(rel))
+        # 5. Modes and times of what differs (directories last, deepest first: every entry
+        # made in one changed its mtime), then make the renames durable.
+        for e in sorted(want.values(), key=lambda e: (e.kind == "dir", -e.path.count("/"))):
+            now = have.get(e.path)
+            fresh = now is None or e.path in rewritten
+            if e.kind == "dir":
+                fresh = fresh or e.path in touched or e.path in opened
+            elif e.kind != "symlink" and e.path not in rewritten and (now is None
+                                                                      or now.mode != e.mode):
+                with ws.walk(e.path, follow=False) as w:
+                    os.chmod(w.name, e.mode, dir_fd=w.fd)
+            if e.mtime_ns is not None and (fresh or now.mtime_ns != e.mtime_ns):
+                with ws.walk(e.path, follow=False) as w:
+                    os.utime(w.name, ns=(e.mtime_ns, e.mtime_ns), dir_fd=w.fd,
+                             follow_symlinks=False)
         for rel, mode in m.dirs.items():
-            with ws.walk(rel, follow=False) as w, _opened(w.name, _DIR_FLAGS, w.fd) as fd:
-                os.fchmod(fd, mode & PERMISSION_BITS)
+            now = have.get(rel)
+            if now is None or rel in opened or now.mode != mode:
+                with ws.walk(rel, follow=False) as w, _opened(w.name, _DIR_FLAGS, w.fd) as fd:
+                    os.fchmod(fd, mode)
         for rel in touched:
             with contextlib.suppress(OSError, OutsideRoot), ws.walk(rel, follow=True) as w, \
                     _opened(w.name, _DIR_FLAGS, w.fd) as fd:
                 os.fsync(fd)
+
+    def _relink(self, first: str, member: str) -> bool:
+        """Make ``member`` a hardlink of ``first``; whether it had to change."""
+        with self._ws.walk(first, follow=False) as a, self._ws.walk(member, follow=False) as b:
+            target = os.stat(a.name, dir_fd=a.fd, follow_symlinks=False)
+            try:
+                now = os.stat(b.name, dir_fd=b.fd, follow_symlinks=False)
+                if (now.st_dev, now.st_ino) == (target.st_dev, target.st_ino):
+                    return False
+                os.unlink(b.name, dir_fd=b.fd)
+            except FileNotFoundError:
+                pass
+            os.link(a.name, b.name, src_dir_fd=a.fd, dst_dir_fd=b.fd, follow_symlinks=False)
+            return True
 
     def _verified(self, checkpoint_id: str, f: FileRec) -> Iterator[bytes]:
         """The chunks of ``f``'s object; ``Damaged`` after the last one (so before the
@@ -399,6 +488,15 @@ class Checkpoints:
                 if sha not in used:
                     _unlink(os.path.join(self._objects, prefix, sha))
 
+    def _take_from_workspace(self, shas: set[str]) -> None:
+        """Store, from the workspace's files, the contents of ``shas`` it holds now (each
+        copy checked against its digest: a file changed meanwhile is no copy)."""
+        for e in self._scanner.scan()[0]:
+            if e.kind == "file" and e.sha256 in shas:
+                with contextlib.suppress(OSError, OutsideRoot, BadRequest):
+                    self._store(self._read_entry(e.path), expect=e.sha256)
+                    shas.discard(e.sha256)
+
     # ---------------------------------------------------------------- export / import
 
     def export(self, m: Manifest, out: IO[bytes], skip: frozenset[str] = frozenset()) -> None:
@@ -439,10 +537,10 @@ class Checkpoints:
                 raise BadRequest(f"checkpoint_import: not a checkpoint tar ({exc})") from None
             if raw_manifest is None:
                 raise BadRequest("checkpoint_import: the tar has no manifest.json")
-            m = Manifest.from_json({**raw_manifest, "imported": True}
-                                   if isinstance(raw_manifest, dict) else raw_manifest,
-                                   checkpoint_id)
-            m.check_links()
+            m = Manifest.from_json(raw_manifest, checkpoint_id)
+            lacking = {f.sha256 for f in m.files if not os.path.exists(self._object(f.sha256))}
+            if lacking:
+                self._take_from_workspace(lacking)
             missing = [f.path for f in m.files if not os.path.exists(self._object(f.sha256))]
             if missing:
                 raise BadRequest(f"checkpoint_import: the tar lacks the content of "

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import hashlib
 import json
 import os
@@ -218,12 +219,23 @@ def kill_cgroup(path: str, *, timeout: float = 5.0) -> list[int]:
     return []
 
 
-def remove_cgroup(path: str) -> None:
+def remove_cgroup(path: str, *, timeout: float = 10.0) -> None:
     """Remove the cgroup ``path`` and every cgroup below it, deepest first (they must be
-    empty; a missing one is fine)."""
+    empty; a missing one is fine). A cgroup whose last process was just killed can still
+    be busy while the kernel releases it (``EBUSY``, though it lists no process): that one
+    is tried again until ``timeout``."""
+    deadline = time.monotonic() + timeout
     for directory, _, _ in os.walk(path, topdown=False):
-        with contextlib.suppress(FileNotFoundError):
-            os.rmdir(directory)
+        while True:
+            try:
+                os.rmdir(directory)
+                break
+            except FileNotFoundError:
+                break
+            except OSError as exc:
+                if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+                    raise
+                time.sleep(_PASS)
 
 
 def _write(path: str, text: str) -> None:

@@ -134,7 +134,9 @@ class Daemon:
             "symlink": Op(self._symlink, {"path": STR, "target": STR}, "admit"),
             "scan": Op(self._scan, {"exclude": STR_LIST.optional()}, "check"),
             "checkpoint_create": Op(self._checkpoint_create, cid, "admit"),
-            "checkpoint_restore": Op(self._checkpoint_restore, cid, "admit", with_epoch=True),
+            "checkpoint_restore": Op(self._checkpoint_restore,
+                                     {**cid, "exclude": STR_LIST.optional()}, "admit",
+                                     with_epoch=True),
             "checkpoint_list": Op(self._checkpoint_list, {}, "check"),
             "checkpoint_delete": Op(self._checkpoint_delete, cid, "admit"),
         }
@@ -307,10 +309,11 @@ class Daemon:
     def _checkpoint_create(self, id: str) -> dict[str, Any]:  # noqa: A002 - protocol name
         return self.checkpoints.create(id).to_json()
 
-    def _checkpoint_restore(self, id: str, epoch: int) -> dict[str, Any]:  # noqa: A002
+    def _checkpoint_restore(self, id: str, epoch: int,  # noqa: A002
+                            exclude: list[str] | None) -> dict[str, Any]:
         floor = self.fence.floor
         self.fences.append(Restore(id, epoch, floor, self.ledger.alive_below(floor)))
-        return self.checkpoints.restore(id).to_json()
+        return self.checkpoints.restore(id, exclude=exclude).to_json()
 
     def _checkpoint_list(self) -> dict[str, Any]:
         return {"checkpoints": [c.to_json() for c in self.checkpoints.list()]}

@@ -18,10 +18,10 @@ redirect an operation: every step holds the fd of the directory it checked. (Wha
 still do is move a directory the daemon has open out of the workspace, if it may write
 there; commands run with the daemon's user, so they could write there themselves anyway.)
 
-Modes: ``write_file`` and restores apply only the permission bits (``0o777``); the
-set-user-id, set-group-id and sticky bits are stripped, silently, also from the mode an
-overwrite keeps. ``resolve`` (the cwd of commands) is textual (``realpath``): a command
-runs with the daemon's user anyway.
+Modes: a mode ``write_file`` is asked for is applied without its set-user-id, set-group-id
+and sticky bits (a call never creates them; a command may); an overwrite or an edit keeps
+the file's whole mode, as a shell's ``>`` does. ``resolve`` (the cwd of commands) is textual
+(``realpath``): a command runs with the daemon's user anyway.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ from .fsio import AtomicWriter
 from .protocol import MAX_READ_LIMIT
 
 DEFAULT_FILE_MODE = 0o644
-#: The mode bits spacesd applies: set-user-id, set-group-id and sticky are stripped.
+#: The mode bits a ``write_file`` call may ask for: set-user-id, set-group-id and sticky
+#: are stripped from the mode it asks for (never from a mode an overwrite keeps).
 PERMISSION_BITS = 0o777
 
 
@@ -145,8 +146,8 @@ class Workspace:
 
     def write(self, path: str, data: bytes, mode: int | None = None) -> None:
         """Replace the file at ``path`` (made, with its parents, if missing). ``mode``: its
-        permission bits (default: those of the file it replaces, else 0o644); set-user-id,
-        set-group-id and sticky bits are stripped, not refused."""
+        permission bits, without set-user-id, set-group-id and sticky (default: the whole
+        mode of the file it replaces, else 0o644)."""
         with os_errors(path), self.walk(path, follow=True, make_dirs=True) as w:
             try:
                 st = os.stat(w.name, dir_fd=w.fd, follow_symlinks=False)
@@ -154,10 +155,13 @@ class Workspace:
                 st = None
             if st is not None and stat.S_ISDIR(st.st_mode):
                 raise Conflict(f"{path!r} is a directory; name a file")
-            if mode is None:
-                mode = (stat.S_IMODE(st.st_mode) if st is not None and stat.S_ISREG(st.st_mode)
-                        else DEFAULT_FILE_MODE)
-            self.writer.write(w.name, [data], mode=mode & PERMISSION_BITS, dir_fd=w.fd)
+            if mode is not None:
+                mode &= PERMISSION_BITS
+            elif st is not None and stat.S_ISREG(st.st_mode):
+                mode = stat.S_IMODE(st.st_mode)
+            else:
+                mode = DEFAULT_FILE_MODE
+            self.writer.write(w.name, [data], mode=mode, dir_fd=w.fd)
 
     def edit(self, path: str, old: str, new: str) -> None:
         """Replace the one occurrence of ``old`` with ``new``."""
@@ -182,8 +186,7 @@ class Workspace:
                 raise Conflict(f"the old text occurs {count} times in {path!r}; include "
                                "more surrounding text so that it occurs exactly once")
             data = text.replace(old, new, 1).encode("utf-8")
-            self.writer.write(w.name, [data], mode=stat.S_IMODE(st.st_mode) & PERMISSION_BITS,
-                              dir_fd=w.fd)
+            self.writer.write(w.name, [data], mode=stat.S_IMODE(st.st_mode), dir_fd=w.fd)
 
     def stat(self, path: str) -> dict[str, Any] | None:
         with os_errors(path):

@@ -12,7 +12,7 @@ import contextlib
 import os
 import shutil
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 
 def fsync_dir(path: str) -> None:
@@ -68,8 +68,13 @@ class AtomicWriter:
         return os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC), name
 
     def write(self, target: str, chunks: Iterable[bytes], *, mode: int,
-              sync_dir: bool = True, dir_fd: int | None = None) -> None:
-        """Replace ``target`` with ``chunks`` and permissions ``mode``, atomically."""
+              sync_dir: bool = True, dir_fd: int | None = None,
+              extents: Sequence[tuple[int, int]] | None = None,
+              mtime_ns: int | None = None) -> None:
+        """Replace ``target`` with ``chunks`` and permissions ``mode`` (every bit, set-id
+        and sticky included), atomically. ``extents``: only these ``(offset, length)`` of
+        the content are written, the rest left holes (a sparse file, as it was);
+        ``mtime_ns``: the modification time it gets (else now)."""
         parent_fd, name = self._split(target, dir_fd)
         try:
             with self._temp_at(parent_fd, name) as (tmp_fd, tmp):
@@ -77,9 +82,14 @@ class AtomicWriter:
                     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
                                  | os.O_CLOEXEC, 0o600, dir_fd=tmp_fd)
                     with open(fd, "wb") as f:
-                        f.writelines(chunks)
-                        f.flush()
+                        if extents is None:
+                            f.writelines(chunks)
+                            f.flush()
+                        else:
+                            os.ftruncate(fd, _write_extents(fd, chunks, extents))
                         os.fchmod(fd, mode)
+                        if mtime_ns is not None:
+                            os.utime(fd, ns=(mtime_ns, mtime_ns))
                         os.fsync(fd)
                     os.replace(tmp, name, src_dir_fd=tmp_fd, dst_dir_fd=parent_fd)
                 except BaseException:
@@ -106,3 +116,18 @@ class AtomicWriter:
             os.fsync(parent_fd)  # a link is an entry: it survives a power loss only so
         finally:
             os.close(parent_fd)
+
+
+def _write_extents(fd: int, chunks: Iterable[bytes],
+                   extents: Sequence[tuple[int, int]]) -> int:
+    """Write the parts of the content ``chunks`` that lie in ``extents`` at their offsets
+    (the rest stays a hole); the content's size."""
+    at = 0
+    for chunk in chunks:
+        end = at + len(chunk)
+        for start, length in extents:
+            lo, hi = max(start, at), min(start + length, end)
+            if lo < hi:
+                os.pwrite(fd, chunk[lo - at:hi - at], lo)
+        at = end
+    return at

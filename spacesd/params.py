@@ -8,7 +8,8 @@ refused too, so that a misspelt option never silently does nothing.
 Beyond the type, every value is checked for what the layers below cannot take: strings with
 lone surrogates (not Unicode; they cannot be encoded for the file system, a command or a
 hash), integers beyond ``protocol.MAX_INT`` (file offsets are 64-bit), NaN and infinities.
-Fields that name workspace paths (``PATH_FIELDS``) must fit the kernel's limits (a name of at
+Fields that name workspace paths (``PATH_FIELDS``) may carry a name's bytes that are not
+UTF-8 as surrogate escapes (``spacesd.paths``), and must fit the kernel's limits (a name of at
 most ``MAX_NAME_BYTES``, a path of at most ``MAX_PATH_BYTES``), and a few fields have an
 upper bound of their own (``BOUNDS``): the request gets a 400 naming the field, not a 500
 from deep inside.
@@ -17,12 +18,13 @@ from deep inside.
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import protocol
+from . import paths, protocol
 from .errors import BadRequest
 
 _REQUIRED = object()
@@ -98,12 +100,18 @@ def _trouble(value: Any) -> str | None:
 
 
 def _path_trouble(value: str) -> str | None:
-    if len(value) > protocol.MAX_PATH_BYTES or len(value.encode()) > protocol.MAX_PATH_BYTES:
+    """A path may carry the bytes of a name that is not UTF-8 as surrogate escapes
+    (``paths``): only a surrogate that stands for no byte is refused."""
+    bad = paths.bad_char(value)
+    if bad is not None:
+        return f"contains {bad}"
+    raw = os.fsencode(value)
+    if len(raw) > protocol.MAX_PATH_BYTES:
         return f"is longer than {protocol.MAX_PATH_BYTES} bytes"
-    for part in value.split("/"):
-        if len(part.encode()) > protocol.MAX_NAME_BYTES:
+    for part in raw.split(b"/"):
+        if len(part) > protocol.MAX_NAME_BYTES:
             return (f"has a name longer than {protocol.MAX_NAME_BYTES} bytes "
-                    f"({part[:40]!r}...)")
+                    f"({os.fsdecode(part[:40])!r}...)")
     return None
 
 
@@ -131,9 +139,10 @@ def check(op: str, raw: dict[str, Any], fields: dict[str, Field]) -> dict[str, A
                 f"{op}: field {name!r} must be {spec.expected}, "
                 f"got {type(value).__name__} ({shown})"
             )
-        trouble = _trouble(value)
-        if trouble is None and name in PATH_FIELDS and isinstance(value, str):
+        if name in PATH_FIELDS and isinstance(value, str):
             trouble = _path_trouble(value)
+        else:
+            trouble = _trouble(value)
         bound = BOUNDS.get((op, name))
         if trouble is None and bound is not None and _is_int(value) and value > bound[0]:
             trouble = f"is over the limit of {bound[0]}; {bound[1]}"

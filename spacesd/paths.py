@@ -1,9 +1,11 @@
 """The rules for paths the protocol accepts, shared by file ops, scans and checkpoints.
 
 A protocol path is relative to the workspace root, '/'-separated, never absolute, never
-climbing with ``..``, and free of NUL, newline, carriage return and backslash: such names
-cannot travel through line-based tools and the workspace hash unambiguously, so file ops
-refuse to make them and scans report them as refused.
+climbing with ``..``, and free of NUL (which no Linux name holds). Any other byte is a name's
+own: newline, carriage return, backslash (what unzip leaves of a Windows archive), a leading
+dash, bytes that are not UTF-8 (carried as ``os.fsdecode`` does, surrogate escapes, which
+JSON escapes as ``\\udcXX``). The workspace hash and every record of a name are JSON, so no
+name is ambiguous in them.
 
 ``Walk`` resolves a protocol path without a window between check and use: it opens each
 directory with ``O_NOFOLLOW | O_DIRECTORY`` relative to the fd of the one before, starting
@@ -29,15 +31,18 @@ from typing import Self
 
 from .errors import OutsideRoot
 
-_BAD_CHARS = {"\x00": "a NUL byte", "\n": "a newline", "\r": "a carriage return",
-              "\\": "a backslash"}
-_BAD = re.compile("[" + re.escape("".join(_BAD_CHARS)) + "]")
+_NOT_A_NAME = re.compile("[\x00\ud800-\udc7f\udd00-\udfff]")
 
 
 def bad_char(name: str) -> str | None:
-    """What makes ``name`` unrepresentable, or None (scans call this for every entry)."""
-    found = _BAD.search(name)
-    return _BAD_CHARS[found.group()] if found else None
+    """What makes ``name`` no Linux name, or None: a NUL byte, or a surrogate that stands
+    for no byte (``os.fsdecode`` makes only U+DC80..U+DCFF, one per byte that is not
+    UTF-8)."""
+    found = _NOT_A_NAME.search(name)
+    if found is None:
+        return None
+    return "a NUL byte" if found.group() == "\x00" else (
+        f"the lone surrogate U+{ord(found.group()):04X}, which stands for no byte")
 
 
 def split_rel(path: str) -> list[str]:
@@ -219,7 +224,17 @@ def kind_of(mode: int) -> str:
         return "dir"
     if stat.S_ISLNK(mode):
         return "symlink"
+    if stat.S_ISFIFO(mode):
+        return "fifo"
     return "other"
+
+
+def unkept_kind(mode: int) -> str:
+    """Why an entry of this mode is no workspace state (``kind_of`` says ``other``)."""
+    what = ("a socket" if stat.S_ISSOCK(mode) else "a character device" if stat.S_ISCHR(mode)
+            else "a block device" if stat.S_ISBLK(mode) else "of an unknown file type")
+    return (f"{what}: no Space keeps one across a restore; remove it (a program's socket "
+            "belongs in /tmp, outside the workspace)")
 
 
 def is_exec(mode: int) -> bool:

@@ -10,7 +10,9 @@ computes it over the state the committed log implies, the Space over what is on 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass, field
+import json
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 PROTOCOL_VERSION = 1
@@ -26,7 +28,7 @@ CAP_CHECKPOINT = "workspace.checkpoint"
 OUTPUT_TAIL_BYTES = 64 * 1024
 
 ExecState = Literal["started", "running", "exited", "lost", "unknown"]
-EntryKind = Literal["file", "dir", "symlink"]
+EntryKind = Literal["file", "dir", "symlink", "fifo"]
 
 # Error codes carried in error responses ({"error": {"code": ..., "message": ...}}).
 ERR_STALE_EPOCH = "stale_epoch"
@@ -79,27 +81,60 @@ class ExecInfo:
 
 @dataclass(frozen=True)
 class ScanEntry:
+    """One entry of the workspace state (``docs`` in the README: what every path keeps).
+
+    ``path``: the name relative to the root, bytes that are not UTF-8 carried as
+    ``os.fsdecode`` does (surrogate escapes), so any name Linux allows but NUL and '/'.
+    ``kind``: ``file``, ``dir`` (empty ones included), ``symlink`` (any target, absolute or
+    dangling: a link is data) or ``fifo``. ``mode``: every permission bit (set-id and sticky
+    included; 0 for symlinks). ``mtime_ns``: the modification time (None in a state that
+    does not decide it, such as a model that cannot know when a command wrote). ``link``:
+    for the second and later members of a hardlink group (in path order), the first one's
+    path. ``extents``: for a sparse file (one with holes), its data extents as
+    ``[offset, length]`` pairs; None for a dense one.
+    """
+
     path: str
     kind: EntryKind
     exec: bool = False
     size: int = 0
     sha256: str | None = None  # files
     target: str | None = None  # symlinks
-    #: Permission bits (``stat.S_IMODE``) of files and directories; 0 for symlinks.
     mode: int = 0
+    mtime_ns: int | None = None
+    link: str | None = None
+    extents: tuple[tuple[int, int], ...] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if self.extents is not None:
+            out["extents"] = [list(x) for x in self.extents]
+        return out
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> ScanEntry:
-        return cls(**raw)
+        extents = raw.get("extents")
+        return cls(**{**raw, "extents": None if extents is None else
+                      tuple((int(a), int(b)) for a, b in extents)})
+
+    def ident(self) -> str:
+        """What the content is: a file's sha256, a link's target, '' for the rest."""
+        if self.kind == "file":
+            return self.sha256 or ""
+        return self.target or "" if self.kind == "symlink" else ""
+
+    def state(self) -> list[Any]:
+        """The fields the workspace hash covers, as a JSON-able list."""
+        return [self.path, self.kind, 0 if self.kind == "symlink" else self.mode, self.ident(),
+                self.link, None if self.extents is None else [list(x) for x in self.extents],
+                self.mtime_ns]
 
 
 @dataclass(frozen=True)
 class ScanResult:
     entries: list[ScanEntry]
-    #: Paths that could not be represented (a backslash or newline in the name).
+    #: Entries the state cannot keep, each with why (a socket, a device), as
+    #: ``"<path>: <why>"``.
     refused: list[str] = field(default_factory=list)
     #: True when any process started by the daemon is still running.
     running: bool = False
@@ -139,39 +174,26 @@ class CheckpointInfo:
         return cls(**raw)
 
 
-def tracked(entry: ScanEntry) -> bool:
-    """Whether an entry counts in the workspace hash: regular files and symlinks (directories
-    are implied by the paths under them)."""
-    return entry.kind in ("file", "symlink")
+def workspace_hash(entries: Iterable[ScanEntry]) -> str:
+    """sha256 over the sorted workspace state: every entry's ``ScanEntry.state()``, one JSON
+    line each (a name may hold a newline: JSON escapes it, so no two states share a text).
 
-
-def workspace_hash(entries: list[ScanEntry] | list[tuple[str, str, int, str]]) -> str:
-    """sha256 over the sorted (path, kind, permission bits, content sha256 or link target).
-
-    Accepts scan entries or ready tuples ``(path, kind, mode, digest_or_target)``, ``mode``
-    the file's permission bits (``0o644``; ignored for symlinks, whose mode means nothing);
-    directory entries are ignored. This is the one definition used by the Space, the
-    workspace image and the checker, so "equal" means content, mode and link targets alike.
+    This is the one definition used by the Space, the workspace image, the checkpoint
+    manifests and the checker: "equal" means names, kinds, every mode bit, contents and
+    link targets, hardlink groups, sparse extents and mtimes alike. An entry whose
+    ``mtime_ns`` is None hashes without one: compare such a state with ``times_as`` first.
     """
-    rows: list[tuple[str, str, int, str]] = []
-    for e in entries:
-        if isinstance(e, ScanEntry):
-            if not tracked(e):
-                continue
-            ident = e.sha256 if e.kind == "file" else e.target
-            rows.append((e.path, e.kind, e.mode if e.kind == "file" else 0, ident or ""))
-        else:
-            path, kind, mode, ident = e
-            if kind not in ("file", "symlink"):
-                continue
-            if isinstance(mode, bool):
-                raise TypeError(f"workspace_hash: the mode of {path!r} is a bool; give the "
-                                "permission bits (e.g. 0o644)")
-            rows.append((path, kind, int(mode) if kind == "file" else 0, ident))
     h = hashlib.sha256()
-    for path, kind, mode, ident in sorted(rows):
-        h.update(f"{path}\0{kind}\0{mode:o}\0{ident}\n".encode("utf-8", "surrogateescape"))
+    for state in sorted((e.state() for e in entries), key=lambda s: s[0]):
+        h.update(json.dumps(state, separators=(",", ":")).encode("ascii") + b"\n")
     return h.hexdigest()
+
+
+def times_as(entries: Iterable[ScanEntry], like: Iterable[ScanEntry]) -> list[ScanEntry]:
+    """``entries`` with the mtime dropped wherever ``like`` (the state they are compared
+    with) does not decide it: an entry ``like`` lacks, or holds with ``mtime_ns`` None."""
+    decided = {e.path for e in like if e.mtime_ns is not None}
+    return [e if e.path in decided else replace(e, mtime_ns=None) for e in entries]
 
 
 # ---------------------------------------------------------------- wire format

@@ -10,6 +10,7 @@ again next time. ctime cannot be set by ``touch``, so it also catches a restored
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import hashlib
 import json
@@ -18,7 +19,7 @@ import stat
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from . import paths
 from .protocol import ScanEntry
@@ -43,7 +44,29 @@ class _Cached:
 
 
 def _encode(entry: ScanEntry) -> bytes:
-    return json.dumps(vars(entry), separators=(",", ":")).encode()
+    return json.dumps(entry.to_json(), separators=(",", ":")).encode()
+
+
+def data_extents(fd: int, size: int) -> tuple[tuple[int, int], ...] | None:
+    """The data extents of the open file ``fd`` of ``size`` bytes, as ``(offset,
+    length)``; None when it has no hole (dense)."""
+    out: list[tuple[int, int]] = []
+    at = 0
+    while at < size:
+        try:
+            start = os.lseek(fd, at, os.SEEK_DATA)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # only a hole from here to the end
+                break
+            if exc.errno == errno.EINVAL:  # no SEEK_DATA on this file system: dense
+                return None
+            raise
+        end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+        out.append((start, end - start))
+        at = end
+    if out == [(0, size)]:
+        return None
+    return tuple(out)
 
 
 def excluded(rel: str, patterns: list[str]) -> bool:
@@ -115,37 +138,63 @@ class Scanner:
         sha = self.digest(rel, st, scan_start_ns)
         if sha is None:
             return None
+        try:
+            extents = self._extents(rel, st)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
         entry = ScanEntry(rel, "file", paths.is_exec(st.st_mode), st.st_size, sha256=sha,
-                          mode=stat.S_IMODE(st.st_mode))
+                          mode=stat.S_IMODE(st.st_mode), mtime_ns=st.st_mtime_ns,
+                          extents=extents)
         cached = self._cache.get(rel)
         if cached is not None and cached.key == _stat_key(st):
             cached.entry = entry
         return entry
 
+    def _extents(self, rel: str, st: os.stat_result) -> tuple[tuple[int, int], ...] | None:
+        """The data extents of a sparse file (fewer blocks than its size needs), None for
+        a dense one: where ``SEEK_DATA``/``SEEK_HOLE`` find no hole, the file is dense."""
+        if st.st_blocks * 512 >= st.st_size:
+            return None
+        fd = os.open(os.path.join(self.root, rel),
+                     os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            return data_extents(fd, st.st_size)
+        finally:
+            os.close(fd)
+
     def scan(self, exclude: list[str] | None = None) -> tuple[list[ScanEntry], list[str]]:
-        """(entries sorted by path, refused paths)."""
+        """(entries sorted by path, refused entries, each ``"<path>: <why>"``)."""
         start_ns = time.time_ns()
         entries: list[ScanEntry] = []
         refused: list[str] = []
+        inodes: dict[tuple[int, int], list[int]] = {}  # hardlink groups: entry indices
         for rel, st in self.walk(exclude):
-            if paths.bad_char(rel):
-                refused.append(rel)
-                continue
             kind = paths.kind_of(st.st_mode)
+            entry: ScanEntry | None
             if kind == "file":
                 entry = self._file_entry(rel, st, start_ns)
-                if entry is not None:
-                    entries.append(entry)
+                if entry is not None and st.st_nlink > 1:
+                    inodes.setdefault((st.st_dev, st.st_ino), []).append(len(entries))
             elif kind == "symlink":
                 try:
-                    entries.append(ScanEntry(rel, "symlink",
-                                             target=os.readlink(os.path.join(self.root, rel))))
+                    entry = ScanEntry(rel, "symlink", target=os.readlink(
+                        os.path.join(self.root, rel)), mtime_ns=st.st_mtime_ns)
                 except FileNotFoundError:
-                    continue
-            elif kind == "dir":
-                entries.append(ScanEntry(rel, "dir", mode=stat.S_IMODE(st.st_mode)))
+                    entry = None
+            elif kind in ("dir", "fifo"):
+                entry = ScanEntry(rel, kind, mode=stat.S_IMODE(st.st_mode),
+                                  mtime_ns=st.st_mtime_ns)
             else:
-                refused.append(rel)  # fifos, sockets, devices: not workspace content
+                refused.append(f"{rel}: {paths.unkept_kind(st.st_mode)}")
+                continue
+            if entry is not None:
+                entries.append(entry)
+        for group in inodes.values():
+            if len(group) > 1:
+                first = min(entries[i].path for i in group)
+                for i in group:
+                    if entries[i].path != first:
+                        entries[i] = replace(entries[i], link=first)
         self._prune({e.path for e in entries}, exclude or [])
         entries.sort(key=lambda e: e.path)
         refused.sort()

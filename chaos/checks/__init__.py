@@ -10,11 +10,15 @@ from __future__ import annotations
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from scenarios import Scenario
 
 from ..checker import Observation, Valid, Verdict, merge
 from .implied import Implied, implied
+
+if TYPE_CHECKING:
+    from ..golden import Golden
 
 
 class Undecided(Exception):
@@ -51,10 +55,11 @@ def _checks() -> list[Check]:
 
 
 def run_checks(scenario: Scenario, obs: Observation, campaign_mode: str,
-               skip: tuple[str, ...] = ()) -> Verdict:
-    """Every check but those in ``skip`` (``chaos.checker.check`` says when)."""
+               skip: tuple[str, ...] = (), golden: Golden | None = None) -> Verdict:
+    """Every check but those in ``skip`` (``chaos.checker.check`` says when); a workload's
+    ``golden`` run is its oracle (``chaos.golden``)."""
     try:
-        inp = CheckInput(scenario, obs, campaign_mode, implied(scenario, obs.calls))
+        inp = CheckInput(scenario, obs, campaign_mode, implied(scenario, obs.calls, golden))
     except Exception as exc:  # the checker's own failure is "unknown", never an abort
         return Verdict("unknown", [f"checker crashed: {type(exc).__name__}: {exc}",
                                    traceback.format_exc(limit=5)], ["checker"])

@@ -3,22 +3,32 @@
 Start from the scenario's initial workspace and apply, in log order (by result entry), the
 effect of every call that has a committed, non-interrupted result; each such call's result
 must be the one its step gives on the workspace it ran on (``scenarios.steps.Step.apply``).
+A workload's calls have no model: its golden run (``chaos.golden``) gives the final state
+and each call's result instead.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from scenarios import Expected, Scenario, Step, WorkspaceModel
+from spacesd.protocol import ScanEntry
 
 from ..checker import ObservedCall
+
+if TYPE_CHECKING:
+    from ..golden import Golden
 
 
 @dataclass
 class Implied:
-    #: The workspace the log implies.
+    #: The workspace the log implies (a scripted agent's model; a workload's is empty).
     workspace: WorkspaceModel
-    #: call id → the result its step gives where the call ran (committed, non-interrupted).
+    #: The state the workspace must be in: the model's, or the golden run's.
+    state: list[ScanEntry] = field(default_factory=list)
+    #: call id → the result its step gives where the call ran (committed, non-interrupted);
+    #: a workload call whose output is nondeterministic has none.
     expected: dict[str, Expected] = field(default_factory=dict)
     #: Committed non-interrupted calls in log order, with their steps.
     applied: list[tuple[ObservedCall, Step]] = field(default_factory=list)
@@ -26,7 +36,10 @@ class Implied:
     strangers: list[str] = field(default_factory=list)
 
 
-def implied(scenario: Scenario, calls: list[ObservedCall]) -> Implied:
+def implied(scenario: Scenario, calls: list[ObservedCall],
+            golden: Golden | None = None) -> Implied:
+    if scenario.workload is not None and golden is None:
+        raise ValueError("a workload's run is checked against its golden run; none was given")
     steps = dict(enumerate(scenario.steps))  # a call's step is its position in the script
     out = Implied(scenario.initial.copy())
     committed = [c for c in calls if c.result in ("ok", "fail")]
@@ -40,6 +53,14 @@ def implied(scenario: Scenario, calls: list[ObservedCall]) -> Implied:
             out.strangers.append(f"call {call.call_id} of step {call.step} has arguments that "
                                  "differ from the scenario")
             continue
-        out.expected[call.call_id] = step.apply(out.workspace)
+        if golden is None:
+            out.expected[call.call_id] = step.apply(out.workspace)
+        elif step.index not in golden.results:
+            out.strangers.append(f"call {call.call_id} of step {call.step} took effect, but "
+                                 "the golden run it is compared with left that call out")
+            continue
+        elif not step.params.get("nondeterministic"):
+            out.expected[call.call_id] = golden.results[step.index]
         out.applied.append((call, step))
+    out.state = out.workspace.entries() if golden is None else list(golden.entries)
     return out

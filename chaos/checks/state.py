@@ -1,15 +1,17 @@
 """G1 state: the workspace equals the state the committed log implies.
 
-Content, full permission bits, symlinks and their targets, deletions and renames: one hash
+The whole workspace state (``spacesd.protocol.ScanEntry``: names, kinds, every mode bit,
+contents, link targets, hardlink groups, sparse extents, directories, FIFOs) under one hash
 (``spacesd.protocol.workspace_hash``) over the Space's final scan and over the implied
-model. In transactional mode (as the conversation ended), the log's own image of the
-workspace must equal it too, unless the image was marked stale."""
+model; mtimes wherever the model decides them (``protocol.times_as``). In transactional
+mode (as the conversation ended), the log's own image of the workspace must equal it too,
+mtimes included, unless the image was marked stale."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from spacesd.protocol import workspace_hash
+from spacesd.protocol import ScanEntry, times_as, workspace_hash
 
 if TYPE_CHECKING:
     from . import CheckInput
@@ -18,26 +20,39 @@ if TYPE_CHECKING:
 def check(inp: CheckInput) -> list[str]:
     obs = inp.obs
     errors = list(inp.implied.strangers)
-    want = inp.implied.workspace.hash()
-    got = workspace_hash(obs.workspace)
+    expected, observed = inp.implied.state, obs.workspace
+    if inp.scenario.workload is not None:
+        expected = inp.scenario.workload.comparable(expected)
+        observed = inp.scenario.workload.comparable(observed)
+    observed = times_as(observed, expected)
+    want, got = workspace_hash(expected), workspace_hash(observed)
     if want != got:
-        exp_rows = {r[0]: r for r in inp.implied.workspace.rows()}
-        obs_rows = {r[0]: tuple(r) for r in obs.workspace if r[1] in ("file", "symlink")}
-        diffs = sorted(p for p in set(exp_rows) | set(obs_rows)
-                       if exp_rows.get(p) != obs_rows.get(p))
-        detail = "; ".join(f"{p}: Space {_show(obs_rows.get(p))}, log {_show(exp_rows.get(p))}"
-                           for p in diffs[:5])
-        errors.append(f"workspace hash {got[:12]} != log-implied {want[:12]}; {len(diffs)} "
-                      f"path(s) differ: {detail}{' ...' if len(diffs) > 5 else ''}")
-    if obs.end_mode == "transactional" and not obs.image_stale and obs.image_hash != got:
-        errors.append(f"the log's image {str(obs.image_hash)[:12]} != workspace {got[:12]}")
+        errors.append(state_difference(observed, expected, "Space", "log"))
+    actual = workspace_hash(obs.workspace)
+    if obs.end_mode == "transactional" and not obs.image_stale and obs.image_hash != actual:
+        errors.append(f"the log's image {str(obs.image_hash)[:12]} != workspace {actual[:12]}")
     return errors
 
 
-def _show(row: tuple | None) -> str:
-    if row is None:
+def state_difference(got: list[ScanEntry], want: list[ScanEntry], got_name: str,
+                     want_name: str) -> str:
+    """What differs between two workspace states, path by path (the first five)."""
+    a = {e.path: e.state() for e in got}
+    b = {e.path: e.state() for e in want}
+    diffs = sorted(p for p in set(a) | set(b) if a.get(p) != b.get(p))
+    detail = "; ".join(f"{p!r}: {got_name} {_show(a.get(p))}, {want_name} {_show(b.get(p))}"
+                       for p in diffs[:5])
+    return (f"workspace hash {workspace_hash(got)[:12]} != {want_name}-implied "
+            f"{workspace_hash(want)[:12]}; {len(diffs)} path(s) differ: {detail}"
+            f"{' ...' if len(diffs) > 5 else ''}")
+
+
+def _show(state: list | None) -> str:
+    if state is None:
         return "absent"
-    _path, kind, mode, ident = row
-    if kind == "symlink":
-        return f"symlink -> {ident}"
-    return f"file {int(mode):o} {str(ident)[:10]}"
+    _path, kind, mode, ident, link, extents, mtime = state
+    what = {"symlink": f"symlink -> {ident}", "file": f"file {mode:o} {ident[:10]}",
+            "dir": f"dir {mode:o}", "fifo": f"fifo {mode:o}"}[kind]
+    extra = [f"hardlink of {link!r}" if link else "", f"extents {extents}" if extents else "",
+             f"mtime {mtime}" if mtime is not None else ""]
+    return " ".join([what, *filter(None, extra)])

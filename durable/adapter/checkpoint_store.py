@@ -38,8 +38,9 @@ from ..errors import CorruptLog
 MANIFEST_MEMBER = "manifest.json"
 #: A manifest is stored as a difference while that is below 1/this of its base's size.
 DELTA_FRACTION = 8
-#: The entry tables of a manifest, each keyed by path (``files`` is a list of records).
-_TABLES = ("files", "symlinks", "dirs")
+#: The entry tables of a manifest, each keyed by path (``files`` is a list of records;
+#: manifests of daemons before the whole workspace state was kept lack the last two).
+_TABLES = ("files", "symlinks", "dirs", "fifos", "times")
 #: Bytes of a rebuilt tar kept in memory before it spills to a temporary file.
 SPOOL_BYTES = 8 * 1024 * 1024
 
@@ -246,7 +247,7 @@ def _parse(manifest: bytes, checkpoint_id: str) -> dict:
         whole = json.loads(manifest)
         if not all(isinstance(f["path"], str) and isinstance(f["sha256"], str)
                    for f in whole["files"]) or not all(
-                isinstance(whole[t], dict) for t in _TABLES[1:]):
+                isinstance(whole.get(t, {}), dict) for t in _TABLES[1:]):
             raise TypeError("an entry table is not what an export holds")
         return whole
     except (ValueError, KeyError, TypeError) as exc:
@@ -257,7 +258,7 @@ def _parse(manifest: bytes, checkpoint_id: str) -> dict:
 def _tables(manifest: dict) -> dict[str, dict]:
     """Each entry table keyed by path (a file's value: its record)."""
     return {"files": {f["path"]: f for f in manifest["files"]},
-            "symlinks": manifest["symlinks"], "dirs": manifest["dirs"]}
+            **{t: manifest.get(t, {}) for t in _TABLES[1:]}}
 
 
 def _delta(base: dict, new: dict) -> dict:
@@ -278,12 +279,13 @@ def _apply(base: dict, delta: dict, checkpoint_id: str) -> dict:
         tables = _tables(base)
         for table in _TABLES:
             entries = dict(tables[table])
-            for path in delta[table]["del"]:
+            change = delta.get(table, {"set": {}, "del": []})  # a store of before: no such table
+            for path in change["del"]:
                 entries.pop(path, None)
-            entries.update(delta[table]["set"])
+            entries.update(change["set"])
             tables[table] = entries
         return {**delta["fields"], "files": [tables["files"][p] for p in sorted(tables["files"])],
-                "symlinks": tables["symlinks"], "dirs": tables["dirs"]}
+                **{t: tables[t] for t in _TABLES[1:]}}
     except (KeyError, TypeError, AttributeError) as exc:
         raise DamagedStore(f"the difference stored for checkpoint {checkpoint_id} is "
                            f"unreadable ({exc})") from None

@@ -1,12 +1,13 @@
 """The workspace image kept in the log (transactional mode).
 
-The image is the workspace as of the last committed call: a path table (path → kind,
-permission bits, content sha256 or link target) and the bytes of each distinct file
-content. It lives in the log as hidden system entries, one per change, each holding the
-paths set and deleted and only the blobs the log does not hold yet. Folding a
-conversation's history (a fork inherits its parent's entries up to the fork point, so it
-inherits the image as of the fork for free) gives the table and where each blob is stored.
-Log growth is therefore the changed bytes, never calls times workspace size.
+The image is the workspace as of the last committed call: a path table (path → ``Row``: the
+entry's whole state as ``spacesd.protocol.ScanEntry`` holds it, directories, FIFOs, mtimes,
+hardlink groups and sparse extents included) and the bytes of each distinct file content.
+It lives in the log as hidden system entries, one per change, each holding the paths set
+and deleted and only the blobs the log does not hold yet. Folding a conversation's history
+(a fork inherits its parent's entries up to the fork point, so it inherits the image as of
+the fork for free) gives the table and where each blob is stored. Log growth is therefore
+the changed bytes, never calls times workspace size.
 
 This module is pure: it computes diffs and plans, and reads blobs back from entries.
 ``image_keeper`` does the I/O against the Space and the log.
@@ -18,7 +19,7 @@ import base64
 import bisect
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from spacesd.protocol import ScanEntry, ScanResult, workspace_hash
 
@@ -27,8 +28,41 @@ from ..storage.records import EntryRecord
 #: Key of the image payload in a hidden system entry.
 IMAGE_KEY = "space_image"
 
-# path -> (kind, permission bits, sha256 or link target)
-Row = tuple[str, int, str]
+class Row(NamedTuple):
+    """One path of the image: its kind, mode, content (a file's sha256, a link's target,
+    '' for the rest) and the rest of its state (None where a log written before it was
+    kept lacks it: an mtime, a size)."""
+
+    kind: str
+    mode: int
+    ident: str
+    mtime_ns: int | None = None
+    link: str | None = None
+    extents: tuple[tuple[int, int], ...] | None = None
+    size: int | None = None
+
+    def entry(self, path: str) -> ScanEntry:
+        return ScanEntry(path, self.kind,  # type: ignore[arg-type]
+                         self.kind == "file" and bool(self.mode & 0o100), self.size or 0,
+                         self.ident if self.kind == "file" else None,
+                         self.ident if self.kind == "symlink" else None, self.mode,
+                         self.mtime_ns, self.link, self.extents)
+
+    def to_json(self) -> list[Any]:
+        out: list[Any] = [self.kind, self.mode, self.ident, self.mtime_ns, self.link,
+                          None if self.extents is None else [list(x) for x in self.extents],
+                          self.size]
+        while len(out) > 3 and out[-1] is None:
+            out.pop()
+        return out
+
+    @classmethod
+    def from_json(cls, raw: list[Any]) -> Row:
+        kind, mode, ident, *rest = raw
+        mtime, link, extents, size = [*rest, None, None, None, None][:4]
+        return cls(kind, _mode(mode) if kind == "file" else int(mode), ident, mtime, link,
+                   None if extents is None else tuple((int(a), int(b)) for a, b in extents),
+                   size)
 
 
 def _mode(raw: int | bool) -> int:
@@ -52,8 +86,8 @@ class Image:
     def fold(self, entry_id: int, payload: dict[str, Any]) -> None:
         for path in payload.get("del", []):
             self.table.pop(path, None)
-        for path, (kind, mode, ident) in payload.get("set", {}).items():
-            self.table[path] = (kind, _mode(mode) if kind == "file" else 0, ident)
+        for path, raw in payload.get("set", {}).items():
+            self.table[path] = Row.from_json(raw)
         for sha in payload.get("blobs", {}):
             self.blobs.setdefault(sha, entry_id)
         self.external.update(payload.get("ext", ()))
@@ -77,18 +111,23 @@ class Image:
     def files(self) -> int:
         return len(self.table)
 
+    def entries(self) -> list[ScanEntry]:
+        """The workspace state the image holds."""
+        return [row.entry(path) for path, row in sorted(self.table.items())]
+
     def hash(self) -> str:
-        return workspace_hash([(p, k, mode, ident) for p, (k, mode, ident) in self.table.items()])
+        return workspace_hash(self.entries())
 
 
 def row_of(entry: ScanEntry) -> Row:
-    if entry.kind == "symlink":
-        return ("symlink", 0, entry.target or "")
-    return ("file", entry.mode, entry.sha256 or "")
+    return Row(entry.kind, 0 if entry.kind == "symlink" else entry.mode, entry.ident(),
+               entry.mtime_ns, entry.link, entry.extents,
+               entry.size if entry.kind == "file" else None)
 
 
 def tracked_rows(scan: ScanResult) -> dict[str, Row]:
-    return {e.path: row_of(e) for e in scan.entries if e.kind in ("file", "symlink")}
+    """Every entry of the scan as a row: the whole state is the image's."""
+    return {e.path: row_of(e) for e in scan.entries}
 
 
 @dataclass(frozen=True)
@@ -101,8 +140,8 @@ class Diff:
 
     def new_blobs(self, image: Image) -> list[str]:
         """Content hashes this diff needs that the log does not hold yet."""
-        return sorted({ident for kind, _mode, ident in self.set.values()
-                       if kind == "file" and not image.holds(ident)})
+        return sorted({row.ident for row in self.set.values()
+                       if row.kind == "file" and not image.holds(row.ident)})
 
 
 def diff(image: Image, rows: dict[str, Row]) -> Diff:
@@ -118,13 +157,46 @@ def payload(d: Diff, blobs: dict[str, bytes], *, call_id: str | None,
     contents written to the blob store beside the log instead)."""
     out: dict[str, Any] = {
         "call_id": call_id,
-        "set": {p: list(r) for p, r in d.set.items()},
+        "set": {p: r.to_json() for p, r in d.set.items()},
         "del": d.deleted,
         "blobs": {sha: base64.b64encode(data).decode("ascii") for sha, data in blobs.items()},
     }
     if external:
         out["ext"] = sorted(external)
     return {"hidden": True, IMAGE_KEY: out}
+
+
+def manifest(image: Image, checkpoint_id: str, created_ms: int,
+             sizes: dict[str, int]) -> dict[str, Any]:
+    """The image as a checkpoint manifest of the Space's daemon (``spacesd.checkpoints``),
+    to import and restore: one way to make a workspace equal to a recorded state, whether
+    the record is a checkpoint or the image. ``sizes``: the size of each content (rows of
+    logs written before sizes were kept lack it). The directories an old log's rows only
+    imply are made 0755."""
+    files: list[dict[str, Any]] = []
+    out: dict[str, Any] = {"id": checkpoint_id, "created_ms": created_ms, "files": files,
+                           "symlinks": {}, "dirs": {}, "fifos": {}, "times": {}}
+    for path, row in sorted(image.table.items()):
+        if row.kind == "file":
+            rec: dict[str, Any] = {"path": path, "sha256": row.ident,
+                                   "size": sizes[row.ident] if row.size is None else row.size,
+                                   "mode": row.mode}
+            if row.link is not None:
+                rec["link"] = row.link
+            if row.extents is not None:
+                rec["extents"] = [list(x) for x in row.extents]
+            files.append(rec)
+        elif row.kind == "symlink":
+            out["symlinks"][path] = row.ident
+        else:
+            out["dirs" if row.kind == "dir" else "fifos"][path] = row.mode
+        if row.mtime_ns is not None:
+            out["times"][path] = row.mtime_ns
+        parent = path.rpartition("/")[0]
+        while parent and parent not in image.table:
+            out["dirs"].setdefault(parent, 0o755)
+            parent = parent.rpartition("/")[0]
+    return out
 
 
 def blob_from(entry_data: dict[str, Any], sha: str) -> bytes:
@@ -147,8 +219,8 @@ class TransactionalLimits:
 def over_limits(scan: ScanResult, limits: TransactionalLimits) -> str | None:
     """Why the scanned workspace cannot be kept as an image, or ``None`` when it can."""
     if scan.refused:
-        return (f"{len(scan.refused)} path(s) with a backslash or newline in the name "
-                f"(e.g. {scan.refused[0]!r}) cannot be tracked")
+        return (f"{len(scan.refused)} entr{'y' if len(scan.refused) == 1 else 'ies'} no "
+                f"workspace state can keep: {scan.refused[0]}")
     files = [e for e in scan.entries if e.kind in ("file", "symlink")]
     if len(files) > limits.max_files:
         return f"{len(files)} files exceed max_files={limits.max_files}"

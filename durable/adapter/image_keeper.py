@@ -11,9 +11,15 @@ whole history into an empty image.
 from __future__ import annotations
 
 import hashlib
+import io
+import json
+import tarfile
+import tempfile
+import time
 from collections.abc import Iterable
+from typing import IO, Any
 
-from spacesd.protocol import ScanResult
+from spacesd.protocol import ScanResult, workspace_hash
 
 from ..errors import PermanentFailure
 from ..failpoints import failpoint
@@ -42,8 +48,9 @@ class ImageKeeper:
         return img.over_limits(scan, self.limits)
 
     def reimage(self, log: Log, conversation: int, client: SpaceClient) -> None:
-        """Make the workspace equal to the image: write back what is missing or differs,
-        delete what the image lacks."""
+        """Make the workspace equal to the image, its whole state: the image is imported
+        into the Space as a checkpoint (with only the contents the workspace lacks) and
+        restored, as a checkpoint is; paths the scans exclude are left alone."""
         failpoint("recovery.reimage", space=client.name)
         stale = IMAGE_STATE.read(log, conversation).stale
         if stale:
@@ -53,26 +60,23 @@ class ImageKeeper:
                 "CheckpointStore for workspaces this large")
         image = self.image(conversation)
         scan = self.scan(client)
-        have = {e.path: e for e in scan.entries}
-        rows = img.tracked_rows(scan)
-        for path in sorted((p for p in have if p not in image.table
-                            and not any(q.startswith(p + "/") for q in image.table)),
-                           reverse=True):
-            if have[path].kind == "dir" or rows.get(path) is not None:
-                client.remove(path, recursive=True)
-        for path, row in sorted(image.table.items()):
-            if rows.get(path) == row:
-                continue
-            kind, mode, ident = row
-            if path in have and have[path].kind == "dir":
-                client.remove(path, recursive=True)
-            elif path in have and (have[path].kind == "symlink" or kind == "symlink"):
-                client.remove(path)
-            if kind == "symlink":
-                client.symlink(path, ident)
-            else:
-                entry = log.entry(image.blobs[ident])
-                client.write_file(path, img.blob_from(entry.data, ident), mode=mode)
+        if workspace_hash(scan.entries) == image.hash():
+            return
+        held = {e.sha256: e.size for e in scan.entries if e.kind == "file" and e.sha256}
+        blobs: dict[str, bytes] = {}
+        for row in image.table.values():
+            if row.kind == "file" and row.ident not in held and row.ident not in blobs:
+                blobs[row.ident] = img.blob_from(log.entry(image.blobs[row.ident]).data,
+                                                 row.ident)
+        checkpoint_id = f"image-c{conversation}"
+        sizes = {**held, **{sha: len(data) for sha, data in blobs.items()}}
+        with tempfile.TemporaryFile() as tar:
+            _export_tar(img.manifest(image, checkpoint_id, int(time.time() * 1000), sizes),
+                        blobs, tar)
+            tar.seek(0)
+            client.checkpoint_import(checkpoint_id, tar)
+        client.checkpoint_restore(checkpoint_id, exclude=list(self.limits.exclude) or None)
+        client.checkpoint_delete(checkpoint_id)
 
     def stage(self, tx: Transaction, conversation: int, client: SpaceClient, scan: ScanResult,
               call_id: str | None, *, known: Iterable[bytes] = ()) -> None:
@@ -89,7 +93,7 @@ class ImageKeeper:
             if sha in have:
                 blobs[sha] = have[sha]
                 continue
-            path = next(p for p, (k, _m, ident) in d.set.items() if k == "file" and ident == sha)
+            path = next(p for p, row in d.set.items() if row.kind == "file" and row.ident == sha)
             blobs[sha] = client.read_file(path)
         data = img.payload(d, blobs, call_id=call_id)
         entry = tx.append(conversation, "system", data)
@@ -103,3 +107,13 @@ class ImageKeeper:
         """Record in ``tx`` that the image no longer follows the workspace, and why."""
         state = IMAGE_STATE.read_in(tx, conversation)
         IMAGE_STATE.write(tx, conversation, ImageState(problem, state.files, state.bytes))
+
+
+def _export_tar(manifest: dict[str, Any], blobs: dict[str, bytes], out: IO[bytes]) -> None:
+    """A checkpoint export tar (the daemon's format): the manifest, then the objects."""
+    with tarfile.open(fileobj=out, mode="w|") as tar:
+        for name, data in [("manifest.json", json.dumps(manifest, separators=(",", ":"))
+                            .encode()), *((f"objects/{sha}", b) for sha, b in sorted(blobs.items()))]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))

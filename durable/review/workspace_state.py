@@ -84,12 +84,13 @@ def _from_image(log: Log, conversation: int, entry: int) -> WorkspaceState:
     directory = blob_dir(log.storage)
     store = None if directory is None else BlobStore(directory)
     out: WorkspaceState = {}
-    for path, (kind, mode, ident) in sorted(image.table.items()):
-        if kind == "symlink":
-            out[path] = FileState("symlink", 0, ident.encode())
-        elif kind == "file":
+    for path, row in sorted(image.table.items()):
+        if row.kind == "symlink":
+            out[path] = FileState("symlink", 0, row.ident.encode("utf-8", "surrogateescape"))
+        elif row.kind == "file":
             try:
-                out[path] = FileState("file", mode, image_content(log, image, ident, store))
+                out[path] = FileState("file", row.mode,
+                                      image_content(log, image, row.ident, store))
             except DamagedBlob as exc:
                 raise NoWorkspaceState(f"{path}: {exc}") from None
     return out

@@ -16,6 +16,7 @@ log and is refused with ``LogConflict``.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -136,5 +137,14 @@ class Snapshot:
 
 
 def encode_json(value: Any) -> str:
-    """The one JSON encoding used for stored values (compact, key order kept)."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    """The one JSON encoding used for stored values (compact, key order kept). A string
+    holding a lone surrogate (a file name's bytes that are not UTF-8, as ``os.fsdecode``
+    carries them) is written escaped (``\\udce9``), which every storage can hold and
+    ``json.loads`` gives back exactly; everything else is kept as its UTF-8 text."""
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    if not text.isascii() and _SURROGATE.search(text):
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    return text
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")

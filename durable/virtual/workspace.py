@@ -56,9 +56,18 @@ def over_limits(tree: Tree, limits: VirtualLimits) -> str | None:
 
 
 def rows_of(tree: Tree) -> dict[str, img.Row]:
-    return {p: ("symlink", 0, n.data.decode("utf-8", "surrogateescape")) if n.kind == "symlink"
-            else ("file", n.mode, hashlib.sha256(n.data).hexdigest())
+    """The image rows of a virtual tree: its files and symlinks, and the directories their
+    paths imply (0755; it keeps no empty directory, no mtime, no hardlink, no FIFO: the
+    README's table says what each kind of workspace keeps)."""
+    rows = {p: img.Row("symlink", 0, n.data.decode("utf-8", "surrogateescape"))
+            if n.kind == "symlink" else img.Row("file", n.mode, hashlib.sha256(n.data).hexdigest())
             for p, n in tree.items()}
+    for path in list(rows):
+        parent = path.rpartition("/")[0]
+        while parent and parent not in rows:
+            rows[parent] = img.Row("dir", 0o755, "")
+            parent = parent.rpartition("/")[0]
+    return rows
 
 
 class LogWorkspaces:
@@ -86,15 +95,17 @@ class LogWorkspaces:
             return dict(self.initial)
         store = self._store(log)
         out: Tree = {}
-        for path, (kind, mode, ident) in image.table.items():
-            if kind == "symlink":
-                out[path] = Node("symlink", 0, ident.encode("utf-8", "surrogateescape"))
+        for path, row in image.table.items():
+            if row.kind == "dir":
+                continue  # implied by the paths under it
+            if row.kind == "symlink":
+                out[path] = Node("symlink", 0, row.ident.encode("utf-8", "surrogateescape"))
                 continue
-            data = self._contents.get(ident)
+            data = self._contents.get(row.ident)
             if data is None:
-                data = image_content(log, image, ident, store)
-                self._contents[ident] = data
-            out[path] = Node("file", mode, data)
+                data = image_content(log, image, row.ident, store)
+                self._contents[row.ident] = data
+            out[path] = Node("file", row.mode, data)
         return out
 
     def record(self, ctx: CallContext, after: Tree) -> None:

@@ -4,7 +4,7 @@ whole history, forks included."""
 
 from __future__ import annotations
 
-from durable.adapter.image import IMAGE_KEY, Image, TransactionalLimits
+from durable.adapter.image import IMAGE_KEY, Image, Row, TransactionalLimits
 from durable.adapter.image_keeper import ImageKeeper
 from durable.log import Log
 from durable.storage import MemoryStorage
@@ -58,4 +58,4 @@ def test_a_fork_folds_its_parents_image_up_to_the_fork() -> None:
     keeper = ImageKeeper(TransactionalLimits())
     keeper.catch_up(log, child)
     assert keeper.image(child).table == _whole(log, child).table == {
-        "a.txt": ("file", 0o644, "1" * 64), "c.txt": ("file", 0o644, "4" * 64)}
+        "a.txt": Row("file", 0o644, "1" * 64), "c.txt": Row("file", 0o644, "4" * 64)}

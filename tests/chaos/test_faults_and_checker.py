@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 
 from chaos.checker import Observation, ObservedCall, check, merge
 from chaos.faults import (
@@ -15,6 +16,7 @@ from chaos.faults import (
 from chaos.summary import parse_summary, summarize, summary_line
 from scenarios import generate, load
 from scenarios.plan import Scenario
+from scenarios.preset import parse
 
 
 def test_plans_are_seeded() -> None:
@@ -79,7 +81,7 @@ def _clean_run(scenario: Scenario) -> Observation:
     fences = [{"t": "advance", "epoch": 1, "floor_before": 0, "raised": True, "killed": [],
                "alive_after": [], "ms": 0}]
     return Observation(
-        calls, ws.rows(), log, effects, 0, True, "transactional", ws.hash(), None,
+        calls, ws.entries(), log, effects, 0, True, "transactional", ws.hash(), None,
         inputs=[(1, "campaign-input")], epoch_raises=[(1, 1, 0)],
         entry_epochs=[(i, 1) for i in range(1, 100 + len(calls))],
         ledgers=[{"why": "final", "audit": {"floor": 1, "keys": keys, "fences": fences}}],
@@ -103,19 +105,36 @@ def test_a_clean_run_is_valid() -> None:
 
 
 def test_g1_catches_a_wrong_mode_a_wrong_link_and_a_missing_file() -> None:
-    s = _scenario()
-    for change in ("mode", "link", "missing"):
+    """And every other part of the state: an empty directory lost, a hardlink split, a
+    sparse file written dense, a FIFO gone, a set mtime reset."""
+    s = generate(11, parse({"name": "every-shape", "sequence": [
+        "write", "empty_dir", "hardlink", "sparse", "fifo", "dated", "symlink", "append"]},
+        "every-shape.yaml"))
+    changes = {
+        "mode": lambda e: e.kind == "file" and replace(e, mode=e.mode ^ 0o020),
+        "link": lambda e: e.kind == "symlink" and replace(e, target="../elsewhere"),
+        "missing": lambda e: e.kind == "file" and None,
+        "empty dir": lambda e: e.path.startswith("empty/") and None,
+        "hardlink": lambda e: e.link is not None and replace(e, link=None),
+        "dense": lambda e: e.extents is not None and replace(e, extents=None),
+        "fifo": lambda e: e.kind == "fifo" and None,
+        "mtime": lambda e: e.mtime_ns is not None and e.kind == "file"
+        and replace(e, mtime_ns=e.mtime_ns + 10**9),
+    }
+    for change, how in changes.items():
         obs = _clean_run(s)
-        rows = [list(r) for r in obs.workspace]
-        if change == "mode":
-            row = next(r for r in rows if r[1] == "file")
-            row[2] = 0o600 if row[2] != 0o600 else 0o644
-        elif change == "link":
-            row = next(r for r in rows if r[1] == "symlink")
-            row[3] = "../elsewhere"
-        else:
-            rows = rows[1:]
-        obs.workspace = [tuple(r) for r in rows]  # type: ignore[misc]
+        entries = []
+        done = False
+        for e in obs.workspace:
+            got = False if done else how(e)
+            if got is False:
+                entries.append(e)
+            else:
+                done = True
+                if got is not None:
+                    entries.append(got)
+        assert done, change
+        obs.workspace = entries
         checks, text = _verdict(obs, s)
         assert checks[0] == "G1" and "path(s) differ" in text, (change, text)
 

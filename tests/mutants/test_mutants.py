@@ -114,14 +114,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "checkpoint", "G3", "restored: a restore by an epoch above the floor"),
     Mutant(
         "restore-keeps-extra-files", "spacesd/checkpoints.py",
-        (("            if want.get(rel) != paths.kind_of(st.st_mode):",
-          "            if rel in want and want[rel] != paths.kind_of(st.st_mode):"),),
+        (("            if wanted is None or wanted.kind != paths.kind_of(st.st_mode):",
+          "            if wanted is not None and wanted.kind != paths.kind_of(st.st_mode):"),),
         "a checkpoint restore keeps files the checkpoint does not have",
         "exhaustive-daemon", "G1", "restored: a command's new file left behind"),
     Mutant(
         "restore-ignores-modes", "spacesd/checkpoints.py",
-        (("                    same = (stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == mode",
-          "                    same = (stat.S_ISREG(st.st_mode)"),),
+        (("                                                                      or now.mode != e.mode):",
+          "                                                                      or False):"),),
         "a restore leaves a file whose content is right but whose mode changed",
         "exhaustive-daemon", "G1", "restored bash daemon_lost after the chmod's shim died"),
     # ---------------------------------------------------------------- the fenced log

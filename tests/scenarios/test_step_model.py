@@ -15,7 +15,9 @@ from durable.coding_tools import apply_edits, bash_result
 from scenarios import generate, load
 from scenarios.preset import STEP_KINDS, parse
 from scenarios.steps import Step
-from spacesd.protocol import workspace_hash
+from chaos.checks.state import state_difference
+from chaos.run_spaces import seed_space
+from spacesd.protocol import times_as, workspace_hash
 
 
 def _run(client, step: Step) -> tuple[str, bool, str | None]:
@@ -43,18 +45,25 @@ EVERY_KIND = parse({"name": "every", "sequence": list(STEP_KINDS) * 3, "many_fil
                     "long_seconds": 0.1}, "every-kind.yaml")
 
 
+def _differs(client, ws) -> str | None:
+    """What differs between the Space and the model (None: nothing): the whole state, the
+    mtimes where the model decides them."""
+    want = ws.entries()
+    got = times_as(client.scan().entries, want)
+    if workspace_hash(got) == workspace_hash(want):
+        return None
+    return state_difference(got, want, "Space", "model")
+
+
 @pytest.mark.parametrize("preset", ["every", "default", "auto"])
 def test_model_matches_a_real_space(local_spaces: LocalSpaces, preset: str) -> None:
     chosen = EVERY_KIND if preset == "every" else load(preset)
     scenario = generate(11, chosen, steps=60)
     local_spaces.create("model")
+    seed_space(local_spaces, "model", scenario)
     client = local_spaces.connect("model", epoch=1)
-    for path, (data, mode) in scenario.initial.files.items():
-        client.write_file(path, data, mode=mode)
-    for path, target in scenario.initial.links.items():
-        client.symlink(path, target)
     ws = scenario.initial.copy()
-    assert workspace_hash(client.scan().entries) == ws.hash()
+    assert _differs(client, ws) is None, _differs(client, ws)
     for step in scenario.steps:
         if not step.touches_workspace():
             continue
@@ -63,9 +72,4 @@ def test_model_matches_a_real_space(local_spaces: LocalSpaces, preset: str) -> N
         assert (content, is_error) == (expected.content, expected.is_error), step
         if replayed is not None:
             assert replayed == expected.content, f"replayed tail differs for {step}"
-        got = {(e.path, e.kind, e.mode, e.sha256 or e.target) for e in client.scan().entries
-               if e.kind != "dir"}
-        want = set(ws.rows())
-        assert workspace_hash(client.scan().entries) == ws.hash(), (
-            f"{step.kind} {step.args}: only in the Space {sorted(got - want)}, "
-            f"only in the model {sorted(want - got)}")
+        assert _differs(client, ws) is None, f"{step.kind} {step.args}: {_differs(client, ws)}"

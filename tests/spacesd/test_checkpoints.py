@@ -13,6 +13,7 @@ from backends.space_client import HttpSpaceClient
 from durable.errors import SpaceError
 from spacesd.daemon import Daemon
 from spacesd.protocol import workspace_hash
+from tests.odd_shapes import MUTATE, ODD_SHAPES
 
 
 def fill(client: HttpSpaceClient) -> None:
@@ -162,3 +163,51 @@ def test_a_restore_cut_short_converges_when_run_again(tmp_path, monkeypatch) -> 
         assert daemon.scanner.scan()[0] == want
     finally:
         daemon.close()
+
+
+def run(client: HttpSpaceClient, key: str, script: str) -> None:
+    client.exec_start(key, script)
+    info = client.exec_wait(key, timeout=120)
+    assert (info.state, info.exit_code) == ("exited", 0), info.output
+
+
+def test_restore_keeps_every_shape_real_programs_make(client: HttpSpaceClient,
+                                                       space: LocalSpace) -> None:
+    """Empty directories (git's refs), FIFOs, absolute, dangling and looping links,
+    hardlinks, sparse files, set mtimes, set-id, sticky and 000 modes, names with a
+    newline, a backslash, a leading dash, bytes that are not UTF-8, 255 bytes: a restore
+    brings back each exactly, mtimes included (the whole state hash)."""
+    run(client, "make", ODD_SHAPES)
+    made = client.scan()
+    assert made.refused == []
+    kinds = {e.kind for e in made.entries}
+    assert kinds == {"file", "dir", "symlink", "fifo"}
+    client.checkpoint_create("cp")
+    run(client, "mutate", MUTATE)
+    assert workspace_hash(client.scan().entries) != workspace_hash(made.entries)
+    client.checkpoint_restore("cp")
+    back = client.scan()
+    diff = {e.path for e in set(back.entries) ^ set(made.entries)}
+    assert workspace_hash(back.entries) == workspace_hash(made.entries), sorted(diff)
+    h1, h3 = os.stat(space.work / "h1"), os.stat(space.work / "sub" / "h3")
+    assert (h1.st_ino, h1.st_nlink) == (h3.st_ino, 3)
+    assert os.stat(space.work / "sparse").st_blocks * 512 < 1 << 20
+    assert os.readlink(space.work / "py") == "/usr/bin/python3"
+    assert os.stat(space.work / "suid").st_mode & 0o7777 == 0o4755
+
+
+def test_a_restore_leaves_what_it_need_not_touch_alone(client: HttpSpaceClient,
+                                                       space: LocalSpace) -> None:
+    """Set-id and sticky bits, inodes and ctimes of entries that equal the checkpoint stay
+    as they are: a restore rewrites only what differs (it used to rewrite every set-id
+    file without its bits)."""
+    run(client, "make", ODD_SHAPES)
+    client.checkpoint_create("cp")
+    before = {name: os.lstat(space.work / name) for name in ("suid", "shared", "h1", "dated")}
+    client.write_file("unrelated.txt", b"x")
+    client.checkpoint_restore("cp")
+    for name, st in before.items():
+        now = os.lstat(space.work / name)
+        assert (now.st_ino, now.st_mode, now.st_ctime_ns, now.st_mtime_ns) == \
+            (st.st_ino, st.st_mode, st.st_ctime_ns, st.st_mtime_ns), name
+    assert not (space.work / "unrelated.txt").exists()

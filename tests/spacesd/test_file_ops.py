@@ -67,25 +67,47 @@ def test_symlinks_are_kept_as_links(client: HttpSpaceClient, space: LocalSpace) 
     assert (space.work / "target.txt").exists()
 
 
-@pytest.mark.parametrize("path", [
-    "../escape.txt",
-    "a/../../escape.txt",
-    "/etc/passwd",
-    "bad\nname",
-    "bad\\name",
-    "nul\x00byte",
+@pytest.mark.parametrize(("path", "code"), [
+    ("../escape.txt", "outside_root"),
+    ("a/../../escape.txt", "outside_root"),
+    ("/etc/passwd", "outside_root"),
+    ("nul\x00byte", "bad_request"),  # no Linux name holds a NUL
+    ("\ud800lone", "bad_request"),  # a surrogate that stands for no byte
 ])
 def test_paths_that_leave_the_root_are_refused(client: HttpSpaceClient, space: LocalSpace,
-                                               path: str) -> None:
-    refused("outside_root", client.write_file, path, b"x")
-    refused("outside_root", client.read_file, path)
-    refused("outside_root", client.edit_file, path, "a", "b")
-    refused("outside_root", client.stat, path)
-    refused("outside_root", client.remove, path)
-    refused("outside_root", client.mkdir, path)
-    refused("outside_root", client.symlink, path, "x")
-    refused("outside_root", client.list_dir, path)
+                                               path: str, code: str) -> None:
+    refused(code, client.write_file, path, b"x")
+    refused(code, client.read_file, path)
+    refused(code, client.edit_file, path, "a", "b")
+    refused(code, client.stat, path)
+    refused(code, client.remove, path)
+    refused(code, client.mkdir, path)
+    refused(code, client.symlink, path, "x")
+    refused(code, client.list_dir, path)
     assert not (space.dir / "escape.txt").exists()
+
+
+#: Names real programs make: what unzip leaves of a Windows archive, a newline or a CR in a
+#: name, a leading dash, bytes that are not UTF-8 (as os.fsdecode carries them), 255 bytes.
+ODD_NAMES = ["C:\\temp\\report.txt", "new\nline", "cr\rname", "-rf", "tab\there", " space ",
+             os.fsdecode(b"latin1-caf\xe9"), "\u00e9t\u00e9", "n" * 255]
+
+
+@pytest.mark.parametrize("name", ODD_NAMES)
+def test_every_name_linux_allows_is_a_name(client: HttpSpaceClient, space: LocalSpace,
+                                           name: str) -> None:
+    """Bash makes these; the file ops, the scan and the hash take them as they are."""
+    client.write_file(f"d/{name}", b"x")
+    assert (space.work / "d" / name).read_bytes() == b"x"
+    assert client.read_file(f"d/{name}") == b"x"
+    client.edit_file(f"d/{name}", "x", "y")
+    assert [e.path for e in client.scan().entries] == ["d", f"d/{name}"]
+    assert [e["name"] for e in client.list_dir("d")] == [name]
+    client.symlink("d/lnk", name)
+    assert client.read_file("d/lnk") == b"y"
+    client.remove(f"d/{name}")
+    client.remove("d/lnk")
+    assert os.listdir(space.work / "d") == []
 
 
 def test_symlinks_that_lead_out_are_refused(client: HttpSpaceClient, space: LocalSpace) -> None:

@@ -151,62 +151,63 @@ def test_symlink_chains_cannot_lead_out(client: HttpSpaceClient, space: LocalSpa
     refused("outside_root", client.read_file, "loop1")
 
 
-def test_imported_checkpoints_follow_the_symlink_rules(spaces: LocalSpaces,
-                                                       client: HttpSpaceClient) -> None:
+def test_imported_links_are_data_and_never_followed(spaces: LocalSpaces,
+                                                      client: HttpSpaceClient) -> None:
+    """A checkpoint keeps every link as it was (a virtualenv's ``bin/python3 ->
+    /usr/bin/python3``, a link that climbs out): restore makes it verbatim and follows none,
+    and the daemon's file ops still refuse to follow one out of the workspace."""
     client.mkdir("a")
     client.write_file("a/f.txt", b"x")
     client.symlink("a/ok", "f.txt")
     client.checkpoint_create("cp")
     tar = b"".join(client.checkpoint_export("cp"))
+    links = {"a/up": "../..", "abs": "/etc/passwd", "a/mid": "x/../../..", "loop": "loop"}
 
-    def with_links(links: dict[str, str]) -> bytes:
-        out = io.BytesIO()
-        with tarfile.open(fileobj=io.BytesIO(tar)) as src, \
-                tarfile.open(fileobj=out, mode="w") as dst:
-            for member in src:
-                f = src.extractfile(member)
-                assert f is not None
-                data = f.read()
-                if member.name == "manifest.json":
-                    raw = json.loads(data)
-                    raw["symlinks"].update(links)
-                    data = json.dumps(raw).encode()
-                member.size = len(data)
-                dst.addfile(member, io.BytesIO(data))
-        return out.getvalue()
+    out = io.BytesIO()
+    with tarfile.open(fileobj=io.BytesIO(tar)) as src, tarfile.open(fileobj=out, mode="w") as dst:
+        for member in src:
+            f = src.extractfile(member)
+            assert f is not None
+            data = f.read()
+            if member.name == "manifest.json":
+                raw = json.loads(data)
+                raw["symlinks"].update(links)
+                data = json.dumps(raw).encode()
+            member.size = len(data)
+            dst.addfile(member, io.BytesIO(data))
 
     spaces.create("other")
     other = spaces.connect("other", epoch=1)
-    for links in ({"a/up": "../.."}, {"abs": "/etc/passwd"}, {"a/mid": "x/../../.."},
-                  {"a/mid": "ok/../.."}):
-        refused("outside_root", other.checkpoint_import, "bad", io.BytesIO(with_links(links)))
-    assert other.checkpoint_list() == []
-    assert other.checkpoint_import("good", io.BytesIO(with_links({"a/up": ".."}))).files == 1
-    other.checkpoint_restore("good")
-    assert other.read_file("a/up/a/ok") == b"x"
-    st = other.stat("a/up")
-    assert st is not None and st["target"] == ".."
+    assert other.checkpoint_import("cp", io.BytesIO(out.getvalue())).files == 1
+    other.checkpoint_restore("cp")
+    for path, target in links.items():
+        st = other.stat(path)
+        assert st is not None and st["target"] == target
+    refused("outside_root", other.read_file, "abs")
+    refused("outside_root", other.write_file, "a/up/escape.txt", b"x")
+    refused("outside_root", other.read_file, "loop")
+    assert other.read_file("a/ok") == b"x"
 
 
-def test_set_id_bits_are_stripped(client: HttpSpaceClient, space: LocalSpace) -> None:
+def test_set_id_bits_a_call_asks_for_are_stripped_and_kept_otherwise(
+        client: HttpSpaceClient, space: LocalSpace) -> None:
     client.write_file("suid", b"#!/bin/sh\n", mode=0o6755)
     client.write_file("sticky", b"x", mode=0o1644)
     assert stat.S_IMODE((space.work / "suid").stat().st_mode) == 0o755
     assert stat.S_IMODE((space.work / "sticky").stat().st_mode) == 0o644
-    # An overwrite keeps the mode, without the set-id bits a process in the Space added.
+    # An overwrite keeps the whole mode a command gave the file, as a shell's '>' does.
     os.chmod(space.work / "suid", 0o4755)
     client.write_file("suid", b"#!/bin/sh\necho\n")
-    assert stat.S_IMODE((space.work / "suid").stat().st_mode) == 0o755
-    # Restore strips them too (a checkpoint records what the workspace had).
-    os.chmod(space.work / "suid", 0o4755)
+    assert stat.S_IMODE((space.work / "suid").stat().st_mode) == 0o4755
+    # A restore brings back what the workspace had, every bit of it.
     os.mkdir(space.work / "shared")
     os.chmod(space.work / "shared", 0o3775)
     client.checkpoint_create("cp")
     (space.work / "suid").unlink()
     os.rmdir(space.work / "shared")
     client.checkpoint_restore("cp")
-    assert stat.S_IMODE((space.work / "suid").stat().st_mode) == 0o755
-    assert stat.S_IMODE((space.work / "shared").stat().st_mode) == 0o775
+    assert stat.S_IMODE((space.work / "suid").stat().st_mode) == 0o4755
+    assert stat.S_IMODE((space.work / "shared").stat().st_mode) == 0o3775
 
 
 def test_checkpoint_copies_of_private_files_stay_private(client: HttpSpaceClient,

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import socket
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -22,25 +24,56 @@ def test_scan_lists_every_entry(client: HttpSpaceClient, space: LocalSpace) -> N
     client.mkdir("empty")
     client.write_file(".git/HEAD", b"ref")
     client.write_file("node_modules/x/y.js", b"y")
-    (space.work / "bad\nname").write_bytes(b"x")
-    (space.work / "bad\\name").write_bytes(b"x")
+    (space.work / "new\nname").write_bytes(b"x")
+    (space.work / "back\\slash").write_bytes(b"x")
+    os.mkfifo(space.work / "fifo", 0o640)
+    os.symlink("/usr/bin/python3", space.work / "abs")
     os.chmod(space.work / "empty", 0o750)
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(space.work / "sock"))
     scan = client.scan(exclude=[".git/**", "node_modules"])
-    assert scan.entries == [
+    x = hashlib.sha256(b"x").hexdigest()
+    assert [replace(e, mtime_ns=None) for e in scan.entries] == [
         ScanEntry("a", "dir", mode=0o755),
         ScanEntry("a/b.txt", "file", False, 5, hashlib.sha256(b"hello").hexdigest(),
                   mode=0o644),
+        ScanEntry("abs", "symlink", target="/usr/bin/python3"),
+        ScanEntry("back\\slash", "file", False, 1, x, mode=0o644),
         ScanEntry("empty", "dir", mode=0o750),
+        ScanEntry("fifo", "fifo", mode=0o640),
         ScanEntry("link", "symlink", target="a/b.txt"),
+        ScanEntry("new\nname", "file", False, 1, x, mode=0o644),
         ScanEntry("run.sh", "file", True, 10, hashlib.sha256(b"#!/bin/sh\n").hexdigest(),
                   mode=0o755),
     ]
-    assert scan.refused == ["bad\nname", "bad\\name"]
+    assert all(e.mtime_ns == os.lstat(space.work / e.path).st_mtime_ns for e in scan.entries)
+    assert len(scan.refused) == 1 and scan.refused[0].startswith("sock: a socket")
     assert not scan.running and scan.running_keys == []
-    assert workspace_hash(scan.entries) == workspace_hash(
-        [("a/b.txt", "file", 0o644, hashlib.sha256(b"hello").hexdigest()),
-         ("link", "symlink", 0, "a/b.txt"),
-         ("run.sh", "file", 0o755, hashlib.sha256(b"#!/bin/sh\n").hexdigest())])
+    assert workspace_hash(scan.entries) != workspace_hash(
+        [replace(e, mtime_ns=e.mtime_ns + 1) if e.path == "empty" else e for e in scan.entries])
+
+
+def test_scan_sees_hardlinks_and_holes(client: HttpSpaceClient, space: LocalSpace) -> None:
+    """Hardlink groups (``cp -al``, a git clone's objects) and sparse files (``truncate``)
+    are state: a copy that splits the one or fills the other differs."""
+    (space.work / "h1").write_bytes(b"shared")
+    os.mkdir(space.work / "sub")
+    os.link(space.work / "h1", space.work / "sub" / "h3")
+    os.link(space.work / "h1", space.work / "h0")
+    with open(space.work / "sparse", "wb") as f:
+        f.write(b"head")
+        f.truncate(1 << 20)
+    entries = {e.path: e for e in client.scan().entries}
+    assert entries["h0"].link is None
+    assert entries["h1"].link == "h0" and entries["sub/h3"].link == "h0"
+    assert entries["sparse"].extents == ((0, 4096),), entries["sparse"]
+    assert entries["sparse"].size == 1 << 20
+    assert entries["h0"].extents is None
+    dense = space.work / "dense"
+    dense.write_bytes(b"head" + bytes((1 << 20) - 4))
+    assert client.scan().entries[0].path == "dense"
+    assert {e.path: e for e in client.scan().entries}["dense"].extents is None
+    assert {e.path: e for e in client.scan().entries}["dense"].sha256 == entries["sparse"].sha256
 
 
 def test_scan_sees_every_change(client: HttpSpaceClient, space: LocalSpace) -> None:
