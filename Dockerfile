@@ -1,5 +1,7 @@
 # The Space image (`durable-space`): spacesd with Python 3, bash, coreutils, findutils and
-# procps, run by a non-root user `cua` whose workspace is /home/cua/work. PID 1 is spacesd's
+# procps, and the programs agents run in real sessions (git, make, a C compiler, tar, gzip:
+# the bundled workloads, scenarios/workloads), run by a non-root user `cua` whose workspace
+# is /home/cua/work. PID 1 is spacesd's
 # supervisor, which starts the daemon again when it dies: killing the daemon (the supervisor
 # restarts it, commands keep running) and restarting the container (every process gone, the
 # disk kept) are different faults.
@@ -12,7 +14,7 @@ FROM ${BASE}
 
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-        python3 bash coreutils findutils procps \
+        python3 bash coreutils findutils procps git make gcc libc6-dev tar gzip \
  && apt-get clean \
  && rm -rf /var/lib/apt/lists/*
 

@@ -18,15 +18,17 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
+from scenarios import workload
 
 from . import live
 from .bytecode import compile_packages
+from .errors import BackendUnavailable
 from .faults import RECOVERY_POINTS, FaultPlan, exhaustive_plans
 from .plots import campaign_plots
 from .records import ResultsDir
 from .run_pool import LocalPool, RunPool
 from .run_spec import RunSpec
-from .space_providers import VIRTUAL, probe_backend
+from .space_providers import VIRTUAL, probe_backend, programs_in_space
 from .summary import campaign_cells, cells_hit, redrive_table, summarize, summary_line
 
 MODES = ("transactional", "checkpoint", "auto", "stale", "exhaustive", "redrive", "machine")
@@ -233,6 +235,8 @@ def run_campaign(cfg: CampaignConfig, out: TextIO = sys.stdout) -> int:
     compile_packages()
     with tempfile.TemporaryDirectory(prefix="chaos-probe-") as probe:
         probe_backend(cfg.backend, Path(probe))
+        if cfg.preset_name == workload.REAL and cfg.backend != VIRTUAL:
+            cfg = replace(cfg, preset=real_for(cfg.backend, Path(probe) / "real"))
     results = ResultsDir.create(cfg.results_root, cfg.mode, cfg.backend)
     results.write_json("campaign.json", cfg.to_json())
     note = live.Campaign.open()
@@ -240,6 +244,18 @@ def run_campaign(cfg: CampaignConfig, out: TextIO = sys.stdout) -> int:
         return _run(cfg, results, note, t0, out)
     finally:
         note.close()
+
+
+def real_for(backend: str, probe: Path) -> str:
+    """The ``real`` preset as the bundled workloads a Space of ``backend`` can run
+    (``real:<name>,...``): their programs are asked of a Space, not of this machine."""
+    loaded = [workload.load(str(p)) for p in workload.bundled()]
+    have = programs_in_space(backend, probe, sorted({r for w in loaded for r in w.requires}))
+    usable = [w.name for w in loaded if set(w.requires) <= have]
+    if not usable:
+        raise BackendUnavailable(f"no bundled workload can run on {backend} Spaces (they "
+                                 f"have none of {sorted({r for w in loaded for r in w.requires})})")
+    return f"{workload.REAL}:{','.join(usable)}"
 
 
 def _pool(cfg: CampaignConfig, results: ResultsDir, note: live.Campaign) -> RunPool:

@@ -96,6 +96,9 @@ class Observation:
     #: A redrive race's second session on the same Space: ``{"scenario": how its agent is
     #: drawn, "observation": its Observation as JSON}``; checked in full after the first.
     second: dict[str, Any] | None = None
+    #: A virtual workspace's: its directories are only those its files imply (an empty one
+    #: is not kept), so the implied state's are compared the same way.
+    dirs_implied: bool = False
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)

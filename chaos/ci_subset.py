@@ -166,6 +166,22 @@ POWER_CUTS = tuple(
                    after_output=True), preset="ci-power")
     for kill in (True, False))
 
+#: On the ``ci-shapes`` agent (steps 0-7 make every shape, step 8 is the first write): the
+#: write cut at its file operation (revert or restore, then rerun), the Space lost after the
+#: write's result (rebuilt from the image or the store), and both cut short once more.
+SHAPES_PLANS = tuple(
+    _plan(1, *faults, preset="ci-shapes") for faults in (
+        (Fault("kill_driver", "failpoint", "space.file_op", 1),),
+        (Fault("delete_space", "failpoint", "call.result", 9),),
+        (Fault("restart_space", "failpoint", "space.file_op", 1),
+         Fault("kill_driver", "failpoint", "recovery.decided", 1)),
+        (Fault("delete_space", "failpoint", "call.result", 9),
+         Fault("kill_daemon", "failpoint", "spacesd.restore.partial", 1, kill_driver=False)),
+    ))
+#: The bundled workload every machine can run (no program beyond bash and coreutils).
+ODD_OBJECTS = str(Path(__file__).resolve().parents[1] / "scenarios" / "workloads" /
+                  "odd-objects.yaml")
+
 SLICES: tuple[Slice, ...] = (
     Slice("transactional", "transactional recovery under every fault kind, combined ones too",
           {"mode": "transactional", "steps": 8, "seeds": (5, 34, 47, 77, 110),
@@ -219,6 +235,15 @@ SLICES: tuple[Slice, ...] = (
           {"mode": "exhaustive", "backend": "virtual", "preset": "virtual-small"}),
     Slice("targeted", "hand-written combined faults on the ci-commands agent where a wrong "
           "recovery would hide", {"mode": "checkpoint", **COMMANDS, "plans": TARGETED}),
+    Slice("shapes-transactional", "every shape real programs leave (empty directories, "
+          "FIFOs, hardlinks, absolute links, odd names, sparse files, set mtimes, set-id bits) "
+          "through a revert and a rebuild from the log's image",
+          {"mode": "transactional", "plans": SHAPES_PLANS}),
+    Slice("shapes-checkpoint", "the same shapes through a restore and a rebuild from the "
+          "checkpoint store", {"mode": "checkpoint", "plans": SHAPES_PLANS}),
+    Slice("workload", "a user's workload (odd file-system objects made by real bash) checked "
+          "against its golden run under seeded faults",
+          {"mode": "checkpoint", "preset": f"workload:{ODD_OBJECTS}", "runs": 4}),
 )
 BY_NAME = {s.name: s for s in SLICES}
 

@@ -28,7 +28,8 @@ import threading
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from scenarios import Expected
+from scenarios import Expected, Workload
+from scenarios.workload import PREFIX
 from spacesd.protocol import ScanEntry
 
 from .faults import FaultPlan
@@ -59,11 +60,13 @@ _computing: dict[tuple, threading.Lock] = {}
 _lock = threading.Lock()
 
 
-def golden_for(spec: RunSpec, interrupted: frozenset[int], steps: int) -> Golden:
-    """The golden run of ``spec``'s workload without the calls of ``interrupted``
+def golden_for(spec: RunSpec, workload: Workload, interrupted: frozenset[int]) -> Golden:
+    """The golden run of ``workload`` (``spec``'s) without the calls of ``interrupted``
     (their step indices), computed once per key in this process."""
-    kept = tuple(i for i in range(steps) if i not in interrupted)
-    key = (spec.preset, spec.durable_mode, spec.backend, spec.snapshots, kept)
+    kept = tuple(i for i in range(len(workload.calls)) if i not in interrupted)
+    spec = replace(spec, preset=PREFIX + workload.path)
+    key = (workload.path, workload.digest, spec.durable_mode, spec.backend, spec.snapshots,
+           kept)
     with _lock:
         if key in _cache:
             return _cache[key]

@@ -196,5 +196,5 @@ def observe_virtual(run_dir: Path, initial: Tree, *, session: str, epoch: int,
         image_hash=facts.image.hash(), image_stale=None, events=facts.events,
         inputs=facts.inputs, epoch_raises=list(facts.history.raises),
         entry_epochs=sorted(facts.history.entry_epochs.items()), ledgers=[],
-        session=session)
+        session=session, dirs_implied=True)
     return obs, facts.events

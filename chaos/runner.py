@@ -315,7 +315,7 @@ class Run:
             return None
         took = {c.step for c in obs.calls if c.result in ("ok", "fail")}
         cut = frozenset(c.step for c in obs.calls if c.result == "info") - took
-        return golden_for(self.spec, cut, len(self.scenario.steps))
+        return golden_for(self.spec, self.scenario.workload, cut)
 
     def _clean_up(self, *, failed: bool) -> None:
         """Phase 5: keep a failed run's workspace, delete the run's Spaces, and its

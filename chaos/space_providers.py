@@ -103,6 +103,21 @@ def probe_backend(backend: str, directory: Path) -> None:
     make_spaces(backend, directory)
 
 
+def programs_in_space(backend: str, directory: Path, programs: list[str]) -> set[str]:
+    """Which of ``programs`` a Space of ``backend`` has on its PATH (a throwaway Space,
+    asked with ``command -v``, deleted after)."""
+    spaces = make_spaces(backend, directory)
+    name = "probe-programs"
+    spaces.create(name)
+    try:
+        client = spaces.connect(name, epoch=1)
+        client.exec_start("probe@1", "for p in " + " ".join(programs) +
+                          "; do command -v \"$p\" >/dev/null && echo \"$p\"; done; true")
+        return set(client.exec_wait("probe@1", timeout=120).output.split())
+    finally:
+        spaces.delete(name)
+
+
 def snapshot_kind(backend: str, chosen: str) -> str:
     """The snapshots a run's checkpoints are: ``chosen``, or for ``auto`` whole-machine
     ones on microVMs and workspace ones elsewhere."""

@@ -284,15 +284,19 @@ def bundled() -> list[Path]:
 
 
 def named(preset: str, seed: int) -> Workload | None:
-    """The workload ``preset`` names for the run of ``seed`` (``workload:<path>``, or
-    ``real``: a bundled one drawn by the seed among those whose programs are here), None
-    for a preset of the scripted agents."""
+    """The workload ``preset`` names for the run of ``seed``: ``workload:<path>``, or
+    ``real`` (a bundled one drawn by the seed among those whose programs are on this
+    machine) or ``real:<name>,<name>`` (among those: the campaign names the ones its
+    backend's Spaces can run). None for a preset of the scripted agents."""
     if preset.startswith(PREFIX):
         return load(preset[len(PREFIX):])
-    if preset != REAL:
+    if preset == REAL:
+        usable = [w.name for w in map(lambda p: load(str(p)), bundled()) if not w.missing()]
+    elif preset.startswith(REAL + ":"):
+        usable = [n for n in preset[len(REAL) + 1:].split(",") if n]
+    else:
         return None
-    usable = [w for w in map(lambda p: load(str(p)), bundled()) if not w.missing()]
     if not usable:
-        raise WorkloadError("the real preset found no bundled workload whose programs are "
-                            "installed here; install git, python3, tar, gcc and make")
-    return usable[seed % len(usable)]
+        raise WorkloadError("the real preset has no bundled workload whose programs the Spaces "
+                            "have (git, python3, tar, cc, make): install them")
+    return load(sorted(usable)[seed % len(usable)])

@@ -26,6 +26,10 @@ from .protocol import ScanEntry
 
 #: Several ticks of the coarsest kernel clock in use (HZ=100 is 10 ms per tick).
 RACY_NS = 50_000_000
+#: Why an entry the daemon's user may not read is no state it can keep.
+UNREADABLE = ("the daemon's user may not read it (mode 000 on a Space whose daemon is not "
+              "root), so its content cannot be kept; give its owner read access (chmod u+r, "
+              "u+rx for a directory)")
 
 
 def _stat_key(st: os.stat_result) -> tuple[int, int, int, int]:
@@ -86,9 +90,12 @@ class Scanner:
         self._cache: dict[str, _Cached] = {}
         self._lock = threading.Lock()
 
-    def walk(self, exclude: list[str] | None = None) -> Iterator[tuple[str, os.stat_result]]:
+    def walk(self, exclude: list[str] | None = None, unreadable: list[str] | None = None
+             ) -> Iterator[tuple[str, os.stat_result]]:
         """(relative path, lstat) of every entry under the root, parents before children;
-        an excluded directory is not entered. Entries vanishing meanwhile are skipped."""
+        an excluded directory is not entered. Entries vanishing meanwhile are skipped; a
+        directory the daemon's user may not read (mode 000 on a Space whose daemon is not
+        root) is added to ``unreadable`` with why."""
         patterns = exclude or []
         stack = [""]
         while stack:
@@ -96,6 +103,10 @@ class Scanner:
             try:
                 it = os.scandir(os.path.join(self.root, rel_dir) if rel_dir else self.root)
             except (FileNotFoundError, NotADirectoryError):
+                continue
+            except PermissionError:
+                if unreadable is not None:
+                    unreadable.append(f"{rel_dir}: {UNREADABLE}")
                 continue
             with it:
                 for de in it:
@@ -135,10 +146,10 @@ class Scanner:
         cached = self._cache.get(rel)
         if cached is not None and cached.entry is not None and cached.key == _stat_key(st):
             return cached.entry
-        sha = self.digest(rel, st, scan_start_ns)
-        if sha is None:
-            return None
         try:
+            sha = self.digest(rel, st, scan_start_ns)
+            if sha is None:
+                return None
             extents = self._extents(rel, st)
         except (FileNotFoundError, NotADirectoryError):
             return None
@@ -168,11 +179,15 @@ class Scanner:
         entries: list[ScanEntry] = []
         refused: list[str] = []
         inodes: dict[tuple[int, int], list[int]] = {}  # hardlink groups: entry indices
-        for rel, st in self.walk(exclude):
+        for rel, st in self.walk(exclude, refused):
             kind = paths.kind_of(st.st_mode)
             entry: ScanEntry | None
             if kind == "file":
-                entry = self._file_entry(rel, st, start_ns)
+                try:
+                    entry = self._file_entry(rel, st, start_ns)
+                except PermissionError:
+                    refused.append(f"{rel}: {UNREADABLE}")
+                    continue
                 if entry is not None and st.st_nlink > 1:
                     inodes.setdefault((st.st_dev, st.st_ino), []).append(len(entries))
             elif kind == "symlink":

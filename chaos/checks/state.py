@@ -24,6 +24,10 @@ def check(inp: CheckInput) -> list[str]:
     if inp.scenario.workload is not None:
         expected = inp.scenario.workload.comparable(expected)
         observed = inp.scenario.workload.comparable(observed)
+    if obs.dirs_implied:
+        parents = {e.path.rpartition("/")[0] for e in expected if e.kind != "dir"}
+        implied = {p.rsplit("/", i)[0] for p in parents if p for i in range(p.count("/") + 1)}
+        expected = [e for e in expected if e.kind != "dir" or e.path in implied]
     observed = times_as(observed, expected)
     want, got = workspace_hash(expected), workspace_hash(observed)
     if want != got:

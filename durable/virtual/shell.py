@@ -137,14 +137,27 @@ async def _run(tree: Tree, command: str, limits: ShellLimits, seconds: float) ->
                  "to a file and read parts of it")
         exit_code = 126 if exit_code == 0 else exit_code
         output = output[-limits.max_output_bytes:]
-    return ShellRun(exit_code, output, timed_out, limit, await _tree_of(fs))
+    unkept: list[str] = []
+    tree = await _tree_of(fs, unkept)
+    if unkept and limit is None:
+        # Refused at the call that made them, never lost silently at a later one.
+        limit = (f"a virtual workspace keeps files and symlinks (their directories implied "
+                 f"by them), not {unkept[0]}"
+                 f"{f' (and {len(unkept) - 1} more)' if len(unkept) > 1 else ''}; use a "
+                 "Space for such a workspace")
+        exit_code = 126 if exit_code == 0 else exit_code
+    return ShellRun(exit_code, output, timed_out, limit, tree)
 
 
-async def _tree_of(fs: InMemoryFs) -> Tree:
+async def _tree_of(fs: InMemoryFs, unkept: list[str]) -> Tree:
+    """The files and symlinks under the workspace root (directories are implied by them:
+    an empty one is not kept, as in git); an entry of another kind is named in
+    ``unkept``."""
     out: Tree = {}
 
     async def walk(directory: str, prefix: str) -> None:
-        for dirent in sorted(await fs.readdir_with_file_types(directory), key=lambda d: d.name):
+        entries = await fs.readdir_with_file_types(directory)
+        for dirent in sorted(entries, key=lambda d: d.name):
             full, rel = f"{directory}/{dirent.name}", f"{prefix}{dirent.name}"
             if dirent.is_symbolic_link:
                 out[rel] = Node("symlink", 0, (await fs.readlink(full)).encode(
@@ -154,6 +167,8 @@ async def _tree_of(fs: InMemoryFs) -> Tree:
             elif dirent.is_file:
                 st = await fs.lstat(full)
                 out[rel] = Node("file", st.mode & 0o7777, await fs.read_file_bytes(full))
+            else:
+                unkept.append(f"{rel!r}, which is neither a file, a directory nor a symlink")
 
     try:
         root = await fs.lstat(ROOT)

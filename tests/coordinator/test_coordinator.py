@@ -186,20 +186,25 @@ def test_cancel_kills_the_driver_and_ends_the_session(store: CoordinatorStore,
                                                       tmp_path: Path) -> None:
     store.submit(fake("s", tmp_path, spaces, [{"sleep": 60}]), 0.0)
 
-    def cancel_once_the_driver_runs() -> None:
-        """The cancel must find a driver to kill: it is sent once the driver journaled its
-        start (a fixed delay raced the driver's start-up on a busy machine)."""
-        deadline = time.monotonic() + 120
-        while not journal(tmp_path, "s") and time.monotonic() < deadline:
-            time.sleep(0.02)
-        store.cancel("s", time.time())
+    sent: list[str] = []
 
-    threading.Thread(target=cancel_once_the_driver_runs).start()
+    def cancel_once_the_driver_runs() -> None:
+        """The cancel must find a driver to kill: it is sent once the coordinator recorded
+        the driver's launch (a fixed delay raced the launch on a busy machine)."""
+        deadline = time.monotonic() + 120
+        while "launched" not in kinds(store, "s") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        sent.append(store.cancel("s", time.time()).state)
+
+    canceller = threading.Thread(target=cancel_once_the_driver_runs)
+    canceller.start()
     config = CoordinatorConfig(backoff=Backoff(0.0), stall_secs=30.0, heartbeat_secs=0.2,
                                poll_secs=0.05, claim_secs=0.6)
     serve(store, spaces, config)
+    canceller.join(timeout=120)
     rec = store.get("s")
-    assert (rec.state, rec.reason) == ("failed", "cancelled")
+    assert sent, "the cancel was never sent"
+    assert (rec.state, rec.reason) == ("failed", "cancelled"), (sent, kinds(store, "s"))
     assert not psutil.pid_exists(journal(tmp_path, "s")[0]["pid"])
 
 

@@ -239,6 +239,39 @@ MUTANTS: tuple[Mutant, ...] = (
         "a session's drive whose epoch the Space's floor already reached runs at that very "
         "epoch, the one the Space's earlier session ran at, instead of above it",
         "redrive", "G6", "the race's second session"),
+    # ---------------------------------------------------------------- the workspace state
+    Mutant(
+        "image-drops-empty-directories", "durable/adapter/image.py",
+        (("    return {e.path: row_of(e) for e in scan.entries}",
+          "    return {e.path: row_of(e) for e in scan.entries if e.kind != \"dir\"}"),),
+        "the transactional image keeps no directories, so a revert or a rebuild deletes the "
+        "empty ones committed calls made (git's refs/heads) and loses their modes",
+        "shapes-transactional", "G1", "reverted file file_cut after an empty_dir step"),
+    Mutant(
+        "restore-splits-hardlinks", "spacesd/checkpoints.py",
+        (("                m.files.append(FileRec(e.path, e.sha256 or \"\", e.size, e.mode, e.link,",
+          "                m.files.append(FileRec(e.path, e.sha256 or \"\", e.size, e.mode, None,"),),
+        "a checkpoint forgets hardlink groups, so a restore writes each name as a file of its "
+        "own (a clone's objects, cp -al) and a later write through one no longer shows in "
+        "the other",
+        "shapes-checkpoint", "G1", "restored file file_cut after a hardlink step"),
+    Mutant(
+        "rebuild-refuses-absolute-links", "spacesd/checkpoints.py",
+        (("            m = Manifest.from_json(raw_manifest, checkpoint_id)\n",
+          "            m = Manifest.from_json(raw_manifest, checkpoint_id)\n"
+          "            if any(t.startswith(\"/\") for t in m.symlinks.values()):\n"
+          "                raise BadRequest(\"absolute symlink\")\n"),),
+        "an import refuses a checkpoint with an absolute link (a venv's bin/python3), so a "
+        "lost Space is never rebuilt and every relaunched driver fails",
+        "shapes-transactional", "run", "reimaged space space_lost after an abs_symlink step"),
+    Mutant(
+        "manifest-skips-a-name", "spacesd/checkpoints.py",
+        (("            for e in entries:\n                if e.kind == \"file\" and e.link is None",
+          "            for e in entries:\n                if \"\\n\" in e.path:\n"
+          "                    continue\n                if e.kind == \"file\" and e.link is None"),),
+        "a checkpoint leaves out a name with a newline (what used to wedge restores), so a "
+        "restore removes that file",
+        "shapes-checkpoint", "G1", "restored file file_cut after an odd_name step"),
 )
 BY_ID = {m.id: m for m in MUTANTS}
 
