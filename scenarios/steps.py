@@ -90,7 +90,7 @@ class Step:
         and return the result that run gives."""
         if self.tool == "write":
             data = self.args["content"].encode()
-            ws.write(self.args["path"], data)
+            ws.write(self.args["path"], data, renamed=True)
             return Expected(f"Wrote {len(data)} bytes to {self.args['path']}")
         if self.tool == "edit":
             path = self.args["path"]
@@ -99,7 +99,7 @@ class Step:
                 if text.count(e["old_text"]) != 1:
                     raise ValueError(f"{self.marker}: edit text not found once in the model")
                 text = text.replace(e["old_text"], e["new_text"])
-            ws.write(path, text.encode())
+            ws.write(path, text.encode(), renamed=True)
             return Expected(f"Applied {len(self.args['edits'])} edit(s) to {path}")
         if self.kind == "workload":
             raise ValueError(f"{self.marker}: a workload call's effect comes from its golden "

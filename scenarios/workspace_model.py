@@ -64,14 +64,18 @@ class WorkspaceModel:
         """An entry was made or removed in ``path``'s directory: its mtime is now."""
         self.times.pop(path.rpartition("/")[0], None)
 
-    def write(self, path: str, data: bytes, mode: int | None = None) -> None:
+    def write(self, path: str, data: bytes, mode: int | None = None, *,
+              renamed: bool = False) -> None:
         """Replace ``path``'s content; a new file gets ``NEW_FILE_MODE``, an existing one
-        keeps its mode unless ``mode`` is given (as the write tool and ``>`` do). Writing
-        through a hardlink changes the group: ``>`` truncates the shared inode."""
+        keeps its mode unless ``mode`` is given (as the write tool and ``>`` do). ``>``
+        writes the inode in place, so every hardlink of it sees the content; the write
+        and edit tools (``renamed``) put a new inode in place, which leaves the group."""
         self.links.pop(path, None)
         self.parents(path)
         old = self.files.get(path)
         keep = old[1] if old is not None else NEW_FILE_MODE
+        if renamed and old is not None and len(self.group(path)) > 1:
+            self.remove(path)
         for member in self.group(path):
             self.files[member] = (data, keep if mode is None else mode)
             self.times.pop(member, None)

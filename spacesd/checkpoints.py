@@ -57,11 +57,11 @@ from dataclasses import dataclass, field, replace
 from typing import IO, Any, Protocol, cast
 
 from . import paths
-from .errors import BadRequest, Damaged, NotFound, OutsideRoot
+from .errors import BadRequest, Conflict, Damaged, NotFound, OutsideRoot
 from .failpoints import Channel
 from .file_ops import Workspace
 from .protocol import CheckpointInfo, ScanEntry
-from .workspace_scan import Scanner
+from .workspace_scan import UNREADABLE, Scanner
 
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,199}")
 _SHA = re.compile(r"[0-9a-f]{64}")
@@ -293,10 +293,21 @@ class Checkpoints:
     def create(self, checkpoint_id: str) -> CheckpointInfo:
         check_id(checkpoint_id)
         with self._lock:
-            entries, _refused = self._scanner.scan()  # refused kinds are no state (a socket)
+            entries, refused = self._scanner.scan()
+            unreadable = [r for r in refused if r.endswith(UNREADABLE)]
+            if unreadable:  # a socket is no state; a file it cannot read is, and is lost
+                raise Conflict(f"checkpoint {checkpoint_id!r} cannot keep {unreadable[0]}")
             kept: list[ScanEntry] = []
             stored: dict[str, tuple[str, int]] = {}  # first file of a group -> its object
+            first: dict[str, str] = {}  # a group's first file gone meanwhile -> the new one
             for e in entries:
+                if e.kind == "file" and e.link is not None and e.link not in stored:
+                    # Its group's first file went away between the scan and the copy: the
+                    # next member (in path order) becomes the first, the later ones link
+                    # to it.
+                    gone = e.link
+                    e = replace(e, link=first.get(gone))
+                    first.setdefault(gone, e.path)
                 if e.kind == "file" and e.link is None and e.sha256 is not None and \
                         not os.path.exists(self._object(e.sha256)):
                     try:
@@ -311,7 +322,7 @@ class Checkpoints:
                     elif e.link in stored:  # a group's members hold what its first holds
                         e = replace(e, sha256=stored[e.link][0], size=stored[e.link][1])
                     else:
-                        continue  # its group's first file went away meanwhile
+                        continue  # the group's new first went away too
                 kept.append(e)
             m = Manifest.of(checkpoint_id, int(time.time() * 1000), kept)
             self._failpoints.report("spacesd.checkpoint.objects", {"id": checkpoint_id})
@@ -330,6 +341,10 @@ class Checkpoints:
     def _restore(self, m: Manifest, exclude: list[str]) -> None:
         ws = self._ws
         want = {e.path: e for e in m.entries()}
+        # 0. Every directory writable and searchable by its owner while the restore works
+        # in it (a daemon that is not root could neither remove from a read-only one nor
+        # enter one of mode 000); the modes the manifest wants are set last.
+        opened = self._open_up(exclude)
         have = {e.path: e for e in self._scanner.scan(exclude)[0]}
         touched = {""}  # directories (relative) whose entries changed
         # 1. Remove what the checkpoint lacks or has as another kind (children first).
@@ -346,7 +361,6 @@ class Checkpoints:
                 touched.add(_parent(rel))
         self._failpoints.report("spacesd.restore.partial", {"id": m.id})
         # 2. Directories, writable while entries go in; their modes are set last.
-        opened: set[str] = set()  # directories made, or made writable for now
         for rel in sorted(m.dirs):
             now = have.get(rel)
             if now is not None and now.mode & stat.S_IRWXU == stat.S_IRWXU:
@@ -389,6 +403,7 @@ class Checkpoints:
                 with ws.walk(rel, follow=False) as w:
                     ws.symlink_at(rel, w.fd, w.name, target)
                 touched.add(_parent(rel))
+                rewritten.add(rel)  # a new link: its mtime is now
         # 5. Modes and times of what differs (directories last, deepest first: every entry
         # made in one changed its mtime), then make the renames durable.
         for e in sorted(want.values(), key=lambda e: (e.kind == "dir", -e.path.count("/"))):
@@ -413,6 +428,24 @@ class Checkpoints:
             with contextlib.suppress(OSError, OutsideRoot), ws.walk(rel, follow=True) as w, \
                     _opened(w.name, _DIR_FLAGS, w.fd) as fd:
                 os.fsync(fd)
+
+    def _open_up(self, exclude: list[str]) -> set[str]:
+        """Give every directory of the workspace its owner's rwx, entering each as it is
+        opened (so a mode-000 one's children are reached too); the ones changed."""
+        changed: set[str] = set()
+        for rel, st in self._scanner.walk(exclude):
+            if stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_IRWXU != stat.S_IRWXU:
+                with contextlib.suppress(FileNotFoundError, NotADirectoryError), \
+                        self._ws.walk(rel, follow=False) as w:
+                    fd = os.open(w.name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW,
+                                 dir_fd=w.fd)
+                    try:  # an O_PATH fd cannot fchmod; its /proc link can, without search
+                        os.chmod(f"/proc/self/fd/{fd}",
+                                 stat.S_IMODE(st.st_mode) | stat.S_IRWXU)
+                    finally:
+                        os.close(fd)
+                    changed.add(rel)
+        return changed
 
     def _relink(self, first: str, member: str) -> bool:
         """Make ``member`` a hardlink of ``first``; whether it had to change."""

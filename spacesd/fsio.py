@@ -121,13 +121,24 @@ class AtomicWriter:
 def _write_extents(fd: int, chunks: Iterable[bytes],
                    extents: Sequence[tuple[int, int]]) -> int:
     """Write the parts of the content ``chunks`` that lie in ``extents`` at their offsets
-    (the rest stays a hole); the content's size."""
+    and leave the rest a hole; the content's size. A part outside them that is not all
+    zeros is written too: the content is what counts, the holes only where they hold."""
     at = 0
     for chunk in chunks:
         end = at + len(chunk)
-        for start, length in extents:
+        covered = at
+        for start, length in sorted(extents):
             lo, hi = max(start, at), min(start + length, end)
-            if lo < hi:
-                os.pwrite(fd, chunk[lo - at:hi - at], lo)
+            if lo >= hi:
+                continue
+            _unless_zeros(fd, chunk[covered - at:lo - at], covered)
+            os.pwrite(fd, chunk[lo - at:hi - at], lo)
+            covered = hi
+        _unless_zeros(fd, chunk[covered - at:], covered)
         at = end
     return at
+
+
+def _unless_zeros(fd: int, data: bytes, offset: int) -> None:
+    if data and data.count(0) != len(data):
+        os.pwrite(fd, data, offset)

@@ -40,7 +40,11 @@ def bad_char(name: str) -> str | None:
     UTF-8)."""
     found = _NOT_A_NAME.search(name)
     if found is None:
-        return None
+        if name.isascii() or os.fsdecode(os.fsencode(name)) == name:
+            return None
+        # Escapes of bytes that form UTF-8 (\udcc3\udca9 for "é"): another spelling of a
+        # name that has its own, which scans report; two spellings would be two entries.
+        return "surrogate escapes of bytes that are UTF-8 (spell the name as text)"
     return "a NUL byte" if found.group() == "\x00" else (
         f"the lone surrogate U+{ord(found.group()):04X}, which stands for no byte")
 

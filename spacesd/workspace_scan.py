@@ -40,6 +40,8 @@ def _stat_key(st: os.stat_result) -> tuple[int, int, int, int]:
 class _Cached:
     key: tuple[int, int, int, int]
     sha256: str
+    #: Its data extents when sparse (``data_extents``), None when dense.
+    extents: tuple[tuple[int, int], ...] | None = None
     #: The scan entry made from it, kept so that a rescan allocates nothing for the file
     #: (the mode is part of it; a chmod changes ctime, so the key covers it too).
     entry: ScanEntry | None = None
@@ -117,6 +119,10 @@ class Scanner:
                         st = de.stat(follow_symlinks=False)
                     except FileNotFoundError:
                         continue
+                    except PermissionError:  # a directory without search permission
+                        if unreadable is not None:
+                            unreadable.append(f"{rel_dir}: {UNREADABLE}")
+                        break
                     yield rel, st
                     if stat.S_ISDIR(st.st_mode):
                         stack.append(rel)
@@ -124,35 +130,50 @@ class Scanner:
     def digest(self, rel: str, st: os.stat_result, scan_start_ns: int) -> str | None:
         """sha256 of the regular file ``rel`` (``st`` is its lstat), from the cache when it
         did not change; None if it vanished."""
+        content = self._content(rel, st, scan_start_ns)
+        return None if content is None else content[0]
+
+    def _content(self, rel: str, st: os.stat_result, scan_start_ns: int
+                 ) -> tuple[str, tuple[tuple[int, int], ...] | None] | None:
+        """(sha256, data extents) of the regular file ``rel``, both read through one fd (a
+        hole punched between two reads would pair a digest with the wrong extents); from
+        the cache when the file did not change; None if it vanished."""
         key = _stat_key(st)
         cached = self._cache.get(rel)
         if cached is not None and cached.key == key:
-            return cached.sha256
+            return cached.sha256, cached.extents
         full = os.path.join(self.root, rel)
         try:
-            fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except (FileNotFoundError, NotADirectoryError):
             return None
         with open(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None  # replaced meanwhile (by a FIFO, say): not this file
+            os.set_blocking(fd, True)
+            extents = data_extents(fd, st.st_size) if st.st_blocks * 512 < st.st_size else None
+            f.seek(0)  # the extents' seeks moved the offset
             sha = hashlib.file_digest(f, "sha256").hexdigest()
             after = os.fstat(fd)
+        if _stat_key(after) != key:
+            extents = None  # it changed while read: its holes are unknown, say none
         # Cached only if it did not change while being read, and is out of the racy window.
-        if _stat_key(after) == key and after.st_ctime_ns < scan_start_ns - RACY_NS:
+        elif after.st_ctime_ns < scan_start_ns - RACY_NS:
             with self._lock:
-                self._cache[rel] = _Cached(key, sha)
-        return sha
+                self._cache[rel] = _Cached(key, sha, extents)
+        return sha, extents
 
     def _file_entry(self, rel: str, st: os.stat_result, scan_start_ns: int) -> ScanEntry | None:
         cached = self._cache.get(rel)
         if cached is not None and cached.entry is not None and cached.key == _stat_key(st):
             return cached.entry
         try:
-            sha = self.digest(rel, st, scan_start_ns)
-            if sha is None:
-                return None
-            extents = self._extents(rel, st)
+            content = self._content(rel, st, scan_start_ns)
         except (FileNotFoundError, NotADirectoryError):
             return None
+        if content is None:
+            return None
+        sha, extents = content
         entry = ScanEntry(rel, "file", paths.is_exec(st.st_mode), st.st_size, sha256=sha,
                           mode=stat.S_IMODE(st.st_mode), mtime_ns=st.st_mtime_ns,
                           extents=extents)
@@ -160,18 +181,6 @@ class Scanner:
         if cached is not None and cached.key == _stat_key(st):
             cached.entry = entry
         return entry
-
-    def _extents(self, rel: str, st: os.stat_result) -> tuple[tuple[int, int], ...] | None:
-        """The data extents of a sparse file (fewer blocks than its size needs), None for
-        a dense one: where ``SEEK_DATA``/``SEEK_HOLE`` find no hole, the file is dense."""
-        if st.st_blocks * 512 >= st.st_size:
-            return None
-        fd = os.open(os.path.join(self.root, rel),
-                     os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        try:
-            return data_extents(fd, st.st_size)
-        finally:
-            os.close(fd)
 
     def scan(self, exclude: list[str] | None = None) -> tuple[list[ScanEntry], list[str]]:
         """(entries sorted by path, refused entries, each ``"<path>: <why>"``)."""

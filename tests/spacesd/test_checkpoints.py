@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
+import subprocess
+import sys
 import tarfile
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +19,8 @@ from durable.errors import SpaceError
 from spacesd.daemon import Daemon
 from spacesd.protocol import workspace_hash
 from tests.odd_shapes import MUTATE, ODD_SHAPES
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def fill(client: HttpSpaceClient) -> None:
@@ -211,3 +218,54 @@ def test_a_restore_leaves_what_it_need_not_touch_alone(client: HttpSpaceClient,
         assert (now.st_ino, now.st_mode, now.st_ctime_ns, now.st_mtime_ns) == \
             (st.st_ino, st.st_mode, st.st_ctime_ns, st.st_mtime_ns), name
     assert not (space.work / "unrelated.txt").exists()
+
+
+#: Run by a daemon user that is not root (as in docker Spaces): read-only directories in
+#: the checkpoint, and in the workspace one of mode 000 and read-only ones with entries the
+#: restore must remove.
+AS_ANOTHER_USER = r"""
+import os, sys
+from spacesd.daemon import Daemon
+from spacesd.protocol import workspace_hash
+work, state = sys.argv[1], sys.argv[2]
+d = Daemon(work, state)
+w = lambda *p: os.path.join(work, *p)
+os.makedirs(w("mod", "pkg")); open(w("mod", "pkg", "a.go"), "w").write("package a\n")
+os.makedirs(w("closed")); open(w("closed", "inside"), "w").write("x\n")
+os.chmod(w("mod", "pkg"), 0o555); os.chmod(w("mod"), 0o555); os.chmod(w("closed"), 0o500)
+d.checkpoints.create("cp")
+os.chmod(w("mod", "pkg"), 0o755); open(w("mod", "pkg", "extra.go"), "w").write("x\n")
+os.chmod(w("mod", "pkg"), 0o555)
+os.chmod(w("closed"), 0o700); open(w("closed", "extra"), "w").write("x\n")
+os.chmod(w("closed"), 0o000)
+os.makedirs(w("gone")); open(w("gone", "f"), "w").write("f\n"); os.chmod(w("gone"), 0o500)
+d.checkpoints.restore("cp")
+assert sorted(os.listdir(w("closed"))) == ["inside"]
+assert sorted(os.listdir(w("mod", "pkg"))) == ["a.go"]
+assert not os.path.exists(w("gone"))
+print("ok", oct(os.stat(w("mod")).st_mode & 0o7777), oct(os.stat(w("closed")).st_mode & 0o7777))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                    reason="needs root and setpriv to run a daemon as another user")
+def test_a_daemon_that_is_not_root_restores_read_only_and_closed_directories() -> None:
+    """A daemon that is not root (docker Spaces run as a user) can neither remove from a
+    read-only directory (a Go module cache) nor enter one of mode 000: the restore opens
+    each up first and sets the checkpoint's modes last (it used to fail, every retry)."""
+    top = Path(tempfile.mkdtemp(prefix="nonroot-"))  # not under pytest's 0700 directory
+    try:
+        top.chmod(0o755)
+        for d in ("work", "state"):
+            (top / d).mkdir()
+            os.chown(top / d, 65534, 65534)
+        done = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable,
+             "-c", AS_ANOTHER_USER, str(top / "work"), str(top / "state")],
+            capture_output=True, text=True, timeout=120, cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1"})
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split() == ["ok", "0o555", "0o500"]
+    finally:
+        subprocess.run(["chmod", "-R", "u+rwx", str(top)], check=False)
+        shutil.rmtree(top, ignore_errors=True)
