@@ -54,6 +54,18 @@ def _tls_env(directory: Path) -> dict[str, str]:
     return env
 
 
+def _address_in(scheduler_file: Path, timeout: float = 300.0) -> str:
+    """The scheduler's address, once its file holds it whole (the scheduler creates the
+    file, then writes it: an empty or half-written one is read again)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return str(json.loads(scheduler_file.read_text())["address"])
+        except (FileNotFoundError, ValueError, KeyError):
+            assert time.monotonic() < deadline, f"no scheduler address in {scheduler_file}"
+            time.sleep(0.2)
+
+
 class Cluster:
     def __init__(self, tmp: Path, env: dict[str, str]) -> None:
         self.tmp, self.env = tmp, env
@@ -62,15 +74,12 @@ class Cluster:
         self.spawn([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host",
                     "127.0.0.1", "--port", "0", "--protocol", "tls", "--no-dashboard",
                     "--scheduler-file", str(scheduler_file)], "scheduler")
-        deadline = time.time() + 60
-        while not scheduler_file.exists() and time.time() < deadline:
-            time.sleep(0.2)
-        self.address = json.loads(scheduler_file.read_text())["address"]
+        self.address = _address_in(scheduler_file)
         self.workers = [self.spawn([sys.executable, "-m", "chaos", "worker", self.address,
                                     "--no-nanny", "--nworkers", "1", "--dir",
                                     str(tmp / f"w{i}")], f"worker{i}") for i in (1, 2)]
-        with distributed.Client(self.address, timeout=60) as client:
-            client.wait_for_workers(2, timeout=60)
+        with distributed.Client(self.address, timeout=300) as client:
+            client.wait_for_workers(2, timeout=300)  # only a hang takes minutes
 
     def spawn(self, argv: list[str], name: str) -> subprocess.Popen[bytes]:
         log = open(self.tmp / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
@@ -167,13 +176,13 @@ def test_a_worker_killed_mid_campaign_loses_no_run(tmp_path: Path, cluster: Clus
         cwd=ROOT, env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         victim, runs = cluster.workers[0], tmp_path / "w1" / "runs"
-        deadline = time.time() + 60
+        deadline = time.time() + 300  # only a hang takes minutes
         while not list(runs.glob("*/run-*/driver-*.log")) and time.time() < deadline:
             time.sleep(0.05)  # in the middle of a run: a driver of it was launched
         assert list(runs.glob("*/run-*/driver-*.log")), "worker 1 never ran a run"
         victim.send_signal(signal.SIGKILL)
         victim.wait()
-        out, _ = campaign.communicate(timeout=300)
+        out, _ = campaign.communicate(timeout=900)
     finally:
         if campaign.poll() is None:
             campaign.kill()
