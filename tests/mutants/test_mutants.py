@@ -266,9 +266,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "shapes-transactional", "run", "reimaged space space_lost after an abs_symlink step"),
     Mutant(
         "manifest-skips-a-name", "spacesd/checkpoints.py",
-        (("            for e in entries:\n                if e.kind == \"file\" and e.link is None",
+        (("            for e in entries:\n                if e.kind == \"file\" and e.link is not None",
           "            for e in entries:\n                if \"\\n\" in e.path:\n"
-          "                    continue\n                if e.kind == \"file\" and e.link is None"),),
+          "                    continue\n                if e.kind == \"file\" and e.link is not None"),),
         "a checkpoint leaves out a name with a newline (what used to wedge restores), so a "
         "restore removes that file",
         "shapes-checkpoint", "G1", "restored file file_cut after an odd_name step"),
