@@ -171,6 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
     wfl.add_argument("log", type=Path, help="the log: a driver's state/log.sqlite")
     wfl.add_argument("--out", type=Path, default=None, help="where to write it (default: stdout)")
     wfl.add_argument("--name", default=None, help="the workload's name (default: the log's)")
+    wfl.add_argument("--no-probe", action="store_true",
+                     help="do not run the workload twice without faults (local Spaces) to "
+                     "declare the paths and outputs that differ between runs")
     img = sub.add_parser("image", help="build the Docker Space image (as ci/build-images.sh)")
     img_sub = img.add_subparsers(dest="image_command", required=True)
     imb = img_sub.add_parser("build", help="build durable-space (a debootstrap'd base when "
@@ -218,6 +221,8 @@ def _workload(args: argparse.Namespace) -> int:
     from scenarios.workload_from_log import from_log
 
     text = from_log(args.log, name=args.name)
+    if not args.no_probe:
+        text = _probed(args, text)
     if args.out is None:
         sys.stdout.write(text)
     else:
@@ -225,6 +230,33 @@ def _workload(args: argparse.Namespace) -> int:
         print(f"chaos: wrote {args.out}; run it with: python -m chaos run --mode checkpoint "
               f"--workload {args.out}", file=sys.stderr)
     return 0
+
+
+def _probed(args: argparse.Namespace, text: str) -> str:
+    """``text`` (a workload from ``args.log``) with what differs between two clean runs of
+    it declared: volatile paths, nondeterministic outputs."""
+    import tempfile
+
+    from scenarios.workload_from_log import from_log
+
+    from .golden import GoldenFailed, probe
+
+    with tempfile.TemporaryDirectory(prefix="chaos-probe-") as tmp:
+        draft = Path(tmp) / "workload.yaml"
+        draft.write_text(text)
+        print("chaos: running the workload twice without faults (local Spaces) to find what "
+              "differs between runs (--no-probe skips this)", file=sys.stderr)
+        try:
+            paths, steps = probe(str(draft), work_dir=Path(tmp))
+        except GoldenFailed as exc:
+            print(f"chaos: warning: {exc}; the workload is written as the log has it, with "
+                  "nothing declared volatile: run it without faults (chaos run --workload W "
+                  "--runs 1) to see why", file=sys.stderr)
+            return text
+    if paths or steps:
+        print(f"chaos: declared volatile: {paths or 'none'}; nondeterministic output: calls "
+              f"{steps or 'none'}", file=sys.stderr)
+    return from_log(args.log, name=args.name, volatile=paths, nondeterministic=steps)
 
 
 def main(argv: list[str] | None = None) -> int:

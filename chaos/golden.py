@@ -16,20 +16,29 @@ differ from run to run. A golden mtime older than the golden run by more than a 
 kept (compared exactly); the others are dropped (compared with nothing). A day is wider
 than any clock skew between a host and its Spaces' machines.
 
+An oracle must be one: each golden run is made twice, and when the two differ (a path's
+content, a pinned mtime, a call's output) the workload is not deterministic and the runs get
+no verdict (``unknown``), with the paths to declare ``volatile`` and the calls to mark
+``output: nondeterministic`` (``Nondeterministic``); a recovery is never blamed for what
+the workload does differently on its own. ``chaos workload from-log`` uses the same two
+clean runs (``probe``) to write those declarations itself.
+
 Golden runs are cached in the campaign's process (per key, computed once even when several
-runs ask for it at once): a campaign of N runs costs one golden run per interruption
-pattern, usually one or two.
+runs ask for it at once): a campaign of N runs costs two golden runs per interruption
+pattern, usually one or two patterns.
 """
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import threading
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from scenarios import Expected, Workload
-from scenarios.workload import PREFIX
+from scenarios.workload import PREFIX, load
 from spacesd.protocol import ScanEntry
 
 from .faults import FaultPlan
@@ -47,6 +56,26 @@ class GoldenFailed(Exception):
     The message says how the golden run ended; run the workload alone to see why."""
 
 
+class Nondeterministic(GoldenFailed):
+    """Two clean runs of the workload ended differently: it has no single answer."""
+
+    def __init__(self, workload: Workload, paths: list[str], steps: list[int]) -> None:
+        self.paths, self.steps = paths, steps
+        said, fixes = [], []
+        if paths:
+            said.append(f"path(s) {', '.join(map(repr, paths[:5]))}"
+                        f"{f' and {len(paths) - 5} more' if len(paths) > 5 else ''} differ")
+            fixes.append("declare such paths in its 'volatile:' list (globs, compared by kind "
+                         "only)")
+        if steps:
+            said.append(f"the output of call(s) {', '.join(map(str, steps))} differs")
+            fixes.append("mark such calls 'output: nondeterministic'")
+        super().__init__(
+            f"two clean runs of the workload {workload.name!r} ended differently: "
+            f"{'; '.join(said)}. Make its commands deterministic (fixed dates, one thread) or "
+            f"{' and '.join(fixes)}")
+
+
 @dataclass(frozen=True)
 class Golden:
     #: The final workspace: mtimes a program set kept, the others None.
@@ -55,39 +84,53 @@ class Golden:
     results: dict[int, Expected]
 
 
-_cache: dict[tuple, Golden] = {}
+_cache: dict[tuple, Golden | Nondeterministic] = {}
 _computing: dict[tuple, threading.Lock] = {}
 _lock = threading.Lock()
 
 
 def golden_for(spec: RunSpec, workload: Workload, interrupted: frozenset[int]) -> Golden:
     """The golden run of ``workload`` (``spec``'s) without the calls of ``interrupted``
-    (their step indices), computed once per key in this process."""
+    (their step indices), computed once per key in this process (a nondeterministic
+    workload too; a clean run that did not finish is tried again by the next run)."""
     kept = tuple(i for i in range(len(workload.calls)) if i not in interrupted)
     spec = replace(spec, preset=PREFIX + workload.path)
     key = (workload.path, workload.digest, spec.durable_mode, spec.backend, spec.snapshots,
            kept)
     with _lock:
-        if key in _cache:
-            return _cache[key]
         mine = _computing.setdefault(key, threading.Lock())
     with mine:
         with _lock:
-            if key in _cache:
-                return _cache[key]
-        golden = _compute(spec, kept, key)
-        with _lock:
-            _cache[key] = golden
-        return golden
+            known = _cache.get(key)
+        if known is None:
+            try:
+                known = _compute(spec, workload, kept, key)
+            except Nondeterministic as exc:
+                known = exc
+            with _lock:
+                _cache[key] = known
+    if isinstance(known, Nondeterministic):
+        raise known
+    return known
 
 
-def _compute(spec: RunSpec, kept: tuple[int, ...], key: tuple) -> Golden:
+def _compute(spec: RunSpec, workload: Workload, kept: tuple[int, ...], key: tuple) -> Golden:
+    """The golden run of ``key``, made twice: ``Nondeterministic`` when the two differ."""
+    name = "golden-" + hashlib.sha256(repr(key).encode()).hexdigest()[:16]
+    first, second = (_clean_run(spec, kept, spec.work_dir.parent / "goldens" / f"{name}-{i}")
+                     for i in (1, 2))
+    paths, steps = differences(workload, first, second)
+    if paths or steps:
+        raise Nondeterministic(workload, paths, steps)
+    return first
+
+
+def _clean_run(spec: RunSpec, kept: tuple[int, ...], work_dir: Path) -> Golden:
     from .runner import Run  # the runner imports this module
 
-    name = "golden-" + hashlib.sha256(repr(key).encode()).hexdigest()[:16]
     golden_spec = replace(spec, index=0, plan=FaultPlan(spec.seed, ()), keep=False,
                           keep_steps=kept, simple_steps=(), golden=True, lead_misses=(),
-                          work_dir=spec.work_dir.parent / "goldens" / name)
+                          work_dir=work_dir)
     record = Run(golden_spec).execute()
     obs = record.observation
     if record.final_exit != 0 or obs is None:
@@ -95,6 +138,33 @@ def _compute(spec: RunSpec, kept: tuple[int, ...], key: tuple) -> Golden:
             f"the golden run of {spec.preset} ({spec.durable_mode}, {spec.backend}) did not "
             f"finish cleanly (exit {record.final_exit}; {'; '.join(record.verdict.errors[:2])})")
     return of_observation(obs, int(record.started_at * 1e9), kept)
+
+
+def differences(workload: Workload, a: Golden, b: Golden) -> tuple[list[str], list[int]]:
+    """The paths (as the workload compares them) and the calls (their outputs, unless
+    marked nondeterministic) in which two clean runs differ."""
+    mine = {e.path: e.state() for e in workload.comparable(a.entries)}
+    theirs = {e.path: e.state() for e in workload.comparable(b.entries)}
+    paths = sorted(p for p in mine.keys() | theirs.keys() if mine.get(p) != theirs.get(p))
+    steps = sorted(i for i in a.results.keys() | b.results.keys()
+                   if not workload.calls[i].nondeterministic
+                   and a.results.get(i) != b.results.get(i))
+    return paths, steps
+
+
+def probe(workload_path: str, *, work_dir: Path, durable_mode: str = "checkpoint",
+          backend: str = "local") -> tuple[list[str], list[int]]:
+    """Run the workload twice without faults and say where the runs differ: the paths to
+    declare volatile (exact, glob-escaped) and the calls whose output is nondeterministic.
+    ``GoldenFailed`` when a clean run does not finish."""
+    workload = load(workload_path)
+    spec = RunSpec(index=0, seed=1, campaign_mode="standard", durable_mode=durable_mode,
+                   backend=backend, preset=PREFIX + workload.path, steps=None,
+                   work_dir=work_dir / "probe")
+    kept = tuple(range(len(workload.calls)))
+    first, second = (_clean_run(spec, kept, work_dir / f"clean-{i}") for i in (1, 2))
+    paths, steps = differences(workload, first, second)
+    return [glob.escape(p) for p in paths], steps
 
 
 def of_observation(obs: Observation, started_ns: int, kept: tuple[int, ...]) -> Golden:

@@ -11,12 +11,16 @@ campaign run's ``state/log.sqlite``) and writes the workload of its root convers
   was committed as interrupted (the Space was restored to before it) is left out, with a
   comment, since it changed nothing the rest depends on.
 
-The calls' output is taken as deterministic; mark the ones that are not (a date, a timing)
-``output: nondeterministic`` before running the workload.
+What a real program does differently on each run (git's index holds inodes, ``date``
+prints the time) has no single golden answer: the paths given as ``volatile`` are declared
+so and the calls given as ``nondeterministic`` marked ``output: nondeterministic``
+(``chaos workload from-log`` finds both by running the workload twice without faults,
+``chaos.golden.probe``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +33,11 @@ from durable.storage.sqlite import SqliteStorage
 from .workload import TOOLS, WorkloadError
 
 
-def from_log(path: Path, *, name: str | None = None,
-             conversation: int = ROOT_CONVERSATION) -> str:
-    """The workload of ``conversation`` of the SQLite log at ``path``, as YAML text."""
+def from_log(path: Path, *, name: str | None = None, conversation: int = ROOT_CONVERSATION,
+             volatile: Sequence[str] = (), nondeterministic: Collection[int] = ()) -> str:
+    """The workload of ``conversation`` of the SQLite log at ``path``, as YAML text, with
+    ``volatile`` paths (globs) and the calls ``nondeterministic`` (their indices in the
+    workload) marked so."""
     if not path.is_file():
         raise WorkloadError(f"no log at {path}: give the SQLite file a session's driver kept "
                             "(a campaign run's state/log.sqlite)")
@@ -66,8 +72,13 @@ def from_log(path: Path, *, name: str | None = None,
                         "mode keeps it in its store): the workload starts empty")
     doc: dict[str, Any] = {"name": name or path.stem,
                            "description": f"the tool calls committed in {path}"}
+    if volatile:
+        doc["volatile"] = list(volatile)
     if initial:
         doc["initial"] = initial
+    for i in nondeterministic:
+        ((tool, args),) = calls[i].items()
+        calls[i] = {tool: {**args, "output": "nondeterministic"}}
     doc["calls"] = calls
     header = "".join(f"# {n}\n" for n in notes)
     return header + yaml.dump(doc, Dumper=_Dumper, sort_keys=False, allow_unicode=True,

@@ -94,3 +94,38 @@ def test_from_log_turns_a_kept_log_into_a_workload_that_runs(tmp_path: Path) -> 
                           str(tmp_path / "nothing.sqlite")], cwd=ROOT, capture_output=True,
                          text=True, timeout=120)
     assert bad.returncode == 254 and "no log at" in bad.stderr
+
+
+def test_a_nondeterministic_workload_gets_no_verdict_and_from_log_declares_it(
+        tmp_path: Path) -> None:
+    """Two clean runs that differ (a timestamp in a file and in an output) are the workload's
+    doing, not a recovery's: the runs are unknown with what to declare; ``from-log`` finds
+    both by running the workload twice, and the workload it writes then runs valid."""
+    (tmp_path / "w.yaml").write_text(
+        "calls:\n"
+        "  - bash: date +%s%N | tee stamp\n"
+        "  - write: {path: notes.txt, content: \"steady\\n\"}\n"
+        "  - bash: cat notes.txt\n")
+    out = io.StringIO()
+    code = run_campaign(CampaignConfig(mode="transactional", preset=PREFIX + str(tmp_path /
+                                                                                 "w.yaml"),
+                                       runs=1, keep=True, results_root=tmp_path / "r", jobs=1),
+                        out)
+    text = out.getvalue()
+    summary = parse_summary(next(x for x in text.splitlines() if x.startswith("SUMMARY")))
+    assert code != 0 and summary["unknown"] == "1" and summary["failed"] == "0", text
+    assert "two clean runs of the workload 'w' ended differently: path(s) 'stamp' differ; " \
+           "the output of call(s) 0 differs" in text, text
+    log = next((tmp_path / "r" / "latest" / "runs").glob("run-*/state/log.sqlite"))
+    made = subprocess.run([sys.executable, "-m", "chaos", "workload", "from-log", str(log),
+                           "--out", str(tmp_path / "again.yaml")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stderr
+    w = load(str(tmp_path / "again.yaml"))
+    assert w.volatile == ("stamp",), w
+    assert [c.nondeterministic for c in w.calls] == [True, False, False], w
+    out = io.StringIO()
+    code = run_campaign(CampaignConfig(mode="checkpoint", preset=PREFIX + str(tmp_path /
+                                                                             "again.yaml"),
+                                       runs=2, results_root=tmp_path / "again", jobs=2), out)
+    assert code == 0, out.getvalue()
