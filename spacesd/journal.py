@@ -1,13 +1,19 @@
 """An append-only file of JSON lines, each append fsynced before it returns.
 
-After a crash the last line may be torn (a partial write that never got its newline, or
-garbage where the disk did not finish). Opening drops it, truncating the file to the last
-complete line, so the next append starts on a clean line. Only the tail can be torn: a bad
-line in the middle, or any complete record whose checksum (``"c"``, CRC-32 of the record
-without it) does not match, means the disk or someone damaged the file. Skipping it could
-forget a key and run its command twice, so loading raises ``DamagedJournal`` naming the
-record, and the file is left untouched for a person to look at. Records written before
-checksums existed (no ``"c"``) are read as they are. ``load`` reads a journal without
+After a crash the last record may be torn: a write cut short (a prefix of the line, no
+newline) or a block the disk never wrote (it reads as zeros: a run of NUL bytes, which a
+record never holds, since JSON escapes them). Opening drops it, truncating the file to the
+last complete line, so the next append starts on a clean line.
+
+Everything else that does not read back is damage (a failing disk, a flipped bit, a person),
+and skipping it could forget a key and run its command twice; so a complete line that is
+unreadable or fails its checksum (``"c"``, CRC-32 of the record without it), wherever it is,
+the last one included, makes loading raise ``DamagedJournal`` naming the record, and the
+file is left untouched for a person to look at. A record that is whole but lost only its
+newline (the tear fell just before it) passes its checksum: it is kept, and the newline
+written back; one whose newline became another byte is damage. Records written before checksums existed (no
+``"c"``) are read as they are, but only before the first checksummed one (a flip of the
+``"c"`` key's name must not pass for an old record). ``load`` reads a journal without
 changing it (an audit of a copy, or of a live daemon's state).
 """
 
@@ -37,19 +43,25 @@ def _checksum(record: dict[str, Any]) -> str:
 @dataclass(frozen=True)
 class Loaded:
     """What a journal file holds: its readable records, and where its whole lines end (a
-    torn tail starts at ``end`` when ``end < size``)."""
+    torn tail starts at ``end`` when ``end < size``; ``unterminated``: the last record is
+    whole but lost its newline, and ``end == size``)."""
 
     records: list[dict[str, Any]]
     end: int
     size: int
+    unterminated: bool = False
+
+
+#: What an unwritten block reads as; one flipped bit makes at most one NUL.
+_UNWRITTEN = b"\0\0"
 
 
 def load(path: str) -> Loaded:
     """Read the journal at ``path`` without changing it (a missing file holds nothing).
 
-    A torn last record is left out, and a bad record in the middle skipped, each with a
-    warning on stderr. Readers of a live journal (an audit) may see a torn tail too: an
-    append in progress.
+    A torn last record is left out, with a warning on stderr; any other unreadable record
+    raises ``DamagedJournal``. Readers of a live journal (an audit) may see a torn tail too:
+    an append in progress.
     """
     try:
         with open(path, "rb") as f:
@@ -58,34 +70,56 @@ def load(path: str) -> Loaded:
         return Loaded([], 0, 0)
     end = raw.rfind(b"\n") + 1
     lines = raw[:end].split(b"\n")[:-1]
+    unterminated = False
     if end < len(raw):
-        print(f"spacesd: ignoring a torn last record of {path} ({len(raw) - end} bytes)",
-              file=sys.stderr)
-    records = []
+        tail = raw[end:]
+        if _whole(tail[:-1]):
+            raise DamagedJournal(
+                f"{path}: the last record's newline is damaged ({tail[-1:]!r}); the file was "
+                "damaged. Refusing to guess what it held: look at the file, or remove the "
+                "Space")
+        if _UNWRITTEN not in tail and _whole(tail):
+            lines.append(tail)
+            end, unterminated = len(raw), True
+        else:
+            print(f"spacesd: ignoring a torn last record of {path} ({len(raw) - end} bytes)",
+                  file=sys.stderr)
+    records: list[dict[str, Any]] = []
+    checksummed = False
     for n, line in enumerate(lines, 1):
         try:
             rec = json.loads(line)
             if not isinstance(rec, dict):
                 raise ValueError("not an object")
         except ValueError as exc:
-            if n == len(lines) and end == len(raw):
-                # A torn last record that happens to end in a newline byte.
-                end -= len(line) + 1
+            if n == len(lines) and not unterminated and _UNWRITTEN in line:
+                end -= len(line) + 1  # a block of the last record the disk never wrote
                 print(f"spacesd: ignoring a torn last record of {path}", file=sys.stderr)
                 continue
             raise DamagedJournal(
-                f"{path}: record {n} of {len(lines)} is unreadable ({exc}); a record in the "
-                "middle is never torn, so the file was damaged. Refusing to guess what it "
-                "held (a forgotten key could run twice): look at the file, or remove the "
+                f"{path}: record {n} of {len(lines)} is unreadable ({exc}); only a record "
+                "cut short is a torn write, so the file was damaged. Refusing to guess what "
+                "it held (a forgotten key could run twice): look at the file, or remove the "
                 "Space") from None
-        if CHECKSUM in rec and rec[CHECKSUM] != _checksum(rec):
+        if CHECKSUM in rec and rec[CHECKSUM] != _checksum(rec) or \
+                checksummed and CHECKSUM not in rec:
             raise DamagedJournal(
                 f"{path}: record {n} of {len(lines)} fails its checksum ({line[:80]!r}); the "
                 "file was damaged. Refusing to guess what it held (a forgotten key could run "
                 "twice): look at the file, or remove the Space")
+        checksummed = checksummed or CHECKSUM in rec
         rec.pop(CHECKSUM, None)
         records.append(rec)
-    return Loaded(records, end, len(raw))
+    return Loaded(records, end, len(raw), unterminated)
+
+
+def _whole(tail: bytes) -> bool:
+    """Whether ``tail`` (a last line without its newline) is a whole checksummed record."""
+    try:
+        rec = json.loads(tail)
+    except ValueError:
+        return False
+    return isinstance(rec, dict) and rec.get(CHECKSUM) == _checksum(rec)
 
 
 class Journal:
@@ -97,6 +131,9 @@ class Journal:
             os.truncate(path, loaded.end)  # the next append starts on a clean line
         self.records = loaded.records
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        if loaded.unterminated:  # a whole last record that lost its newline gets it back
+            os.write(self._fd, b"\n")
+            os.fdatasync(self._fd)
 
     def append(self, record: dict[str, Any]) -> None:
         """Write one record and fsync it: when this returns, the record survives a crash."""

@@ -91,8 +91,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "exhaustive-daemon", "G2", "a start retried after the daemon died at exec.spawned"),
     Mutant(
         "journal-drops-last-record", "spacesd/journal.py",
-        (("    end = raw.rfind(b\"\\n\") + 1\n",
-          "    end = raw.rfind(b\"\\n\", 0, len(raw) - 1) + 1\n"),),
+        (("    lines = raw[:end].split(b\"\\n\")[:-1]\n",
+          "    lines = raw[:end].split(b\"\\n\")[:-2]\n"),),
         "reopening the ledger drops its last complete record as if it were torn, so a "
         "restarted daemon forgets the newest key and it runs again",
         "exhaustive-daemon", "G1", "ran bash key_unknown after a daemon restart"),

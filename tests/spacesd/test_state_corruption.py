@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +21,7 @@ import pytest
 from backends.local import LocalSpace, LocalSpaces
 from backends.space_client import HttpSpaceClient
 from durable.errors import SpaceError, SpaceUnavailable
-from spacesd import procfs, protocol
+from spacesd import journal, procfs, protocol
 
 
 def _ran(client: HttpSpaceClient, key: str, command: str) -> None:
@@ -149,14 +150,76 @@ def test_a_damaged_middle_record_stops_the_daemon(spaces: LocalSpaces, space: Lo
     assert ledger.read_bytes() == before
 
 
-def test_a_torn_last_record_is_still_only_a_torn_write(spaces: LocalSpaces, space: LocalSpace,
-                                                       client: HttpSpaceClient) -> None:
+def test_no_flipped_bit_of_the_last_ledger_record_runs_a_command_twice(
+        space: LocalSpace, client: HttpSpaceClient) -> None:
+    """200 seeded flips of one bit of the last complete record (its newline included): the
+    journal either refuses the file or reads every record as written; before, a flip that
+    broke the JSON was taken for a torn write and the key dropped (87 of 200 ran twice)."""
     ledger = _ledger_with_two_keys(client, space)
+    raw = ledger.read_bytes()
+    last = raw.rstrip(b"\n").rfind(b"\n") + 1
+    intact = journal.load(str(ledger)).records
+    rng = random.Random(28)
+    outcomes = {"refused": 0, "read as written": 0}
+    for _ in range(200):
+        at = rng.randrange(last, len(raw))
+        copy = space.state / "flipped.jsonl"
+        copy.write_bytes(raw[:at] + bytes([raw[at] ^ 1 << rng.randrange(8)]) + raw[at + 1:])
+        try:
+            records = journal.load(str(copy)).records
+        except journal.DamagedJournal:
+            outcomes["refused"] += 1
+        else:
+            assert records == intact, f"a flip at byte {at - last} of the last record"
+            outcomes["read as written"] += 1
+    assert outcomes["refused"] > 150, outcomes
+
+
+@pytest.mark.parametrize("where", ["its newline", "its key", "its last brace"])
+def test_a_damaged_last_ledger_record_never_reruns_its_command(
+        spaces: LocalSpaces, space: LocalSpace, client: HttpSpaceClient, where: str) -> None:
+    """Through a real daemon: a flipped bit anywhere in the last record stops the daemon
+    with the file left as it was; nothing runs twice."""
+    ledger = _ledger_with_two_keys(client, space)
+    raw = ledger.read_bytes()
+    last = raw.rstrip(b"\n").rfind(b"\n") + 1
+    at = {"its newline": len(raw) - 1, "its key": raw.index(b'"key"', last) + 2,
+          "its last brace": len(raw) - 2}[where]
+    damaged = raw[:at] + bytes([raw[at] ^ 0x10]) + raw[at + 1:]
+    ledger.write_bytes(damaged)
+    with pytest.raises(SpaceUnavailable, match="unreadable|fails its checksum|is damaged"):
+        spaces.restart(space.name)
+    assert ledger.read_bytes() == damaged
+    assert (space.work / "runs.txt").read_text() == "a\nb\n"
+
+
+def test_a_last_record_whose_newline_was_never_written_is_kept(
+        spaces: LocalSpaces, space: LocalSpace, client: HttpSpaceClient) -> None:
+    """A tear just before the newline leaves a whole record: kept (its key is known, so it
+    never runs again) and the newline written back."""
+    ledger = _ledger_with_two_keys(client, space)
+    raw = ledger.read_bytes()
+    ledger.write_bytes(raw[:-1])
+    spaces.restart(space.name)
+    assert ledger.read_bytes().startswith(raw)
+    assert client.exec_status("b@1").state == "exited"
+    client.exec_start("b@1", "echo b >> runs.txt")
+    assert client.exec_wait("b@1", timeout=60).state == "exited"
+    assert (space.work / "runs.txt").read_text() == "a\nb\n"
+
+
+@pytest.mark.parametrize("tear", ["cut short", "a block never written"])
+def test_a_torn_last_record_is_still_only_a_torn_write(spaces: LocalSpaces, space: LocalSpace,
+                                                       client: HttpSpaceClient,
+                                                       tear: str) -> None:
+    ledger = _ledger_with_two_keys(client, space)
+    before = ledger.read_bytes()
     with open(ledger, "ab") as f:
-        f.write(b'{"t":"start","key":"half')
+        f.write(b'{"t":"start","key":"half' if tear == "cut short" else
+                b'\0' * 40 + b'","cwd":"","env":{},"epoch":1}\n')
     spaces.restart(space.name)
     assert client.exec_status("b@1").state == "exited"
-    assert not ledger.read_bytes().endswith(b"half")
+    assert ledger.read_bytes() == before
 
 
 # ---------------------------------------------------------------- checkpoints
