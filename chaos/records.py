@@ -18,7 +18,7 @@ import json
 import os
 import threading
 import time
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from durable.atomic_file import write_atomic
@@ -86,9 +86,27 @@ class ResultsDir:
             write_atomic(Path(record["run_dir"]) / "plan.json",
                          json.dumps(record["plan"], indent=2) + "\n")
 
+    def _run_dir(self, run_dir: Any, where: str) -> Path:
+        """``runs/<name>`` here for a record's ``run_dir`` (written as an absolute path under
+        the campaign's ``runs/``); anything else (a path elsewhere, ``..``, a symlink out) is
+        refused: a results directory is input, and merge copies what it names."""
+        named = PurePosixPath(run_dir) if isinstance(run_dir, str) else None
+        if named is None or named.parent.name != "runs" or named.name in ("", ".", ".."):
+            raise BadResults(f"{where}: run_dir {run_dir!r} is not a run directory of the "
+                             f"campaign (…/runs/<run>); refusing to read anything outside "
+                             f"{self.path}: re-run the campaign")
+        mine = self.runs_dir / named.name
+        if mine.is_symlink():
+            raise BadResults(f"{where}: {mine} is a symlink; a run's directory is a directory "
+                             f"in {self.runs_dir}: re-run the campaign")
+        return mine
+
     def runs(self) -> list[dict[str, Any]]:
         """The run records, by index. A torn last line (a campaign killed while writing it)
-        is skipped; anything else unreadable raises ``BadResults``, naming the line."""
+        is skipped; anything else unreadable raises ``BadResults``, naming the line. A
+        record's ``run_dir`` is read as the run's directory in this results directory
+        (``runs/<name>``, wherever the directory was moved or copied to), never as a path
+        elsewhere."""
         path = self.path / "runs.jsonl"
         if not path.exists():
             return []
@@ -115,5 +133,7 @@ class ResultsDir:
             if record["index"] in by_index:
                 raise BadResults(f"{path}, line {i}: a second record of run "
                                  f"{record['index']}; one campaign records each run once")
+            if record.get("run_dir") is not None:
+                record["run_dir"] = str(self._run_dir(record["run_dir"], f"{path}, line {i}"))
             by_index[record["index"]] = record
         return [by_index[i] for i in sorted(by_index)]

@@ -4,6 +4,8 @@ campaign; directories that are not the shards of one campaign are refused."""
 from __future__ import annotations
 
 import io
+import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -76,3 +78,36 @@ def test_what_is_not_one_campaigns_shards_is_refused(tmp_path: Path,
         assert says in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert main(["run", "--mode", "transactional", "--shard", "3/2"]) == 254
     assert "--shard '3/2' is not I/N" in capsys.readouterr().err
+
+
+def test_a_record_naming_a_directory_outside_its_results_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A shard's record is input: a run_dir of /etc once made merge copy /etc/shadow. Only
+    ``runs/<run>`` of the shard itself is read (found there even after the results moved)."""
+    one, two = _shards(tmp_path / "a", 2, mode="transactional", runs=2, steps=2, keep=True)
+    runs = one / "runs.jsonl"
+    lines = runs.read_text().splitlines()
+    first = json.loads(lines[0])
+    assert first["run_dir"] and Path(first["run_dir"]).parent == one / "runs"
+    for hostile in ("/etc", "/", "../../x", str(one / "runs" / ".."), 7):
+        runs.write_text("\n".join([json.dumps({**first, "run_dir": hostile}), *lines[1:]]) +
+                        "\n")
+        assert main(["merge", str(one), str(two), "--results", str(tmp_path / "m")]) == 254
+        err = capsys.readouterr().err
+        assert f"runs.jsonl, line 1: run_dir {hostile!r} is not a run directory" in err, err
+        assert "Traceback" not in err
+    assert not list((tmp_path / "m").rglob("shadow"))
+    (one / "runs" / "outside").symlink_to("/etc")
+    runs.write_text("\n".join([json.dumps({**first, "run_dir": str(one / "runs" / "outside")}),
+                               *lines[1:]]) + "\n")
+    assert main(["merge", str(one), str(two), "--results", str(tmp_path / "m")]) == 254
+    assert "is a symlink" in capsys.readouterr().err
+    (one / "runs" / "outside").unlink()
+    runs.write_text("\n".join(lines) + "\n")
+    moved = [shutil.copytree(d, tmp_path / "moved" / d.name, symlinks=True) for d in (one, two)]
+    shutil.rmtree(tmp_path / "a")
+    out = io.StringIO()
+    assert merge(moved, tmp_path / "m", out) == 0, out.getvalue()
+    merged = ResultsDir.open(_results(out.getvalue()))
+    kept = [Path(r["run_dir"]) for r in merged.runs()]
+    assert len(kept) == 2 and all(d.is_dir() and d.parent == merged.runs_dir for d in kept)
