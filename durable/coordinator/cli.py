@@ -98,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_ARGS if exc.code else 0
     args.driver = driver
     try:
-        store = open_store(args.store)
+        # Only the commands that add or drive sessions make a store where there is none.
+        store = open_store(args.store, create=args.command in ("submit", "serve"))
     except CoordinatorError as exc:
         print(f"durable.coordinator: {exc}", file=sys.stderr)
         return EXIT_BAD_ARGS

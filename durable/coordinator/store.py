@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
@@ -198,6 +199,21 @@ class SqlStore:
         with self._write() as tx:  # a read under the lock sees one committed state
             return tx.q(sql, params)
 
+    def _check_schema(self) -> None:
+        """An existing store's marks: its magic and a schema this code reads."""
+        with self._write() as tx:
+            self._marks(tx)
+
+    def _marks(self, tx: _Tx) -> None:
+        rows = tx.q("SELECT value FROM coord_meta WHERE key = 'magic'")
+        if not rows or rows[0][0] != _MAGIC:
+            raise CoordinatorError(f"{self.url} holds tables of something else; point "
+                                   "--store at a coordinator store or a new one")
+        version = int(tx.q("SELECT value FROM coord_meta WHERE key = 'schema'")[0][0])
+        if version > SCHEMA_VERSION:
+            raise CoordinatorError(f"{self.url} was written by a newer coordinator "
+                                   f"(schema {version} > {SCHEMA_VERSION}); upgrade this one")
+
     def _create_schema(self) -> None:
         with self._write() as tx:
             tx.q("CREATE TABLE IF NOT EXISTS coord_meta (key TEXT PRIMARY KEY, value TEXT)")
@@ -208,19 +224,11 @@ class SqlStore:
             tx.q(f"CREATE TABLE IF NOT EXISTS coord_events (seq {self.autoincrement}, "
                  f"session TEXT NOT NULL, at {self.real} NOT NULL, kind TEXT NOT NULL, "
                  "data TEXT NOT NULL)")
-            rows = tx.q("SELECT value FROM coord_meta WHERE key = 'magic'")
-            if not rows:
+            if not tx.q("SELECT value FROM coord_meta WHERE key = 'magic'"):
                 tx.q("INSERT INTO coord_meta (key, value) VALUES ('magic', ?)", (_MAGIC,))
                 tx.q("INSERT INTO coord_meta (key, value) VALUES ('schema', ?)",
                      (str(SCHEMA_VERSION),))
-            elif rows[0][0] != _MAGIC:
-                raise CoordinatorError(f"{self.url} holds tables of something else; point "
-                                       "--store at a coordinator store or a new one")
-            version = int(tx.q("SELECT value FROM coord_meta WHERE key = 'schema'")[0][0])
-            if version > SCHEMA_VERSION:
-                raise CoordinatorError(f"{self.url} was written by a newer coordinator "
-                                       f"(schema {version} > {SCHEMA_VERSION}); upgrade this "
-                                       "one")
+            self._marks(tx)
 
     def close(self) -> None:
         with self._lock:
@@ -433,26 +441,106 @@ class SqlStore:
 
 
 class SqliteStore(SqlStore):
-    """The store in one SQLite file (created with its parent directories)."""
+    """The store in one SQLite file.
 
-    def __init__(self, path: str | Path) -> None:
+    A new store is made only where no file is (``create``; with its parent directories),
+    whole: built beside the path, mode 0600 (sessions keep their ``--env`` values), then
+    linked into place. So a file at the path that is empty, not SQLite, fails SQLite's
+    ``quick_check`` or lacks the store's tables was truncated, damaged or is someone else's:
+    it is refused, never initialised over (its pending sessions would be forgotten).
+    """
+
+    def __init__(self, path: str | Path, *, create: bool = True) -> None:
         super().__init__()
         self.path = Path(path)
         self.url = f"sqlite:///{self.path}"
-        if self.path.exists() and not self.path.is_file():
+        if not self.path.exists() and not self.path.is_symlink():
+            if not create:
+                raise CoordinatorError(f"no coordinator store at {self.path}: submit a "
+                                       "session first (it creates the store), or fix --store")
+            self._create_file()
+        elif not self.path.is_file():
             raise CoordinatorError(f"--store {self.path} exists and is not a file; point it at "
                                    "a coordinator store file or a new path")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._check_file()
         try:
-            self._conn = sqlite3.connect(self.path, isolation_level=None, timeout=30.0,
-                                         check_same_thread=False)
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            self._conn.execute("PRAGMA synchronous=FULL")
-            self._create_schema()
+            self._conn = self._connect(self.path)
+            self._check_schema()
         except sqlite3.DatabaseError as exc:
             self.close()
-            raise CoordinatorError(f"--store {self.path} is not a coordinator store ({exc}); "
-                                   "point it at one or at a new path") from None
+            raise CoordinatorError(f"--store {self.path} is not a coordinator store or is "
+                                   f"damaged ({exc}); restore it from a copy, or point "
+                                   "--store at a new path") from None
+
+    @staticmethod
+    def _connect(path: Path) -> sqlite3.Connection:
+        conn = sqlite3.connect(path, isolation_level=None, timeout=30.0,
+                               check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        return conn
+
+    def _create_file(self) -> None:
+        """A new store at ``self.path``, whole or not at all; a store another process made
+        there meanwhile is kept."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.new-{os.getpid()}-{threading.get_ident()}")
+        for leftover in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm")):
+            leftover.unlink(missing_ok=True)
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            self._conn = self._connect(tmp)
+            self._create_schema()
+            self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            self._conn.execute("PRAGMA journal_mode=DELETE")  # whole in one file to link
+            self.close()
+            os.fsync(fd := os.open(tmp, os.O_RDONLY))
+            os.close(fd)
+            try:
+                os.link(tmp, self.path)
+            except FileExistsError:
+                pass  # another process made the store first: use theirs
+            dir_fd = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        except sqlite3.DatabaseError as exc:
+            self.close()
+            raise CoordinatorError(f"could not create a store at {self.path} ({exc})") from None
+        finally:
+            for leftover in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm")):
+                leftover.unlink(missing_ok=True)
+
+    def _check_file(self) -> None:
+        size = self.path.stat().st_size
+        if size == 0:
+            raise CoordinatorError(
+                f"--store {self.path} is empty (0 bytes). A store is created whole, so this "
+                "one was truncated and its sessions are lost from it: restore it from a copy, "
+                "or delete the file to start a new store there; it was not modified")
+        with self.path.open("rb") as f:
+            if f.read(16) != b"SQLite format 3\x00":
+                raise CoordinatorError(f"--store {self.path} is not a coordinator store (not a "
+                                       "SQLite file); point it at one or at a new path; it was "
+                                       "not modified")
+        ro = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, timeout=30.0)
+        try:
+            bad = [r[0] for r in ro.execute("PRAGMA quick_check(5)")]
+            has = ro.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND "
+                             "name = 'coord_meta'").fetchall()
+        except sqlite3.DatabaseError as exc:
+            bad, has = [str(exc)], [(1,)]
+        finally:
+            ro.close()
+        if bad != ["ok"]:
+            raise CoordinatorError(
+                f"--store {self.path} is damaged ({'; '.join(bad)}): restore it from a copy, "
+                "or delete it (and its -wal) to start a new store; it was not modified")
+        if not has:
+            raise CoordinatorError(f"--store {self.path} is not a coordinator store (a SQLite "
+                                   "file without its tables); point --store at one or at a "
+                                   "new path; it was not modified")
 
     def _begin_write(self, cur: Any) -> None:
         cur.execute("BEGIN IMMEDIATE")
@@ -466,7 +554,7 @@ class PostgresStore(SqlStore):
     autoincrement = "BIGSERIAL PRIMARY KEY"
     real = "DOUBLE PRECISION"
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, create: bool = True) -> None:
         super().__init__()
         try:
             import psycopg
@@ -487,13 +575,21 @@ class PostgresStore(SqlStore):
                                    .digest()[:8], "big", signed=True)
         try:
             self._conn = psycopg.connect(dsn, autocommit=True, connect_timeout=10)
-            self._conn.execute("SELECT pg_advisory_lock(%s)", (self._key,))
-            try:
-                self._conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
-            finally:
-                self._conn.execute("SELECT pg_advisory_unlock(%s)", (self._key,))
+            if create:
+                self._conn.execute("SELECT pg_advisory_lock(%s)", (self._key,))
+                try:
+                    self._conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
+                finally:
+                    self._conn.execute("SELECT pg_advisory_unlock(%s)", (self._key,))
             self._conn.execute(f'SET search_path TO "{self.schema}"')
-            self._create_schema()
+            if create:
+                self._create_schema()
+            else:
+                self._check_schema()
+        except psycopg.errors.UndefinedTable:
+            self.close()
+            raise CoordinatorError(f"no coordinator store at {self.url}: submit a session "
+                                   "first (it creates the store), or fix --store") from None
         except psycopg.Error as exc:
             self.close()
             raise CoordinatorError(f"--store {self.url}: {type(exc).__name__}: "
@@ -511,14 +607,14 @@ class PostgresStore(SqlStore):
         self.close()
 
 
-def open_store(url: str) -> CoordinatorStore:
+def open_store(url: str, *, create: bool = True) -> CoordinatorStore:
     """The store ``url`` names: ``postgresql://...`` (or ``postgres://``), ``sqlite:///PATH``
-    or a plain path (SQLite)."""
+    or a plain path (SQLite). ``create``: make the store when there is none (else refuse)."""
     if url.startswith(("postgresql://", "postgres://")):
-        return PostgresStore(url)
+        return PostgresStore(url, create=create)
     if url.startswith("sqlite:///"):
-        return SqliteStore(url[len("sqlite:///"):] or "coordinator.sqlite")
+        return SqliteStore(url[len("sqlite:///"):] or "coordinator.sqlite", create=create)
     if "://" in url:
         raise CoordinatorError(f"--store {url!r}: use postgresql://..., sqlite:///PATH or a "
                                "file path")
-    return SqliteStore(url)
+    return SqliteStore(url, create=create)

@@ -4,11 +4,14 @@ command line, and the one-line refusals of bad input."""
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from backends.local import LocalSpaces
+from durable.coordinator import SessionSpec, open_store
 
 FAKE = Path(__file__).with_name("fake_driver.py")
 
@@ -63,3 +66,41 @@ def test_bad_input_is_one_line_and_a_code(tmp_path: Path) -> None:
     (tmp_path / "junk").write_bytes(b"not sqlite at all" * 100)
     got = cli(tmp_path / "junk", "sessions")
     assert got.returncode == 254 and "not a coordinator store" in got.stderr, got.stderr
+
+
+def test_a_store_is_made_only_where_no_file_is(tmp_path: Path) -> None:
+    """An empty, damaged or foreign file at --store is refused and left as it was (before, an
+    empty store opened as a new one and its pending sessions were forgotten); reading a
+    store that does not exist makes nothing; a new store is 0600 (it keeps --env values)."""
+    got = cli(tmp_path / "missing" / "coord.sqlite", "sessions")
+    assert got.returncode == 254 and "no coordinator store at" in got.stderr, got.stderr
+    assert not (tmp_path / "missing").exists()
+    store = tmp_path / "coord.sqlite"
+    opened = open_store(str(store))
+    for i in range(40):
+        opened.submit(SessionSpec(f"s{i}", f"ws{i}", ("driver",), str(tmp_path / f"s{i}"),
+                                  "", "auto", True, {"NOTE": "x" * 400}), time.time())
+    opened.close()
+    assert store.stat().st_mode & 0o777 == 0o600
+    whole = store.read_bytes()
+    damaged = {"empty": b"", "zeroed last page": whole[:-4096] + bytes(4096),
+               "cut at a page": whole[:-4096]}
+    for name, data in damaged.items():
+        store.write_bytes(data)
+        for wal in (tmp_path / "coord.sqlite-wal", tmp_path / "coord.sqlite-shm"):
+            wal.unlink(missing_ok=True)
+        for args in (["sessions"], ["submit", "new", "--space", "wsn", "--state-dir",
+                                    str(tmp_path / "n"), "--", "driver"]):
+            got = cli(store, *args)
+            assert got.returncode == 254, (name, args, got.stdout)
+            assert ("is empty" if name == "empty" else "is damaged") in got.stderr, got.stderr
+            assert "Traceback" not in got.stderr
+            assert store.read_bytes() == data, name
+    foreign = tmp_path / "other.sqlite"
+    with sqlite3.connect(foreign) as conn:
+        conn.execute("CREATE TABLE t (x)")
+    conn.close()
+    before = foreign.read_bytes()
+    got = cli(foreign, "submit", "s", "--space", "ws", "--state-dir", "x", "--", "d")
+    assert got.returncode == 254 and "without its tables" in got.stderr, got.stderr
+    assert foreign.read_bytes() == before

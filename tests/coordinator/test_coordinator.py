@@ -31,8 +31,10 @@ from durable.coordinator import (
 from tests.coordinator.conftest import store_url
 
 FAKE = Path(__file__).with_name("fake_driver.py")
+#: Claims only a hang lets lapse: with 2 s a busy machine let one lapse mid-drive, the
+#: session was claimed again and its script ran out of order.
 FAST = CoordinatorConfig(backoff=Backoff(0.0), stall_secs=5.0, heartbeat_secs=0.2,
-                         poll_secs=0.05, claim_secs=2.0)
+                         poll_secs=0.05, claim_secs=30.0)
 
 
 def fake(name: str, tmp: Path, spaces: LocalSpaces, script: list[dict], *, space: str = "ws",
@@ -198,8 +200,11 @@ def test_cancel_kills_the_driver_and_ends_the_session(store: CoordinatorStore,
 
     canceller = threading.Thread(target=cancel_once_the_driver_runs)
     canceller.start()
+    # A claim only a hang lets expire: with 0.6 s a busy machine let it lapse, the session
+    # was claimed again and its next driver finished before the cancel was seen. A cancel
+    # is seen at the next renewal (a third of the claim).
     config = CoordinatorConfig(backoff=Backoff(0.0), stall_secs=30.0, heartbeat_secs=0.2,
-                               poll_secs=0.05, claim_secs=0.6)
+                               poll_secs=0.05, claim_secs=15.0)
     serve(store, spaces, config)
     canceller.join(timeout=120)
     rec = store.get("s")
@@ -280,13 +285,15 @@ def test_a_coordinator_sigkilled_mid_drive_takes_its_driver_with_it(
     """The driver dies with the coordinator; another coordinator takes the session over
     when the claim expires and drives it at a newer epoch: never two live drivers."""
     store.submit(fake("s", tmp_path, spaces, [{"sleep": 60}, {"exit": 0}]), time.time())
-    procs.append(CoordinatorProcess(url, spaces, tmp_path, "c1", "--claim-secs", "1.5"))
-    wait_for("the first driver", lambda: len(journal(tmp_path, "s")) == 1)
+    # Claims only a hang lets expire (c2 waits out c1's): with 1.5 s a busy machine let c1's
+    # lapse before the test saw its first driver, and a second one started.
+    procs.append(CoordinatorProcess(url, spaces, tmp_path, "c1", "--claim-secs", "10"))
+    wait_for("the first driver", lambda: len(journal(tmp_path, "s")) >= 1)
     driver = journal(tmp_path, "s")[0]["pid"]
     procs[-1].kill()
     wait_for("the driver to die with its coordinator", lambda: not psutil.pid_exists(driver)
              or psutil.Process(driver).status() == psutil.STATUS_ZOMBIE, timeout=120)
-    procs.append(CoordinatorProcess(url, spaces, tmp_path, "c2", "--claim-secs", "1.5",
+    procs.append(CoordinatorProcess(url, spaces, tmp_path, "c2", "--claim-secs", "10",
                                     "--until-idle"))
     assert procs[-1].proc.wait(timeout=300) == 0, procs[-1].log.read_text()
     rec = store.get("s")
