@@ -13,6 +13,7 @@ from .records import (
     SessionConflict,
     SessionRecord,
     SessionSpec,
+    StoreUnavailable,
     UnknownSession,
 )
 from .store import CoordinatorStore, PostgresStore, SqliteStore, open_store
@@ -20,6 +21,6 @@ from .store import CoordinatorStore, PostgresStore, SqliteStore, open_store
 __all__ = [
     "Backoff", "ClaimLost", "Coordinator", "CoordinatorConfig", "CoordinatorError",
     "CoordinatorStore", "Event", "Lease", "LeaseHeld", "LeaseSuperseded", "PostgresStore",
-    "SessionConflict", "SessionRecord", "SessionSpec", "SqliteStore", "UnknownSession",
-    "open_store",
+    "SessionConflict", "SessionRecord", "SessionSpec", "SqliteStore", "StoreUnavailable",
+    "UnknownSession", "open_store",
 ]

@@ -25,7 +25,13 @@ from typing import Any
 from ..lifetime import DIE_WITH_ENV, die_with
 from ..spaces_loader import BadProvider, load_spaces, pairs
 from .coordinator import Backoff, Coordinator, CoordinatorConfig
-from .records import CoordinatorError, SessionRecord, SessionSpec, UnknownSession
+from .records import (
+    CoordinatorError,
+    SessionRecord,
+    SessionSpec,
+    StoreUnavailable,
+    UnknownSession,
+)
 from .store import CoordinatorStore, open_store
 
 STORE_ENV = "CUA_COORDINATOR_STORE"
@@ -107,6 +113,11 @@ def main(argv: list[str] | None = None) -> int:
         return _run(args, store)
     except UnknownSession as exc:
         print(f"durable.coordinator: {exc}", file=sys.stderr)
+        return 1
+    except StoreUnavailable as exc:
+        print(f"durable.coordinator: {exc}. Its drivers were ended and its sessions wait in "
+              "the store: start the coordinator again once the store answers",
+              file=sys.stderr)
         return 1
     except (BadProvider, ValueError, CoordinatorError) as exc:
         print(f"durable.coordinator: {exc}", file=sys.stderr)

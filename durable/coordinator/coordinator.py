@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import threading
 import time
 import traceback
@@ -36,14 +37,14 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ..errors import SpaceError
 from ..lifetime import DIE_WITH_ENV
 from ..session_driver import EXIT_FENCED, EXIT_OK, EXIT_PERMANENT
 from ..spaces import Spaces
 from .drive import DriveResult, DriverProcess, end_orphan
-from .records import ClaimLost, Claimed, SessionRecord, check_seconds
+from .records import ClaimLost, Claimed, SessionRecord, StoreUnavailable, check_seconds
 from .store import CoordinatorStore
 
 #: The lease a session holds on its Space from its first drive until it ends.
@@ -108,6 +109,62 @@ class CoordinatorConfig:
         return self.heartbeat_secs if self.heartbeat_secs is not None else self.stall_secs / 4
 
 
+class _PatientStore:
+    """The store as a coordinator uses it: an operation that finds the store unreachable
+    (``StoreUnavailable``: a dropped connection, a restarting server) is tried again, with a
+    growing pause, for as long as this coordinator's claims can still hold: until the store
+    has been unreachable for ``claim_secs``. Its drivers keep running meanwhile. After that
+    another coordinator may own its sessions, so the error is raised and the coordinator
+    ends its drivers and stops."""
+
+    def __init__(self, store: CoordinatorStore, claim_secs: float) -> None:
+        self._store, self._claim_secs = store, claim_secs
+        self._down_since: float | None = None
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._store, name)
+        if not callable(attr):
+            return attr
+
+        def patient(*args: Any, **kwargs: Any) -> Any:
+            pause = 0.05
+            while True:
+                try:
+                    out = attr(*args, **kwargs)
+                except StoreUnavailable as exc:
+                    down = self._down(exc)
+                    if down >= self._claim_secs:
+                        raise StoreUnavailable(
+                            f"{exc}; unreachable for {down:.1f} s, longer than a claim "
+                            f"({self._claim_secs:g} s)") from exc
+                    time.sleep(min(pause, self._claim_secs - down))
+                    pause = min(pause * 2, 1.0)
+                    continue
+                self._up()
+                return out
+
+        return patient
+
+    def _down(self, exc: StoreUnavailable) -> float:
+        now = time.monotonic()
+        with self._lock:
+            if self._down_since is None:
+                self._down_since = now
+                print(f"durable.coordinator: {exc}; trying again while the claims hold "
+                      f"({self._claim_secs:g} s), the drivers keep running", file=sys.stderr,
+                      flush=True)
+            return now - self._down_since
+
+    def _up(self) -> None:
+        with self._lock:
+            if self._down_since is not None:
+                print(f"durable.coordinator: the store answers again after "
+                      f"{time.monotonic() - self._down_since:.1f} s", file=sys.stderr,
+                      flush=True)
+                self._down_since = None
+
+
 @dataclass
 class _Drive:
     record: SessionRecord
@@ -126,8 +183,9 @@ class Coordinator:
     def __init__(self, store: CoordinatorStore, spaces: Spaces, *,
                  config: CoordinatorConfig | None = None, id: str | None = None,  # noqa: A002
                  provider: str = "", clock: Callable[[], float] = time.time) -> None:
-        self.store, self.spaces = store, spaces
         self.config = config or CoordinatorConfig()
+        self.store = cast(CoordinatorStore, _PatientStore(store, self.config.claim_secs))
+        self.spaces = spaces
         self.host = socket.gethostname()
         self.id = id or f"{self.host}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.provider = provider
@@ -145,6 +203,7 @@ class Coordinator:
         in the store has ended). Leaving ends this coordinator's drivers and releases their
         sessions, so another coordinator (or this one, restarted) resumes them at once."""
         self.store.release_claims(self.id, self.clock())
+        why = "the coordinator stopped"
         try:
             while not stop.is_set():
                 self._renew()
@@ -155,8 +214,11 @@ class Coordinator:
                     return
                 self.wake.wait(self.config.poll_secs)
                 self.wake.clear()
+        except StoreUnavailable:
+            why = "the store was unreachable for longer than a claim"
+            raise
         finally:
-            self._stop_all("the coordinator stopped")
+            self._stop_all(why)
 
     def _claim(self) -> None:
         while len(self._drives) < self.config.max_drives and self._stopping is None:
@@ -201,7 +263,10 @@ class Coordinator:
         for drive in drives:
             drive.thread.join()
         self._reap()
-        self.store.release_claims(self.id, self.clock())
+        try:
+            self.store.release_claims(self.id, self.clock())
+        except StoreUnavailable:
+            pass  # the claims lapse on their own; another coordinator takes the sessions
 
     def _stop_reason(self, name: str) -> str | None:
         with self._lock:
@@ -217,6 +282,10 @@ class Coordinator:
         except ClaimLost as exc:
             self.store.note(rec.name, "claim_lost", {"coordinator": self.id,
                                                      "error": str(exc)}, self.clock())
+        except StoreUnavailable as exc:
+            # The claim lapsed while the store was away: the session is another's to take.
+            print(f"durable.coordinator: left session {rec.name}: {exc}", file=sys.stderr,
+                  flush=True)
         except Exception as exc:  # noqa: BLE001 - a drive's own error: the session retries
             traceback.print_exc()
             try:

@@ -33,6 +33,11 @@ class CoordinatorError(Exception):
     """Root of the coordinator's errors; each says what was wrong and what to do."""
 
 
+class StoreUnavailable(CoordinatorError):
+    """The store did not answer (a PostgreSQL connection dropped, the server down). The
+    next operation connects again; a coordinator retries for as long as its claims hold."""
+
+
 class UnknownSession(CoordinatorError):
     """No session of that name in the store: ``sessions`` lists them."""
 

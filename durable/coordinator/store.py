@@ -54,6 +54,7 @@ from .records import (
     SessionConflict,
     SessionRecord,
     SessionSpec,
+    StoreUnavailable,
     UnknownSession,
 )
 
@@ -168,10 +169,20 @@ class SqlStore:
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self._conn: Any = None
+        #: The connection was lost: the next operation connects again.
+        self._lost = False
 
     # ------------------------------------------------------------ dialect hooks
 
     def _begin_write(self, cur: Any) -> None:
+        raise NotImplementedError
+
+    def _connection_lost(self, exc: BaseException) -> bool:
+        """Whether ``exc`` means the connection to the database is gone (not a rule's
+        refusal): SQLite's file never goes away."""
+        return False
+
+    def _reconnect(self) -> None:
         raise NotImplementedError
 
     def sql(self, text: str) -> str:
@@ -179,21 +190,48 @@ class SqlStore:
 
     @contextmanager
     def _write(self) -> Iterator[_Tx]:
+        """One write transaction. A lost connection raises ``StoreUnavailable`` (the
+        transaction may or may not have committed: every rule is safe to try again) and
+        the next transaction connects again."""
         with self._lock:
-            cur = self._conn.cursor()
-            self._begin_write(cur)
+            if self._lost:
+                self._reconnect()
+                self._lost = False
+            try:
+                cur = self._conn.cursor()
+                self._begin_write(cur)
+            except Exception as exc:
+                self._lose(exc)
+                raise
             try:
                 yield _Tx(self, cur)
-            except BaseException:
+            except BaseException as exc:
                 try:
                     cur.execute("ROLLBACK")
                 except Exception:  # noqa: BLE001 - a dead connection: the first error tells
                     pass
+                self._lose(exc)
                 raise
             else:
-                cur.execute("COMMIT")
+                try:
+                    cur.execute("COMMIT")
+                except Exception as exc:
+                    self._lose(exc)
+                    raise
             finally:
                 cur.close()
+
+    def _lose(self, exc: BaseException) -> None:
+        """Turn a lost connection into ``StoreUnavailable`` (other errors pass through)."""
+        if not self._connection_lost(exc):
+            return
+        self._lost = True
+        try:
+            self._conn.close()
+        except Exception:  # noqa: BLE001 - closing what is already gone
+            pass
+        raise StoreUnavailable(f"the store {self.url} is unreachable "
+                               f"({type(exc).__name__}: {str(exc).strip()})") from exc
 
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         with self._write() as tx:  # a read under the lock sees one committed state
@@ -573,16 +611,15 @@ class PostgresStore(SqlStore):
         self.url = urlunsplit(parts._replace(netloc=host, query=f"schema={self.schema}"))
         self._key = int.from_bytes(hashlib.sha256(f"{_MAGIC}:{self.schema}".encode())
                                    .digest()[:8], "big", signed=True)
+        self._dsn = dsn
         try:
-            self._conn = psycopg.connect(dsn, autocommit=True, connect_timeout=10)
+            self._conn = self._connect()
             if create:
                 self._conn.execute("SELECT pg_advisory_lock(%s)", (self._key,))
                 try:
                     self._conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
                 finally:
                     self._conn.execute("SELECT pg_advisory_unlock(%s)", (self._key,))
-            self._conn.execute(f'SET search_path TO "{self.schema}"')
-            if create:
                 self._create_schema()
             else:
                 self._check_schema()
@@ -594,6 +631,29 @@ class PostgresStore(SqlStore):
             self.close()
             raise CoordinatorError(f"--store {self.url}: {type(exc).__name__}: "
                                    f"{str(exc).strip()}") from None
+
+    def _connect(self) -> Any:
+        import psycopg
+
+        conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=10,
+                               application_name=f"durable.coordinator:{self.schema}")
+        conn.execute(f'SET search_path TO "{self.schema}"')
+        return conn
+
+    def _connection_lost(self, exc: BaseException) -> bool:
+        import psycopg
+
+        return isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError) or \
+            bool(self._conn is not None and self._conn.broken)
+
+    def _reconnect(self) -> None:
+        import psycopg
+
+        try:
+            self._conn = self._connect()
+        except psycopg.Error as exc:
+            raise StoreUnavailable(f"the store {self.url} is unreachable "
+                                   f"({type(exc).__name__}: {str(exc).strip()})") from None
 
     def _begin_write(self, cur: Any) -> None:
         cur.execute("BEGIN")

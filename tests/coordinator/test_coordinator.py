@@ -26,6 +26,7 @@ from durable.coordinator import (
     CoordinatorConfig,
     CoordinatorStore,
     SessionSpec,
+    StoreUnavailable,
     open_store,
 )
 from tests.coordinator.conftest import store_url
@@ -341,3 +342,102 @@ def test_two_coordinators_on_one_postgresql_store_never_drive_a_session_twice(
     drivers = {e.data["coordinator"] for e in store.events() if e.kind == "launched"}
     assert drivers == {"a", "b"}
     store.close()
+
+
+# ---------------------------------------------------------------- the store goes away
+
+
+def _terminate_coordinator_connections(url: str) -> int:
+    """Drop every connection of the store's coordinators on the server (as a restarting
+    server or a network cut would); returns how many."""
+    import psycopg
+    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    query = dict(parse_qsl(parts.query))
+    schema = query.pop("schema")
+    with psycopg.connect(urlunsplit(parts._replace(query=urlencode(query))),
+                         autocommit=True) as admin:
+        rows = admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
+                             "application_name = %s", (f"durable.coordinator:{schema}",))
+        return sum(1 for (done,) in rows.fetchall() if done)
+
+
+def test_a_dropped_store_connection_keeps_the_coordinator_and_its_driver(
+        spaces: LocalSpaces, tmp_path: Path, procs: list[CoordinatorProcess],
+        request: pytest.FixtureRequest) -> None:
+    """Before, one dropped PostgreSQL connection ended the coordinator with a traceback and
+    its drivers with it. Now it connects again and the drive goes on: one driver, one
+    attempt, done."""
+    url = store_url("postgresql", tmp_path, request)
+    store = open_store(url)
+    store.submit(fake("s", tmp_path, spaces, [{"sleep": 3, "exit": 0}]), time.time())
+    store.close()
+    procs.append(CoordinatorProcess(url, spaces, tmp_path, "c1", "--claim-secs", "30",
+                                    "--until-idle"))
+    wait_for("the driver", lambda: len(journal(tmp_path, "s")) >= 1)
+    assert _terminate_coordinator_connections(url) >= 1
+    wait_for("the coordinator to write again", lambda: "answers again" in
+             procs[-1].log.read_text() or procs[-1].proc.poll() is not None)
+    assert procs[-1].proc.wait(timeout=300) == 0, procs[-1].log.read_text()
+    store = open_store(url, create=False)
+    rec = store.get("s")
+    store.close()
+    assert (rec.state, rec.attempts) == ("done", 1), rec
+    events = journal(tmp_path, "s")
+    assert [e["event"] for e in events] == ["start", "end"], events  # the same driver
+    log = procs[-1].log.read_text()
+    assert "is unreachable" in log and "Traceback" not in log, log
+
+
+class Unplugged:
+    """A store that stops answering while ``away`` is set (a fault, as the nemesis would
+    inject it): every operation raises ``StoreUnavailable``."""
+
+    def __init__(self, store: CoordinatorStore) -> None:
+        self.store, self.away = store, threading.Event()
+
+    def __getattr__(self, name: str):  # noqa: ANN204
+        attr = getattr(self.store, name)
+
+        def call(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            if self.away.is_set():
+                raise StoreUnavailable("the store is unplugged (test)")
+            return attr(*args, **kwargs)
+
+        return call
+
+
+def test_a_store_away_longer_than_a_claim_ends_the_drivers_and_says_so(
+        store: CoordinatorStore, spaces: LocalSpaces, tmp_path: Path) -> None:
+    """Its claims lapsed, so another coordinator may drive its sessions: the coordinator
+    ends its drivers and stops with the reason; the session is resumed later."""
+    store.submit(fake("s", tmp_path, spaces, [{"sleep": 120}, {"exit": 0}]), 0.0)
+    unplugged = Unplugged(store)
+    config = CoordinatorConfig(backoff=Backoff(0.0), stall_secs=60.0, heartbeat_secs=0.2,
+                               poll_secs=0.05, claim_secs=2.0)
+    coordinator = Coordinator(unplugged, spaces, config=config, id="c1")  # type: ignore[arg-type]
+    failed: list[BaseException] = []
+
+    def serve_until_it_fails() -> None:
+        try:
+            coordinator.serve(threading.Event())
+        except BaseException as exc:  # noqa: BLE001 - the test looks at it
+            failed.append(exc)
+
+    thread = threading.Thread(target=serve_until_it_fails)
+    thread.start()
+    wait_for("the driver", lambda: "launched" in kinds(store, "s"))
+    unplugged.away.set()
+    thread.join(timeout=300)
+    assert not thread.is_alive(), "the coordinator kept going without its store"
+    assert failed and isinstance(failed[0], StoreUnavailable), failed
+    assert "longer than a claim (2 s)" in str(failed[0])
+    for start in (e for e in journal(tmp_path, "s") if e["event"] == "start"):
+        assert not psutil.pid_exists(start["pid"]) or \
+            psutil.Process(start["pid"]).status() == psutil.STATUS_ZOMBIE, start
+    unplugged.away.clear()
+    serve(store, spaces, CoordinatorConfig(backoff=Backoff(0.0), stall_secs=60.0,
+                                           heartbeat_secs=0.2, poll_secs=0.05,
+                                           claim_secs=30.0))
+    assert store.get("s").state == "done"
