@@ -20,7 +20,7 @@ from typing import Any, TextIO
 
 from scenarios import workload
 
-from . import live
+from . import code_identity, live
 from .bytecode import compile_packages
 from .errors import BackendUnavailable
 from .faults import RECOVERY_POINTS, FaultPlan, exhaustive_plans
@@ -238,7 +238,8 @@ def run_campaign(cfg: CampaignConfig, out: TextIO = sys.stdout) -> int:
         if cfg.preset_name == workload.REAL and cfg.backend != VIRTUAL:
             cfg = replace(cfg, preset=real_for(cfg.backend, Path(probe) / "real"))
     results = ResultsDir.create(cfg.results_root, cfg.mode, cfg.backend)
-    results.write_json("campaign.json", cfg.to_json())
+    results.write_json("campaign.json", {**cfg.to_json(),
+                                         "code": code_identity.current().to_json()})
     note = live.Campaign.open()
     try:
         return _run(cfg, results, note, t0, out)

@@ -66,6 +66,9 @@ def _one_run(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--redrive-kind", choices=REDRIVE_KINDS, default=None)
     p.add_argument("--store", default=None, metavar="URL",
                    help="redrive: a PostgreSQL server for the coordinator store")
+    p.add_argument("--any-code", action="store_true",
+                   help="replay a run made by other code than this checkout's (refused "
+                   "otherwise: it would drive a different system)")
     return p
 
 

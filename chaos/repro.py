@@ -10,11 +10,13 @@ Both exit as a campaign does: 0 valid, 1 invalid, 2 unknown.
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import replace
 from pathlib import Path
 
 from scenarios import scenario_of
 
+from . import code_identity
 from .campaign import EXIT, CampaignConfig
 from .checker import VERDICT_NAMES, Observation, Valid, check, merge
 from .errors import BadArguments
@@ -29,11 +31,18 @@ def _brief(fault: Fault) -> str:
     return f"{fault.action}@{fault.point or fault.delay}"
 
 
-def stored_spec(results_dir: Path, index: int | None, store_url: str | None = None) -> RunSpec:
+def stored_spec(results_dir: Path, index: int | None, store_url: str | None = None, *,
+                any_code: bool = False) -> RunSpec:
+    """Run ``index`` of the campaign in ``results_dir``, refused when the campaign ran other
+    code (unless ``any_code``: ``code_identity.check_same``)."""
     if index is None:
         raise BadArguments("repro RESULTS needs --run N (the run index from the failure line)")
     results = ResultsDir.open(results_dir)
     campaign = results.read_json("campaign.json")
+    warning = code_identity.check_same(campaign.get("code"), f"the campaign {results.path}",
+                                       any_code=any_code)
+    if warning:
+        print(warning, file=sys.stderr)
     # The campaign's PostgreSQL server is not in campaign.json with its password: a repro
     # takes it from --store again, else the run keeps a SQLite store of its own.
     store = store_url
@@ -69,9 +78,9 @@ def drawn_spec(args: argparse.Namespace) -> RunSpec:
 
 def repro(args: argparse.Namespace) -> int:
     if args.plan is not None:
-        spec = spec_of_shrunk(args.plan, args.plan.parent / "repro")
+        spec = spec_of_shrunk(args.plan, args.plan.parent / "repro", any_code=args.any_code)
     elif args.results is not None:
-        spec = stored_spec(args.results, args.run, args.store)
+        spec = stored_spec(args.results, args.run, args.store, any_code=args.any_code)
     else:
         spec = drawn_spec(args)
     record = Run(spec).execute()
@@ -90,7 +99,7 @@ def shrink(args: argparse.Namespace) -> int:
     if args.jobs < 1 or args.tries < 1 or args.confirm < 1:
         raise BadArguments("--jobs, --tries and --confirm must be at least 1")
     if args.results is not None:
-        spec = stored_spec(args.results, args.run, args.store)
+        spec = stored_spec(args.results, args.run, args.store, any_code=args.any_code)
         results = ResultsDir.open(args.results)
         record = next(r for r in results.runs() if r["index"] == args.run)
         kept = Path(record["run_dir"]) if record.get("run_dir") else None

@@ -50,7 +50,7 @@ from durable.atomic_file import write_atomic
 from scenarios import scenario_of
 from scenarios.steps import SIMPLE_KIND
 
-from . import live
+from . import code_identity, live
 from .errors import BadArguments
 from .faults import Fault, FaultPlan
 from .run_record import RunRecord
@@ -324,14 +324,15 @@ def shrunk_document(spec: RunSpec, check: str, original: Candidate, best: Candid
             "original": {"faults": len(original.faults), "steps": len(original.keep)},
             "replays": {"failed": replays[0], "of": replays[1]},
             "runs": shrinker.runs, "flaky_rejected": shrinker.flaky,
-            "seconds": round(seconds, 1)}
+            "seconds": round(seconds, 1), "code": code_identity.current().to_json()}
 
 
-def spec_of_shrunk(path: Path, work: Path) -> RunSpec:
-    """The run a ``shrunk.json`` describes (``chaos repro --plan``)."""
+def spec_of_shrunk(path: Path, work: Path, *, any_code: bool = False) -> RunSpec:
+    """The run a ``shrunk.json`` describes (``chaos repro --plan``), refused when it was
+    shrunk on other code (unless ``any_code``: ``code_identity.check_same``)."""
     try:
         doc = json.loads(path.read_text())
-        return RunSpec(index=0, seed=doc["seed"], campaign_mode=doc["campaign_mode"],
+        spec = RunSpec(index=0, seed=doc["seed"], campaign_mode=doc["campaign_mode"],
                        durable_mode=doc["durable_mode"], backend=doc["backend"],
                        preset=doc["preset"], steps=doc["steps"], work_dir=work,
                        plan=FaultPlan.from_json(doc["plan"]), keep=True, driver=doc["driver"],
@@ -341,6 +342,10 @@ def spec_of_shrunk(path: Path, work: Path) -> RunSpec:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise BadArguments(f"--plan {path}: not a shrunk plan ({type(exc).__name__}: {exc}); "
                            f"pass the {SHRUNK_NAME} that chaos shrink wrote") from None
+    warning = code_identity.check_same(doc.get("code"), str(path), any_code=any_code)
+    if warning:
+        print(warning, file=sys.stderr)
+    return spec
 
 
 def run_shrink(spec: RunSpec, record: dict[str, Any], dest: Path, *, jobs: int, tries: int,

@@ -89,3 +89,28 @@ def test_a_scenario_with_steps_dropped_passes_on_a_correct_adapter(tmp_path: Pat
     record = run.execute()
     assert record.verdict.valid is True, record.verdict
     assert record.steps == 4 and record.plan.faults  # a plan drawn for the kept steps
+
+
+def test_a_repro_on_other_code_says_so_and_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A campaign records the code it ran; a repro on other code would replay a different
+    system, so it is refused unless --any-code (then it warns)."""
+    code, _, _ = campaign(tmp_path, mode="transactional", runs=1, steps=2)
+    assert code == 0
+    results = tmp_path / "results" / "latest"
+    config = json.loads((results / "campaign.json").read_text())
+    assert len(config["code"]["sources"]) == 64
+    capsys.readouterr()
+    other = {**config, "code": {"sources": "0" * 64, "revision": "1234567890ab" + "0" * 28,
+                                "dirty": True}}
+    (results / "campaign.json").write_text(json.dumps(other))
+    assert main(["repro", str(results), "--run", "0"]) == 254
+    err = capsys.readouterr().err
+    assert "ran revision 1234567890ab with uncommitted changes" in err, err
+    assert "git checkout 1234567890ab" in err and "--any-code" in err
+    assert main(["repro", str(results), "--run", "0", "--any-code"]) == 0
+    assert "warning" in capsys.readouterr().err
+    (results / "campaign.json").write_text(json.dumps({k: v for k, v in config.items()
+                                                       if k != "code"}))
+    assert main(["repro", str(results), "--run", "0"]) == 0
+    assert "does not record the code it ran" in capsys.readouterr().err
