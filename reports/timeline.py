@@ -44,16 +44,17 @@ def run_start(record: dict[str, Any]) -> float | None:
     return None
 
 
-def _spans(history: list[dict[str, Any]], process: str, key: str
+def _spans(history: list[dict[str, Any]], process: str, keys: tuple[str, ...]
            ) -> list[tuple[float, float | None, str, dict[str, Any], str]]:
     """(start, end or None, completion type, invoke value, f) of each operation of
-    ``process``, paired by ``value[key]``."""
+    ``process``, paired by the first of ``keys`` its value has (a driver attempt of the
+    adapter's runs has its epoch; one the coordinator launched, its attempt and pid)."""
     open_ops: dict[Any, dict[str, Any]] = {}
     spans = []
     for op in history:
         if op["process"] != process:
             continue
-        ident = op["value"][key]
+        ident = next((op["value"][k] for k in keys if k in op["value"]), None)
         if op["type"] == "invoke":
             open_ops[ident] = op
         elif ident in open_ops:
@@ -70,15 +71,16 @@ def figure_png(record: dict[str, Any]) -> bytes:
     fig, ax = plt.subplots(figsize=(11, 3.2))
     y = {lane: len(LANES) - 1 - i for i, lane in enumerate(LANES)}
     seen: dict[str, Any] = {}
-    for start, stop, type_, value, _f in _spans(history, "driver", "epoch"):
+    for start, stop, type_, value, _f in _spans(history, "driver", ("epoch", "attempt")):
         width = (stop if stop is not None else end) - start
         bar = ax.barh(y["driver"], width, left=start, height=0.6, color=TYPE_COLOR[type_],
                       edgecolor="white", hatch=HATCH.get(type_))
         seen.setdefault(TYPE_LABEL[type_], bar)
-        tag = "clean" if value["attempt"] == CLEAN_ATTEMPT else f"e{value['epoch']}"
+        tag = "clean" if value.get("attempt") == CLEAN_ATTEMPT else \
+            f"e{value['epoch']}" if "epoch" in value else f"#{value.get('attempt')}"
         ax.text(start + width / 2, y["driver"], tag, ha="center", va="center", fontsize=7,
                 color="white", clip_on=True)
-    for start, stop, type_, _value, f in _spans(history, "agent", "call"):
+    for start, stop, type_, _value, f in _spans(history, "agent", ("call",)):
         width = max((stop if stop is not None else end) - start, end / 400)
         bar = ax.barh(y["calls"], width, left=start, height=0.6, color=TYPE_COLOR[type_],
                       edgecolor="white", hatch=HATCH.get(type_))
