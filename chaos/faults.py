@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from durable.failpoints import POINTS as DRIVER_POINTS
 from scenarios.plan import Scenario
@@ -69,6 +69,25 @@ class Fault:
     #: so that a fault meant for a command's later moment waits for it however slow the
     #: machine is, instead of guessing a delay).
     after_output: bool = False
+
+    def __post_init__(self) -> None:
+        """A plan read back (a results directory, a shrunk.json) is input: refuse what no
+        nemesis can do."""
+        if self.action not in get_args(Action):
+            raise ValueError(f"unknown fault action {self.action!r}; known: "
+                             f"{', '.join(get_args(Action))}")
+        if self.trigger == "failpoint":
+            if self.point not in ALL_POINTS:
+                raise ValueError(f"unknown failpoint {self.point!r}")
+            if isinstance(self.occurrence, bool) or not isinstance(self.occurrence, int) or \
+                    self.occurrence < 1:
+                raise ValueError(f"occurrence {self.occurrence!r} is not a positive count")
+        elif self.trigger == "time":
+            if isinstance(self.delay, bool) or not isinstance(self.delay, int | float) or \
+                    not 0 <= self.delay < 86400:
+                raise ValueError(f"delay {self.delay!r} is not seconds from 0 to a day")
+        else:
+            raise ValueError(f"trigger {self.trigger!r} is neither 'failpoint' nor 'time'")
 
     def describe(self) -> str:
         where = (f"{self.point}#{self.occurrence}" if self.trigger == "failpoint"

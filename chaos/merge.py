@@ -27,9 +27,15 @@ def merge(dirs: list[Path], results_root: Path, out: TextIO = sys.stdout) -> int
     shards = [ResultsDir.open(d) for d in dirs]
     configs = [s.read_json("campaign.json") for s in shards]
     for shard, cfg in zip(shards, configs, strict=True):
-        if not cfg.get("shard"):
+        if not isinstance(cfg, dict) or not cfg.get("shard"):
             raise BadResults(f"{shard.path} is not a shard (its campaign ran without "
                              "--shard I/N); merge the results of `chaos run --shard`")
+        number = cfg["shard"]
+        if not (isinstance(number, list) and len(number) == 2 and
+                all(isinstance(x, int) and not isinstance(x, bool) for x in number) and
+                1 <= number[0] <= number[1]):
+            raise BadResults(f"{shard.path}/campaign.json: shard {number!r} is not [I, N] "
+                             "with 1 <= I <= N; the results directory is damaged")
     first = _common(configs[0])
     for shard, cfg in zip(shards[1:], configs[1:], strict=True):
         differ = sorted(k for k in first.keys() | _common(cfg).keys()
@@ -40,8 +46,10 @@ def merge(dirs: list[Path], results_root: Path, out: TextIO = sys.stdout) -> int
     _check_numbers(shards, configs)
     records: list[dict[str, Any]] = []
     seen: dict[int, Path] = {}
-    for shard in shards:
-        for record in shard.runs():
+    for shard, cfg in zip(shards, configs, strict=True):
+        runs = shard.runs()
+        _check_whole(shard, cfg, runs)
+        for record in runs:
             if record["index"] in seen:
                 raise BadResults(f"run {record['index']} (seed {record['seed']}) is in both "
                                  f"{seen[record['index']]} and {shard.path}: overlapping "
@@ -64,6 +72,34 @@ def merge(dirs: list[Path], results_root: Path, out: TextIO = sys.stdout) -> int
                    if (s.path / "summary.json").exists()), default=0.0)
     print(f"merge: {len(shards)} shards, {len(records)} runs", file=out)
     return publish(cfg, merged, records, seconds, out=out)
+
+
+def _check_whole(shard: ResultsDir, cfg: dict[str, Any], runs: list[dict[str, Any]]) -> None:
+    """The shard's records are the runs it says it ran: as many as its SUMMARY counted, each
+    of its own share of the indices, each with the seed its index draws."""
+    if not (shard.path / "summary.json").is_file():
+        raise BadResults(f"{shard.path} has no summary.json: the shard did not finish; run "
+                         "it again before merging")
+    counted = shard.read_json("summary.json").get("runs")
+    if counted != len(runs):
+        raise BadResults(f"{shard.path}: runs.jsonl holds {len(runs)} run(s), its SUMMARY "
+                         f"counted {counted}: a record is missing or extra; run the shard "
+                         "again")
+    i, n = cfg["shard"]
+    seeds = cfg.get("seeds") or []
+    for record in runs:
+        if record["index"] % n != i - 1:
+            raise BadResults(f"{shard.path}: run {record['index']} is not shard {i}/{n}'s "
+                             f"(its runs are those whose index is {i - 1} modulo {n})")
+        if cfg.get("mode") == "exhaustive" or cfg.get("plans"):
+            continue  # plans are listed, not drawn from a seed per index
+        if seeds and record["index"] >= len(seeds):
+            raise BadResults(f"{shard.path}: run {record['index']} is past the campaign's "
+                             f"{len(seeds)} seeds: the record was changed")
+        drawn = seeds[record["index"]] if seeds else cfg["seed_base"] + record["index"]
+        if record["seed"] != drawn:
+            raise BadResults(f"{shard.path}: run {record['index']} has seed {record['seed']}, "
+                             f"but that run's seed is {drawn}: the record was changed")
 
 
 def _common(cfg: dict[str, Any]) -> dict[str, Any]:

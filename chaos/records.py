@@ -29,6 +29,32 @@ from .errors import BadResults
 RECORD_FIELDS = ("index", "seed", "verdict", "plan")
 
 
+def _unsound(record: dict[str, Any]) -> str | None:
+    """What is wrong with a run record's fields, or None (a record is input: a repro, a
+    merge and the reports act on it)."""
+    from .faults import FaultPlan
+
+    if isinstance(record["index"], bool) or not isinstance(record["index"], int) or \
+            record["index"] < 0:
+        return f"index {record['index']!r} is not a run index"
+    if isinstance(record["seed"], bool) or not isinstance(record["seed"], int):
+        return f"seed {record['seed']!r} is not a whole number"
+    steps = record.get("steps")
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or
+                              steps < 1):
+        return f"steps {steps!r} is not a positive whole number"
+    verdict = record["verdict"]
+    if not isinstance(verdict, dict) or verdict.get("valid") not in (True, False, "unknown"):
+        return f"verdict {verdict!r} is not a verdict"
+    if record.get("observation") is None and verdict["valid"] is True:
+        return "a run judged valid without an observation"
+    try:
+        FaultPlan.from_json(record["plan"])
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        return f"plan is not a fault plan ({type(exc).__name__}: {exc})"
+    return None
+
+
 class ResultsDir:
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -110,6 +136,9 @@ class ResultsDir:
         path = self.path / "runs.jsonl"
         if not path.exists():
             return []
+        if not path.is_file():  # a FIFO would block the read
+            raise BadResults(f"{path} is not a regular file; the results directory is "
+                             "damaged: re-run the campaign")
         try:
             lines = path.read_text().splitlines()
         except UnicodeDecodeError as exc:
@@ -126,10 +155,13 @@ class ResultsDir:
                     break  # a torn last line from a campaign that was killed
                 raise BadResults(f"{path}, line {i}: not a JSON record ({exc}); the results "
                                  "directory is damaged: re-run the campaign") from None
-            if not isinstance(record, dict) or not all(k in record for k in RECORD_FIELDS) \
-                    or not isinstance(record["index"], int):
+            if not isinstance(record, dict) or not all(k in record for k in RECORD_FIELDS):
                 raise BadResults(f"{path}, line {i}: not a run record (a run record has "
                                  f"{', '.join(RECORD_FIELDS)}); re-run the campaign")
+            why = _unsound(record)
+            if why:
+                raise BadResults(f"{path}, line {i}: {why}; the results directory is damaged: "
+                                 "re-run the campaign")
             if record["index"] in by_index:
                 raise BadResults(f"{path}, line {i}: a second record of run "
                                  f"{record['index']}; one campaign records each run once")

@@ -1,7 +1,12 @@
 """The SUMMARY line: one line per campaign, ``key=value`` pairs, machine-parsable.
 
-Counts that do not apply are 0, never omitted, so every SUMMARY line has the same keys in
-the same order and a CI gate can parse any of them. ``cells=K/N``: of the N cells of the
+The line has a fixed core (mode, backend, seed_base, runs, ok, failed, unknown, the fault
+counts every campaign can have, seconds, verdict) and the groups that apply to the
+campaign's mode and backend (``printed_keys``): the adapter's recovery counts and cells
+where there is an adapter (not on a virtual workspace), ``covered`` in exhaustive,
+``foreign`` in stale, the coordinator's keys in redrive, ``power_losses`` where power can
+be cut (microvm). A key's place never changes. ``summary.json`` keeps every key (0 where it
+does not apply), for tools that read them all. ``cells=K/N``: of the N cells of the
 adapter's recovery table (mode x decision x tool kind x cause,
 ``durable.adapter.decide.reachable_cells``) a campaign in this mode can reach, K were
 exercised by some run. Recovery counts come from the recovery
@@ -105,7 +110,7 @@ def redrive_kind(record: dict[str, Any]) -> str | None:
 
 
 def redrive_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """The redrive keys of every SUMMARY (0 in other modes): per-kind run counts, drives,
+    """The redrive keys of every summary (0 in other modes): per-kind run counts, drives,
     refused superseded tokens, coordinator kills, resume latency without the backoffs
     (p50, p95), and the race's start delay (p50, max)."""
     kinds: dict[str, int] = {}
@@ -146,8 +151,39 @@ def redrive_table(records: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+#: The keys of the coordinator's group (redrive).
+REDRIVE_KEYS = ("drives", "refused_tokens", "coordinator_kills", "redrive_kinds",
+                "resume_p50_ms", "resume_p95_ms", "race_start_p50_ms", "race_start_max_ms")
+#: Backends whose Spaces can lose power (the nemesis's ``power_loss``).
+POWER_BACKENDS = frozenset({"microvm"})
+
+
+#: Every key of a summary, in the order a SUMMARY line prints them.
+KEYS = ("mode", "backend", "seed_base", "runs", "ok", "failed", "unknown", *FAULT_KEYS,
+        *RECOVERY_KINDS, "interrupted", "mode_switches", "covered", "process_kills", "foreign",
+        "cells", *REDRIVE_KEYS, "power_losses", "seconds", "verdict")
+
+
+def printed_keys(summary: dict[str, Any]) -> list[str]:
+    """The keys the SUMMARY line of ``summary``'s mode and backend prints, in order (a
+    summary read back from ``summary.json`` prints as the campaign did)."""
+    mode, backend = summary["mode"], summary["backend"]
+    applies = {"adapter": backend != "virtual", "covered": mode == "exhaustive",
+               "foreign": mode == "stale", "redrive": mode == "redrive",
+               "power": backend in POWER_BACKENDS}
+    keys = []
+    for key in KEYS:
+        group = ("adapter" if key in (*RECOVERY_KINDS, "mode_switches", "cells") else
+                 "redrive" if key in REDRIVE_KEYS else
+                 "power" if key == "power_losses" else
+                 key if key in ("covered", "foreign") else None)
+        if key in summary and (group is None or applies[group]):
+            keys.append(key)
+    return keys
+
+
 def summary_line(summary: dict[str, Any]) -> str:
-    return "SUMMARY " + " ".join(f"{k}={v}" for k, v in summary.items())
+    return "SUMMARY " + " ".join(f"{k}={summary[k]}" for k in printed_keys(summary))
 
 
 def parse_summary(line: str) -> dict[str, str]:

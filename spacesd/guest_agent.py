@@ -32,6 +32,9 @@ import time
 from . import protocol
 from .supervisor import kill_daemon
 
+#: How long ``kill-daemon`` waits for the supervisor's next daemon.
+KILL_DAEMON_WAIT_S = 150.0
+
 PORT_NAME = "cua.control"
 
 
@@ -76,7 +79,9 @@ class Agent:
             os.sync()
             return ""
         if command == "kill-daemon":
-            code = kill_daemon(self.pid_file, timeout=30.0)
+            # Minutes, not seconds: a guest under TCG on a busy host took over 30 s to start
+            # the next daemon; only a daemon that never comes back should reach this.
+            code = kill_daemon(self.pid_file, timeout=KILL_DAEMON_WAIT_S)
             if code:
                 raise RuntimeError(f"kill-daemon exited {code}")
             return ""

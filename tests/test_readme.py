@@ -25,3 +25,18 @@ def test_readme_examples_run(tmp_path: Path) -> None:
         outs.append(out.stdout)
     assert "hello, world" in outs[0]
     assert any("['count.txt', 'notes.txt']" in o for o in outs[1:])
+
+
+def test_every_summary_example_has_the_keys_its_mode_prints() -> None:
+    """A SUMMARY line in the README is output as the code prints it for its mode and
+    backend: the same keys in the same order, none cut out."""
+    from chaos.summary import printed_keys, summarize
+
+    lines = [line.strip() for line in README.read_text().splitlines()
+             if line.strip().startswith("SUMMARY mode=")]
+    assert len(lines) >= 4, lines
+    for line in lines:
+        example = dict(part.split("=", 1) for part in line.split()[1:])
+        made = summarize(mode=example["mode"], backend=example["backend"], seed_base=1,
+                         records=[], seconds=0.0, durable_mode="checkpoint")
+        assert list(example) == printed_keys(made), line

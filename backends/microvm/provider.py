@@ -41,6 +41,7 @@ from pathlib import Path
 from backends.space_client import Endpoint, HttpSpaceClient
 from durable.errors import SpaceError, SpaceNotFound, SpaceUnavailable
 from spacesd import procfs
+from spacesd.guest_agent import KILL_DAEMON_WAIT_S
 
 from .artifacts import Artifacts, cache_dir, ensure
 from .machine import QMP, Agent, MachineSpec, free_port, qemu_argv, read_pid, start
@@ -245,7 +246,8 @@ class MicroVMSpaces:
         self._wait_healthy(name, after_ms=before)
 
     def kill_daemon(self, name: str) -> None:
-        self.agent(name).call("kill-daemon")
+        # The agent waits up to KILL_DAEMON_WAIT_S for the next daemon: wait longer for it.
+        self.agent(name, timeout=KILL_DAEMON_WAIT_S + 30.0).call("kill-daemon")
 
     def kill_process(self, name: str, pid: int) -> None:
         self.agent(name).call(f"kill {int(pid)}")

@@ -271,3 +271,11 @@ def test_merge_and_summary_line() -> None:
     assert parsed["restored"] == "1" and parsed["mode_switches"] == "1"
     assert parsed["interrupted"] == "1" and parsed["reattached"] == "0"
     assert line.startswith("SUMMARY mode=checkpoint backend=local") and "\n" not in line
+    # only the groups that apply: no coordinator, exhaustive, stale or power-loss keys here
+    assert not {"drives", "resume_p50_ms", "covered", "foreign", "power_losses"} & set(parsed)
+    full = summarize(mode="redrive", backend="microvm", seed_base=1, records=[record],
+                     seconds=1.0, durable_mode="auto")
+    assert {"drives", "resume_p50_ms", "power_losses"} <= set(parse_summary(summary_line(full)))
+    virtual = parse_summary(summary_line(summarize(mode="transactional", backend="virtual",
+                                                   seed_base=1, records=[], seconds=1.0)))
+    assert "cells" not in virtual and "restored" not in virtual and "interrupted" in virtual

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -111,3 +112,49 @@ def test_a_record_naming_a_directory_outside_its_results_is_refused(
     merged = ResultsDir.open(_results(out.getvalue()))
     kept = [Path(r["run_dir"]) for r in merged.runs()]
     assert len(kept) == 2 and all(d.is_dir() and d.parent == merged.runs_dir for d in kept)
+
+
+def test_a_shard_whose_records_were_changed_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before, merge accepted a shard missing a record (runs=3 of 4, exit 0), a run of
+    another shard, a changed seed and a run judged valid without an observation; a FIFO
+    runs.jsonl hung it; a hostile shard number or plan gave tracebacks."""
+    one, two = _shards(tmp_path / "a", 2, mode="transactional", runs=4, steps=2)
+    runs = one / "runs.jsonl"
+    lines = runs.read_text().splitlines()
+    first = json.loads(lines[0])
+    damaged = {
+        "a record missing": (lines[1:], "a record is missing or extra"),
+        "another shard's run": ([json.dumps({**first, "index": 1}), *lines[1:]],
+                                "is not shard 1/2's"),
+        "a changed seed": ([json.dumps({**first, "seed": 99}), *lines[1:]],
+                           "has seed 99, but that run's seed is 1"),
+        "no observation": ([json.dumps({**first, "observation": None}), *lines[1:]],
+                           "line 1: a run judged valid without an observation"),
+        "a null plan": ([json.dumps({**first, "plan": None}), *lines[1:]],
+                        "line 1: plan is not a fault plan"),
+        "an unknown fault": ([json.dumps({**first, "plan": {**first["plan"], "faults": [
+            {"action": "rm -rf", "trigger": "time", "delay": 1}]}}), *lines[1:]],
+            "unknown fault action 'rm -rf'"),
+        "negative steps": ([json.dumps({**first, "steps": -1}), *lines[1:]],
+                           "line 1: steps -1 is not a positive whole number"),
+    }
+    for name, (text, says) in damaged.items():
+        runs.write_text("\n".join(text) + "\n")
+        assert main(["merge", str(one), str(two), "--results", str(tmp_path / "m")]) == 254, \
+            name
+        err = capsys.readouterr().err
+        assert says in err and "Traceback" not in err, (name, err)
+        if name in ("a null plan", "negative steps"):
+            assert main(["repro", str(one), "--run", "0"]) == 254, name
+            assert says.split(": ", 1)[1] in capsys.readouterr().err
+    runs.unlink()
+    os.mkfifo(runs)
+    assert main(["merge", str(one), str(two), "--results", str(tmp_path / "m")]) == 254
+    assert "is not a regular file" in capsys.readouterr().err
+    runs.unlink()
+    runs.write_text("\n".join(lines) + "\n")
+    config = json.loads((one / "campaign.json").read_text())
+    (one / "campaign.json").write_text(json.dumps({**config, "shard": "../../x"}))
+    assert main(["merge", str(one), str(two), "--results", str(tmp_path / "m")]) == 254
+    assert "is not [I, N]" in capsys.readouterr().err
