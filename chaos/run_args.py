@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 
 from scenarios import load, scenario_of, workload
+from scenarios.preset import MAX_STEPS
 
 from .campaign import MODES, CampaignConfig
 from .cluster import check_address
@@ -122,13 +123,17 @@ def campaign_config(args: argparse.Namespace) -> CampaignConfig:
     if args.results.exists() and not args.results.is_dir():
         raise BadArguments(f"--results {args.results} is a file, not a directory; pass the "
                            "directory campaigns are written under")
+    if not args.results.exists() and not args.results.parent.is_dir():
+        raise BadArguments(f"--results {args.results}: its parent {args.results.parent} does "
+                           "not exist (a typo?); create it, or pass a directory in one that "
+                           "does")
     runs = args.runs if args.runs is not None else _env_int("CRASH_RUNS")
     steps = args.steps if args.steps is not None else _env_int("CRASH_STEPS")
     seed = args.seed_base if args.seed_base is not None else _env_int("CRASH_SEED_BASE")
     if runs is not None and not 1 <= runs <= MAX_RUNS:
         raise BadArguments(f"--runs must be from 1 to {MAX_RUNS}, got {runs}")
-    if steps is not None and steps < 1:
-        raise BadArguments(f"--steps must be at least 1, got {steps}")
+    if steps is not None and not 1 <= steps <= MAX_STEPS:
+        raise BadArguments(f"--steps must be from 1 to {MAX_STEPS}, got {steps}")
     if args.jobs < 1:
         raise BadArguments(f"--jobs must be at least 1, got {args.jobs}")
     preset = args.preset

@@ -28,6 +28,11 @@ class PresetError(ValueError):
     expects; fix the YAML (see scenarios/default.yaml for every field)."""
 
 
+#: The most steps one run may have: a scripted session of ten thousand tool calls is already
+#: far beyond any agent's; more is a typo that would run for hours.
+MAX_STEPS = 10_000
+
+
 @dataclass(frozen=True)
 class Preset:
     name: str
@@ -75,13 +80,18 @@ def parse(raw: Any, where: str) -> Preset:
     unknown = sorted(set(raw) - known)
     if unknown:
         raise PresetError(f"{where}: unknown field(s) {unknown}; known: {sorted(known)}")
-    kw: dict[str, Any] = {"name": str(raw.get("name", Path(where).stem))}
+    name = raw.get("name", Path(where).stem)
+    if not isinstance(name, str) or not name:
+        raise PresetError(f"{where}: name is a non-empty string, got {name!r}")
+    kw: dict[str, Any] = {"name": name}
     for key in ("steps", "many_files", "big_output_lines", "large_bytes", "initial_files",
                 "max_files", "max_bytes"):
         if key in raw:
             kw[key] = _expect(raw, key, int, where)
             if kw[key] < 0 or (key == "steps" and kw[key] < 1):
                 raise PresetError(f"{where}: {key} must be positive, got {kw[key]}")
+    if kw.get("steps", 0) > MAX_STEPS:
+        raise PresetError(f"{where}: steps is at most {MAX_STEPS}, got {kw['steps']}")
     if kw.get("big_output_lines", 0) > 99_999:
         raise PresetError(f"{where}: big_output_lines is at most 99999 (the lines are numbered "
                           f"with six digits), got {kw['big_output_lines']}")

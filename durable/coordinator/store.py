@@ -602,9 +602,18 @@ class PostgresStore(SqlStore):
         parts = urlsplit(url)
         query = dict(parse_qsl(parts.query))
         self.schema = query.pop("schema", "public")
-        if not self.schema.replace("_", "").isalnum() or not self.schema[0].isalpha():
+        if not self.schema.replace("_", "").isalnum() or not self.schema[0].isalpha() or \
+                not self.schema.isascii():
             raise CoordinatorError(f"schema must be letters, digits and _ starting with a "
                                    f"letter, got {self.schema!r}")
+        if len(self.schema) > 63:
+            # PostgreSQL cuts names at 63 bytes: two longer names would share tables while
+            # taking different locks.
+            raise CoordinatorError(f"schema is at most 63 characters (PostgreSQL cuts longer "
+                                   f"names), got {len(self.schema)}")
+        if self.schema.lower().startswith("pg_") or self.schema.lower() == "information_schema":
+            raise CoordinatorError(f"schema {self.schema!r} is PostgreSQL's own; pick a name "
+                                   "of the store's")
         dsn = urlunsplit(parts._replace(query=urlencode(query)))
         host = f"{parts.hostname or ''}{f':{parts.port}' if parts.port else ''}"
         # shown in messages and status: no user, no password

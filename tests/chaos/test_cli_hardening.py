@@ -55,6 +55,9 @@ def bad_configurations(tmp: Path) -> list[tuple[list[str], dict[str, str], str]]
         (["run", "--mode", "checkpoint", "--runs", "99999999999"], {}, "--runs must be from"),
         (["run", "--mode", "checkpoint", "--runs", "1", "--results", str(tmp / "a-file")], {},
          "is a file, not a directory"),
+        (["run", "--mode", "checkpoint", "--runs", "1", "--results",
+          str(tmp / "no" / "such" / "r")], {}, "does not exist (a typo?)"),
+        (run + ["--steps", "100000000"], {}, "--steps must be from 1 to 10000"),
     ]
 
 

@@ -104,3 +104,20 @@ def test_a_store_is_made_only_where_no_file_is(tmp_path: Path) -> None:
     got = cli(foreign, "submit", "s", "--space", "ws", "--state-dir", "x", "--", "d")
     assert got.returncode == 254 and "without its tables" in got.stderr, got.stderr
     assert foreign.read_bytes() == before
+
+
+def test_a_postgresql_schema_postgresql_would_cut_or_owns_is_refused() -> None:
+    """Refused before connecting: names longer than 63 bytes (PostgreSQL cuts them, so two
+    stores would share tables under different locks) and the server's own schemas."""
+    from durable.coordinator import CoordinatorError
+
+    base = "postgresql://u:p@127.0.0.1:1/db?schema="
+    for schema, says in (("s" * 64, "at most 63 characters"),
+                         ("information_schema", "PostgreSQL's own"),
+                         ("pg_catalog", "PostgreSQL's own"), ("sché", "letters, digits")):
+        try:
+            open_store(base + schema)
+        except CoordinatorError as exc:
+            assert says in str(exc), (schema, exc)
+        else:
+            raise AssertionError(f"schema {schema!r} was accepted")

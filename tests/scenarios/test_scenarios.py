@@ -78,6 +78,8 @@ def test_scripted_model_plays_the_plan_and_reissues_by_seed() -> None:
     ({"file_size": [10, 1]}, "file_size"),
     ({"reissue": 2}, "probability"),
     ({"mix": {"write": 0}}, "no step kind"),
+    ({"name": [1, 2]}, "name is a non-empty string"),
+    ({"steps": 100_000_000}, "steps is at most 10000"),
 ])
 def test_bad_presets_say_what_is_wrong(raw: dict, message: str) -> None:
     with pytest.raises(PresetError, match=message):
