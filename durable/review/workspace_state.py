@@ -168,18 +168,29 @@ def unified_diff(a: WorkspaceState, b: WorkspaceState, *, a_name: str = "a",
 
 
 def extract(state: WorkspaceState, dest: Path) -> int:
-    """Write ``state`` under ``dest`` (which must not exist or be empty); how many paths."""
+    """Write ``state`` under ``dest`` (which must not exist or be empty); how many paths.
+
+    The state comes from a log, which is input: a path that is empty, absolute, has ``.``
+    or ``..`` parts, or is both a file and a directory is refused (``NoWorkspaceState``);
+    set-id and sticky bits are not written (a review run as root must not leave a setuid
+    file behind)."""
     dest.mkdir(parents=True, exist_ok=True)
     if any(dest.iterdir()):
         raise NoWorkspaceState(f"{dest} is not empty; give a new directory")
     for path, s in state.items():
+        parts = path.split("/")
+        if not path or path.startswith("/") or any(p in ("", ".", "..") for p in parts):
+            raise NoWorkspaceState(f"path {path!r} is not a relative path of the workspace; "
+                                   "the log is damaged")
         target = dest / path
-        if not target.resolve().is_relative_to(dest.resolve()):
-            raise NoWorkspaceState(f"path {path!r} leaves the directory; the log is damaged")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if s.kind == "symlink":
-            target.symlink_to(s.data.decode())
-        else:
-            target.write_bytes(s.data)
-            target.chmod(s.mode)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if s.kind == "symlink":
+                target.symlink_to(s.data.decode("utf-8", "surrogateescape"))
+            else:
+                target.write_bytes(s.data)
+                target.chmod(s.mode & 0o777)
+        except (FileExistsError, NotADirectoryError, IsADirectoryError) as exc:
+            raise NoWorkspaceState(f"path {path!r} is both a file and a directory of the "
+                                   f"state ({exc.strerror}); the log is damaged") from None
     return len(state)

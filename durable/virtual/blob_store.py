@@ -39,6 +39,11 @@ class BlobStore:
         self.directory = directory
 
     def path(self, sha: str) -> Path:
+        """Where blob ``sha`` lives; a name that is not a sha256 (the log is input: a
+        damaged or hostile one could name ``/dev/zero``) is ``DamagedBlob``."""
+        if len(sha) != 64 or not all(c in "0123456789abcdef" for c in sha):
+            raise DamagedBlob(f"the log names a blob {sha[:80]!r}, which is not a sha256: the "
+                              "log is damaged")
         return self.directory / sha[:2] / sha
 
     def put(self, data: bytes) -> str:

@@ -102,3 +102,24 @@ def test_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert main(["diff", str(tmp_path / "nope.sqlite"), "1", "2", "3"]) == 1
     assert "no log at" in capsys.readouterr().err
     assert main(["diff"]) == 254
+
+
+def test_a_hostile_state_is_refused_and_never_leaves_a_setuid_file(tmp_path: Path) -> None:
+    """What a review reads is input: a path '.', '', '..' or both a file and a directory is
+    refused with the reason, set-id bits are not written, and a blob name that is not a
+    sha256 (a log naming /dev/zero read until MemoryError) is refused."""
+    from durable.review.workspace_state import FileState, NoWorkspaceState, extract
+    from durable.virtual.blob_store import BlobStore, DamagedBlob
+
+    for i, (state, says) in enumerate([
+            ({".": FileState("file", 0o644, b"x")}, "is not a relative path"),
+            ({"": FileState("file", 0o644, b"x")}, "is not a relative path"),
+            ({"a/../../x": FileState("file", 0o644, b"x")}, "is not a relative path"),
+            ({"a": FileState("file", 0o644, b"x"), "a/b": FileState("file", 0o644, b"y")},
+             "both a file and a directory")]):
+        with pytest.raises(NoWorkspaceState, match=says):
+            extract(state, tmp_path / f"out{i}")
+    extract({"run": FileState("file", 0o6755, b"#!/bin/sh\n")}, tmp_path / "ok")
+    assert (tmp_path / "ok" / "run").stat().st_mode & 0o7777 == 0o755
+    with pytest.raises(DamagedBlob, match="not a sha256"):
+        BlobStore(tmp_path / "blobs").get("/dev/zero")
