@@ -133,7 +133,7 @@ class Journal:
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
         if loaded.unterminated:  # a whole last record that lost its newline gets it back
             os.write(self._fd, b"\n")
-            os.fdatasync(self._fd)
+            os.fsync(self._fd)
 
     def append(self, record: dict[str, Any]) -> None:
         """Write one record and fsync it: when this returns, the record survives a crash."""
