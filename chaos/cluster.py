@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import io
 import re
+import sys
 import tarfile
 import tempfile
 import time
@@ -70,9 +71,10 @@ class ClusterPool:
         distributed = _import_distributed()
         import dask
 
-        from .cluster_worker import WORKER_CONFIG, abort_event_name, execute_run
+        from .cluster_worker import WORKER_CONFIG, abort_event_name, clean_left, execute_run
 
         self._execute = execute_run
+        self._clean_left = clean_left
         self._results = results
         self._campaign = f"{results.path.name}-{uuid.uuid4().hex[:8]}"
         self._cluster = None
@@ -151,6 +153,12 @@ class ClusterPool:
     def close(self) -> None:
         client, cluster = getattr(self, "_client", None), self._cluster
         if client is not None:
+            try:  # a worker SIGKILLed mid-run left its run's Spaces: its host's workers end them
+                client.run(self._clean_left, wait=True)
+            except Exception as exc:  # noqa: BLE001 - the campaign's result stands; say why
+                print(f"chaos: could not ask the workers to end what dead workers left "
+                      f"({type(exc).__name__}: {exc}); run `chaos clean` on their hosts",
+                      file=sys.stderr)
             client.close()
         if cluster is not None:
             cluster.close()

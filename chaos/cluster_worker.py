@@ -64,6 +64,13 @@ def _worker_note() -> live.Campaign:
         return _note
 
 
+def clean_left() -> int:
+    """On a worker, at the campaign's end: end what dead worker processes of this host left
+    (a worker SIGKILLed mid-run leaves its run's Spaces and daemons, named in its note);
+    how many processes were ended."""
+    return live.clean_dead()[1]
+
+
 def runs_dir() -> Path:
     configured = os.environ.get(WORKER_DIR_ENV)
     path = Path(configured) if configured else Path(get_worker().local_directory) / "chaos-runs"
