@@ -3,7 +3,9 @@ memory, behind an interface of ours (the one module that imports ``just_bash``).
 
 ``run_shell(tree, command, limits)`` builds a fresh in-memory filesystem holding ``tree``
 under ``/workspace``, runs ``command`` there with a fresh interpreter and returns the exit
-status, the output and the tree as the command left it. Nothing of the host is reachable:
+status, the output and the tree as the command left it. The interpreter runs in a worker
+process (``shell_worker``) where the call's time and memory limits hold whatever the
+command does; every limit a command hits is named in the result. Nothing of the host is reachable:
 the interpreter has no real binaries (its coreutils, grep, sed, awk and jq are Python), no
 host files (its filesystem is a dict), an environment of its own (``HOME=/home/user``...),
 no processes (``$$`` is 1, background jobs run to the end in the foreground) and no
@@ -14,7 +16,9 @@ Differences from bash to know (just-bash 0.2.1, checked): ``echo x > missing/f``
 the missing parent; stdout and stderr come back apart, so the output is stdout followed by
 stderr, not interleaved; ``ln -n``, ``seq -f``, binary ``printf`` escapes above ``\\177`` and
 ``yes`` are not what bash does; a redirection of a loop itself (``for ...; done > f``) is
-ignored (the output goes to stdout: write ``{ for ...; done; } > f``); ``sleep`` really sleeps (within the call's time limit).
+ignored (the output goes to stdout: write ``{ for ...; done; } > f``); ``sleep`` really sleeps (within the call's time limit); ``seq`` prints at most 100000 numbers (more ends
+the call at a limit, named); an ``awk`` ``for``/``while`` loop stops after 10000 iterations
+without a word (just-bash's own cap, which this module cannot see).
 """
 
 from __future__ import annotations
@@ -22,11 +26,12 @@ from __future__ import annotations
 import asyncio
 import threading
 from dataclasses import dataclass
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from just_bash import InMemoryFs
+
+    from .shell_worker import WorkerPool
 
 #: Where the workspace is inside the shell's filesystem.
 ROOT = "/workspace"
@@ -57,6 +62,8 @@ class ShellLimits:
     timeout_s: float = 60.0
     #: Iterations of one loop, and of an awk or sed program.
     max_loop_iterations: int = 10_000
+    #: Memory one call may take beyond what its worker process needs to start.
+    max_memory_bytes: int = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -73,34 +80,32 @@ class ShellRun:
 
 def run_shell(tree: Tree, command: str, limits: ShellLimits, *,
               timeout: float | None = None) -> ShellRun:
-    """Run ``command`` on a copy of ``tree`` (see the module docstring)."""
+    """Run ``command`` on a copy of ``tree`` (see the module docstring), in a worker process
+    where its time and memory limits hold (``shell_worker``)."""
+    from .shell_worker import WorkerPool
+
+    global _pool
     seconds = limits.timeout_s if timeout is None else min(timeout, limits.timeout_s)
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(_run(tree, command, limits, seconds))
-    # Called from inside an event loop (an async app's tool): run on a thread of our own
-    # rather than patching the caller's loop.
-    box: list[ShellRun | BaseException] = []
+    with _pool_lock:
+        if _pool is None:
+            _pool = WorkerPool()
+    return _pool.run(tree, command, limits, seconds)
 
-    def target() -> None:
-        try:
-            box.append(asyncio.run(_run(tree, command, limits, seconds)))
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
-            box.append(exc)
 
-    worker = threading.Thread(target=target, name="virtual-shell")
-    worker.start()
-    worker.join()
-    if isinstance(box[0], BaseException):
-        raise box[0]
-    return box[0]
+_pool: WorkerPool | None = None
+_pool_lock = threading.Lock()
+
+
+def run_here(tree: Tree, command: str, limits: ShellLimits, seconds: float) -> ShellRun:
+    """Run ``command`` in this process (a shell worker's: no event loop runs here)."""
+    return asyncio.run(_run(tree, command, limits, seconds))
 
 
 async def _run(tree: Tree, command: str, limits: ShellLimits, seconds: float) -> ShellRun:
     # Imported here: just-bash (with aiohttp) takes about 0.25 s to import, which every
     # process that only names these types (a session driver on a Space) would pay.
     from just_bash import Bash, ExecutionLimits, InMemoryFs
+    from just_bash.commands import create_command_registry
     from just_bash.interpreter import ExecutionLimitError
 
     fs = InMemoryFs()
@@ -114,7 +119,10 @@ async def _run(tree: Tree, command: str, limits: ShellLimits, seconds: float) ->
         else:
             await fs.write_file(full, node.data)
             await fs.chmod(full, node.mode)
-    bash = Bash(fs=fs, cwd=ROOT, env={}, unescape_html=False, limits=ExecutionLimits(
+    commands = create_command_registry(include_network=False)
+    commands["seq"] = _BoundedSeq(commands["seq"])
+    bash = Bash(fs=fs, cwd=ROOT, env={}, unescape_html=False, commands=commands,
+                limits=ExecutionLimits(
         max_command_count=limits.max_commands,
         max_loop_iterations=limits.max_loop_iterations,
         max_awk_iterations=limits.max_loop_iterations,
@@ -147,6 +155,43 @@ async def _run(tree: Tree, command: str, limits: ShellLimits, seconds: float) ->
                  "Space for such a workspace")
         exit_code = 126 if exit_code == 0 else exit_code
     return ShellRun(exit_code, output, timed_out, limit, tree)
+
+
+#: just-bash's ``seq`` stops at this many numbers without a word.
+SEQ_CAP = 100_000
+
+
+class _BoundedSeq:
+    """just-bash's ``seq``, which silently stops at ``SEQ_CAP`` numbers: when it stopped
+    short of LAST the call ends at a limit, named, instead of going on with part of the
+    sequence."""
+
+    name = "seq"
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    async def execute(self, args: list[str], ctx: Any) -> Any:
+        from just_bash.interpreter import ExecutionLimitError
+
+        result = await self.inner.execute(args, ctx)
+        numbers = [a for a in args if _is_number(a)]
+        printed = result.stdout.split()
+        if result.exit_code == 0 and len(printed) >= SEQ_CAP and numbers and \
+                _is_number(printed[-1]) and float(printed[-1]) != float(numbers[-1]):
+            # The whole call ends, as at any limit: in a pipeline an error of seq's own
+            # would be lost and the rest would run on a cut sequence.
+            raise ExecutionLimitError(f"seq {' '.join(args)}: more than {SEQ_CAP} numbers",
+                                      "seq")
+        return result
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 async def _tree_of(fs: InMemoryFs, unkept: list[str]) -> Tree:
