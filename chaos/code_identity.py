@@ -51,14 +51,21 @@ class CodeIdentity:
 
 
 def current() -> CodeIdentity:
-    """The code this process runs."""
-    digest = hashlib.sha256()
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*")):
-            if path.suffix in SUFFIXES and path.is_file() and "__pycache__" not in path.parts:
-                digest.update(str(path.relative_to(ROOT)).encode() + b"\0")
-                digest.update(hashlib.sha256(path.read_bytes()).digest())
+    """The code this process runs: in a git checkout, the tracked files as they are in the
+    working tree (a workload file saved beside the bundled ones changes no run's code),
+    else every source file of the packages."""
     revision = _git("rev-parse", "HEAD")
+    tracked = _git("ls-files", "-z", "--", *PACKAGES) if revision else None
+    if tracked is not None:
+        paths = sorted(ROOT / name for name in tracked.split("\0") if name)
+    else:
+        paths = sorted(path for package in PACKAGES for path in (ROOT / package).rglob("*")
+                       if "__pycache__" not in path.parts)
+    digest = hashlib.sha256()
+    for path in paths:
+        if path.suffix in SUFFIXES and path.is_file():
+            digest.update(str(path.relative_to(ROOT)).encode() + b"\0")
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
     status = _git("status", "--porcelain", "--untracked-files=no") if revision else None
     return CodeIdentity(digest.hexdigest(), revision, None if status is None else bool(status))
 

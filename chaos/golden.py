@@ -110,7 +110,9 @@ def golden_for(spec: RunSpec, workload: Workload, interrupted: frozenset[int]) -
             with _lock:
                 _cache[key] = known
     if isinstance(known, Nondeterministic):
-        raise known
+        # A new exception per run: one raised again and again would pile up tracebacks
+        # that keep every run's objects alive.
+        raise Nondeterministic(workload, known.paths, known.steps)
     return known
 
 

@@ -38,8 +38,9 @@ def merge(dirs: list[Path], results_root: Path, out: TextIO = sys.stdout) -> int
                              "with 1 <= I <= N; the results directory is damaged")
     first = _common(configs[0])
     for shard, cfg in zip(shards[1:], configs[1:], strict=True):
-        differ = sorted(k for k in first.keys() | _common(cfg).keys()
-                        if first.get(k) != cfg.get(k))
+        theirs = _common(cfg)
+        differ = sorted(k for k in first.keys() | theirs.keys()
+                        if first.get(k) != theirs.get(k))
         if differ:
             raise BadResults(f"{shard.path} is a shard of another campaign than "
                              f"{shards[0].path}: they differ in {', '.join(differ)}")
@@ -80,7 +81,11 @@ def _check_whole(shard: ResultsDir, cfg: dict[str, Any], runs: list[dict[str, An
     if not (shard.path / "summary.json").is_file():
         raise BadResults(f"{shard.path} has no summary.json: the shard did not finish; run "
                          "it again before merging")
-    counted = shard.read_json("summary.json").get("runs")
+    summary = shard.read_json("summary.json")
+    if summary.get("verdict") == "interrupted":
+        raise BadResults(f"{shard.path} was interrupted (Ctrl-C) before all its runs: run "
+                         "the shard again before merging")
+    counted = summary.get("runs")
     if counted != len(runs):
         raise BadResults(f"{shard.path}: runs.jsonl holds {len(runs)} run(s), its SUMMARY "
                          f"counted {counted}: a record is missing or extra; run the shard "
@@ -103,7 +108,12 @@ def _check_whole(shard: ResultsDir, cfg: dict[str, Any], runs: list[dict[str, An
 
 
 def _common(cfg: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in cfg.items() if k not in PER_SHARD}
+    """The settings every shard shares; of the code, its sources (a revision that differs
+    only by commits that changed no source, or a README edit, is the same system)."""
+    out = {k: v for k, v in cfg.items() if k not in PER_SHARD}
+    if isinstance(out.get("code"), dict):
+        out["code"] = out["code"].get("sources")
+    return out
 
 
 def _check_numbers(shards: list[ResultsDir], configs: list[dict[str, Any]]) -> None:

@@ -39,14 +39,15 @@ def _unsound(record: dict[str, Any]) -> str | None:
         return f"index {record['index']!r} is not a run index"
     if isinstance(record["seed"], bool) or not isinstance(record["seed"], int):
         return f"seed {record['seed']!r} is not a whole number"
+    machine = record.get("campaign_mode") == "machine"  # no agent: 0 steps, no observation
     steps = record.get("steps")
     if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or
-                              steps < 1):
+                              steps < (0 if machine else 1)):
         return f"steps {steps!r} is not a positive whole number"
     verdict = record["verdict"]
     if not isinstance(verdict, dict) or verdict.get("valid") not in (True, False, "unknown"):
         return f"verdict {verdict!r} is not a verdict"
-    if record.get("observation") is None and verdict["valid"] is True:
+    if record.get("observation") is None and verdict["valid"] is True and not machine:
         return "a run judged valid without an observation"
     try:
         FaultPlan.from_json(record["plan"])

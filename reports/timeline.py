@@ -54,7 +54,7 @@ def _spans(history: list[dict[str, Any]], process: str, keys: tuple[str, ...]
     for op in history:
         if op["process"] != process:
             continue
-        ident = next((op["value"][k] for k in keys if k in op["value"]), None)
+        ident = next(((k, op["value"][k]) for k in keys if k in op["value"]), None)
         if op["type"] == "invoke":
             open_ops[ident] = op
         elif ident in open_ops:

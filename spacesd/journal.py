@@ -1,17 +1,20 @@
 """An append-only file of JSON lines, each append fsynced before it returns.
 
 After a crash the last record may be torn: a write cut short (a prefix of the line, no
-newline) or a block the disk never wrote (it reads as zeros: a run of NUL bytes, which a
-record never holds, since JSON escapes them). Opening drops it, truncating the file to the
-last complete line, so the next append starts on a clean line.
+newline) or a block the disk never wrote (it reads as zeros: a run of NUL bytes, or one at
+a block boundary; a record never holds a NUL, since JSON escapes them). Opening drops it,
+truncating the file to the last complete line, so the next append starts on a clean line.
+A torn record is one record: a line of NULs that holds more than one record's checksum is
+damage (a block that also held earlier, synced records).
 
 Everything else that does not read back is damage (a failing disk, a flipped bit, a person),
 and skipping it could forget a key and run its command twice; so a complete line that is
 unreadable or fails its checksum (``"c"``, CRC-32 of the record without it), wherever it is,
 the last one included, makes loading raise ``DamagedJournal`` naming the record, and the
 file is left untouched for a person to look at. A record that is whole but lost only its
-newline (the tear fell just before it) passes its checksum: it is kept, and the newline
-written back; one whose newline became another byte is damage. Records written before checksums existed (no
+newline (the tear fell just before it, or in the newline's own block, which reads as a NUL)
+passes its checksum: it is kept, and the newline written back; one whose newline became
+another byte is damage. Records written before checksums existed (no
 ``"c"``) are read as they are, but only before the first checksummed one (a flip of the
 ``"c"`` key's name must not pass for an old record). ``load`` reads a journal without
 changing it (an audit of a copy, or of a live daemon's state).
@@ -44,16 +47,12 @@ def _checksum(record: dict[str, Any]) -> str:
 class Loaded:
     """What a journal file holds: its readable records, and where its whole lines end (a
     torn tail starts at ``end`` when ``end < size``; ``unterminated``: the last record is
-    whole but lost its newline, and ``end == size``)."""
+    whole but lost its newline, and ends at ``end``)."""
 
     records: list[dict[str, Any]]
     end: int
     size: int
     unterminated: bool = False
-
-
-#: What an unwritten block reads as; one flipped bit makes at most one NUL.
-_UNWRITTEN = b"\0\0"
 
 
 def load(path: str) -> Loaded:
@@ -73,14 +72,15 @@ def load(path: str) -> Loaded:
     unterminated = False
     if end < len(raw):
         tail = raw[end:]
-        if _whole(tail[:-1]):
+        body = tail.rstrip(b"\0")  # NULs after it: the newline's block was never written
+        if _whole(body):
+            lines.append(body)
+            end, unterminated = end + len(body), True
+        elif body == tail and _whole(body[:-1]):
             raise DamagedJournal(
                 f"{path}: the last record's newline is damaged ({tail[-1:]!r}); the file was "
                 "damaged. Refusing to guess what it held: look at the file, or remove the "
                 "Space")
-        if _UNWRITTEN not in tail and _whole(tail):
-            lines.append(tail)
-            end, unterminated = len(raw), True
         else:
             print(f"spacesd: ignoring a torn last record of {path} ({len(raw) - end} bytes)",
                   file=sys.stderr)
@@ -92,7 +92,8 @@ def load(path: str) -> Loaded:
             if not isinstance(rec, dict):
                 raise ValueError("not an object")
         except ValueError as exc:
-            if n == len(lines) and not unterminated and _UNWRITTEN in line:
+            if n == len(lines) and not unterminated and line.count(b'"c":"') <= 1 and \
+                    _unwritten(line, end - len(line) - 1):
                 end -= len(line) + 1  # a block of the last record the disk never wrote
                 print(f"spacesd: ignoring a torn last record of {path}", file=sys.stderr)
                 continue
@@ -111,6 +112,21 @@ def load(path: str) -> Loaded:
         rec.pop(CHECKSUM, None)
         records.append(rec)
     return Loaded(records, end, len(raw), unterminated)
+
+
+def _unwritten(line: bytes, offset: int) -> bool:
+    """Whether ``line`` (at ``offset`` in its file) holds what an unwritten block reads as:
+    a run of NULs longer than one byte (one flipped bit makes at most one NUL), or one that
+    starts or ends at a block boundary (512 bytes, the smallest a disk writes)."""
+    at = line.find(b"\0")
+    while at != -1:
+        stop = at
+        while stop < len(line) and line[stop] == 0:
+            stop += 1
+        if stop - at > 1 or (offset + at) % 512 == 0 or (offset + stop) % 512 == 0:
+            return True
+        at = line.find(b"\0", stop)
+    return False
 
 
 def _whole(tail: bytes) -> bool:

@@ -112,14 +112,18 @@ class CoordinatorConfig:
 class _PatientStore:
     """The store as a coordinator uses it: an operation that finds the store unreachable
     (``StoreUnavailable``: a dropped connection, a restarting server) is tried again, with a
-    growing pause, for as long as this coordinator's claims can still hold: until the store
-    has been unreachable for ``claim_secs``. Its drivers keep running meanwhile. After that
-    another coordinator may own its sessions, so the error is raised and the coordinator
-    ends its drivers and stops."""
+    growing pause, for as long as this coordinator's claims surely hold: two thirds of a claim
+    after the store last answered (claims are renewed every third). Its drivers keep running
+    meanwhile. After that another coordinator may take its sessions, so the error is raised
+    and the coordinator ends its drivers and stops."""
 
     def __init__(self, store: CoordinatorStore, claim_secs: float) -> None:
         self._store, self._claim_secs = store, claim_secs
-        self._down_since: float | None = None
+        #: Give up this long after the store last answered: claims are renewed every third
+        #: of a claim, so the earliest of them lapses no sooner than this.
+        self._patience = claim_secs * 2 / 3
+        self._answered = time.monotonic()
+        self._down = False
         self._lock = threading.Lock()
 
     def __getattr__(self, name: str) -> Any:
@@ -133,36 +137,39 @@ class _PatientStore:
                 try:
                     out = attr(*args, **kwargs)
                 except StoreUnavailable as exc:
-                    down = self._down(exc)
-                    if down >= self._claim_secs:
+                    silent = self._silent(exc)
+                    if silent >= self._patience:
                         raise StoreUnavailable(
-                            f"{exc}; unreachable for {down:.1f} s, longer than a claim "
-                            f"({self._claim_secs:g} s)") from exc
-                    time.sleep(min(pause, self._claim_secs - down))
+                            f"{exc}; no answer for {silent:.1f} s, so this coordinator's "
+                            f"claims ({self._claim_secs:g} s) lapse") from exc
+                    time.sleep(min(pause, self._patience - silent))
                     pause = min(pause * 2, 1.0)
                     continue
-                self._up()
+                except Exception:
+                    self._answered_now()  # a refusal (ClaimLost...) is an answer too
+                    raise
+                self._answered_now()
                 return out
 
         return patient
 
-    def _down(self, exc: StoreUnavailable) -> float:
-        now = time.monotonic()
+    def _silent(self, exc: StoreUnavailable) -> float:
+        """Seconds since the store last answered (noting the outage once)."""
         with self._lock:
-            if self._down_since is None:
-                self._down_since = now
-                print(f"durable.coordinator: {exc}; trying again while the claims hold "
-                      f"({self._claim_secs:g} s), the drivers keep running", file=sys.stderr,
-                      flush=True)
-            return now - self._down_since
+            if not self._down:
+                self._down = True
+                print(f"durable.coordinator: {exc}; trying again while the claims hold, the "
+                      "drivers keep running", file=sys.stderr, flush=True)
+            return time.monotonic() - self._answered
 
-    def _up(self) -> None:
+    def _answered_now(self) -> None:
         with self._lock:
-            if self._down_since is not None:
+            if self._down:
                 print(f"durable.coordinator: the store answers again after "
-                      f"{time.monotonic() - self._down_since:.1f} s", file=sys.stderr,
+                      f"{time.monotonic() - self._answered:.1f} s", file=sys.stderr,
                       flush=True)
-                self._down_since = None
+                self._down = False
+            self._answered = time.monotonic()
 
 
 @dataclass
@@ -280,8 +287,11 @@ class Coordinator:
         try:
             self._drive(claimed)
         except ClaimLost as exc:
-            self.store.note(rec.name, "claim_lost", {"coordinator": self.id,
-                                                     "error": str(exc)}, self.clock())
+            try:
+                self.store.note(rec.name, "claim_lost", {"coordinator": self.id,
+                                                         "error": str(exc)}, self.clock())
+            except StoreUnavailable:
+                pass
         except StoreUnavailable as exc:
             # The claim lapsed while the store was away: the session is another's to take.
             print(f"durable.coordinator: left session {rec.name}: {exc}", file=sys.stderr,
@@ -291,8 +301,8 @@ class Coordinator:
             try:
                 self._crashed(self.store.get(rec.name), None,
                               f"the drive failed: {type(exc).__name__}: {exc}")
-            except ClaimLost:
-                pass
+            except (ClaimLost, StoreUnavailable):
+                pass  # another coordinator drives it, or the claim lapses and one will
         finally:
             self.wake.set()
 

@@ -190,9 +190,10 @@ class SqlStore:
 
     @contextmanager
     def _write(self) -> Iterator[_Tx]:
-        """One write transaction. A lost connection raises ``StoreUnavailable`` (the
-        transaction may or may not have committed: every rule is safe to try again) and
-        the next transaction connects again."""
+        """One write transaction. A lost connection raises ``StoreUnavailable`` and the next
+        transaction connects again. The transaction may or may not have committed; trying
+        it again is safe but not free: a claim that committed leaves its session claimed
+        and undriven until the claim lapses, a save records its events twice."""
         with self._lock:
             if self._lost:
                 self._reconnect()
@@ -538,6 +539,9 @@ class SqliteStore(SqlStore):
                 os.link(tmp, self.path)
             except FileExistsError:
                 pass  # another process made the store first: use theirs
+            except OSError:  # a filesystem without hard links: a rename, checked first
+                if not self.path.exists():
+                    os.rename(tmp, self.path)
             dir_fd = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY)
             try:
                 os.fsync(dir_fd)
@@ -644,8 +648,14 @@ class PostgresStore(SqlStore):
     def _connect(self) -> Any:
         import psycopg
 
-        conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=10,
-                               application_name=f"durable.coordinator:{self.schema}")
+        # A cut link must fail an operation within seconds, not the kernel's 15 minutes of
+        # retransmissions: keepalives, a TCP user timeout and a statement timeout, each
+        # well below a claim (15 s by default).
+        conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=5,
+                               application_name=f"durable.coordinator:{self.schema}",
+                               keepalives=1, keepalives_idle=2, keepalives_interval=1,
+                               keepalives_count=3, tcp_user_timeout=5000,
+                               options="-c statement_timeout=5000")
         conn.execute(f'SET search_path TO "{self.schema}"')
         return conn
 

@@ -432,7 +432,7 @@ def test_a_store_away_longer_than_a_claim_ends_the_drivers_and_says_so(
     thread.join(timeout=300)
     assert not thread.is_alive(), "the coordinator kept going without its store"
     assert failed and isinstance(failed[0], StoreUnavailable), failed
-    assert "longer than a claim (2 s)" in str(failed[0])
+    assert "claims (2 s) lapse" in str(failed[0])
     for start in (e for e in journal(tmp_path, "s") if e["event"] == "start"):
         assert not psutil.pid_exists(start["pid"]) or \
             psutil.Process(start["pid"]).status() == psutil.STATUS_ZOMBIE, start

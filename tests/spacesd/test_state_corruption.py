@@ -355,3 +355,36 @@ def test_a_second_daemon_on_the_same_state_refuses_to_start(space: LocalSpace,
     assert f"another daemon (pid {first[0]}) serves" in second.stderr, second.stderr
     assert "Traceback" not in second.stderr
     assert space.daemon() == first
+
+
+def test_what_an_unwritten_block_leaves_is_told_from_damage(tmp_path: Path) -> None:
+    """Zeros are what a block the disk never wrote reads as: after a whole record (its
+    newline's block) the record is kept and the newline written back; a single NUL at a
+    block boundary is a torn record; zeros over several synced records are damage."""
+    path = tmp_path / "j.jsonl"
+    j = journal.Journal(str(path))
+    for key in ("a", "b", "c"):
+        j.append({"t": "start", "key": key})
+    j.close()
+    whole = path.read_bytes()
+    path.write_bytes(whole[:-1] + b"\0" * 7)  # the last newline's block never written
+    j = journal.Journal(str(path))
+    assert [r["key"] for r in j.records] == ["a", "b", "c"]
+    j.close()
+    assert path.read_bytes() == whole
+    # a record starting exactly at a block boundary whose first byte was never written
+    pad = 512 - len(whole) % 512
+    lines = whole + b'{"t":"pad","x":"' + b"p" * (pad - 20) + b'"}\n'
+    lines = lines[:len(lines) - (len(lines) % 512)] if len(lines) % 512 else lines
+    assert len(lines) % 512 == 0
+    torn = b"\0" + b'"t":"start","key":"d","c":"00000000"}\n'
+    path.write_bytes(lines + torn)
+    assert journal.load(str(path)).end == len(lines)
+    # zeros over the end of one synced record and the start of the next: the line holds
+    # more than one record's checksum, so it is not one torn append
+    b_at = whole.index(b"\n") + 1
+    c_at = whole.index(b"\n", b_at) + 1
+    start, stop = whole.index(b'"c":"', b_at) + 6, c_at + 5
+    path.write_bytes(whole[:start] + b"\0" * (stop - start) + whole[stop:])
+    with pytest.raises(journal.DamagedJournal):
+        journal.load(str(path))
