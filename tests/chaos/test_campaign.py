@@ -63,7 +63,7 @@ def test_ci_slice(tmp_path: Path, name: str) -> None:
                                                    "foreign", "power_losses",
                                                    "coordinator_kills"))
     assert faults >= int(summary["runs"]), "the nemesis must actually strike"
-    k, n = map(int, summary["cells"].split("/"))
+    k, n = map(int, summary.get("cells", "0/0").split("/"))  # none on a virtual workspace
     if BY_NAME[name].full_cells:
         assert k == n, f"cells {k}/{n}:\n{text}"
     if summary["mode"] == "exhaustive":
@@ -208,11 +208,14 @@ def test_a_revert_is_recorded_before_the_rerun_it_allows(tmp_path: Path) -> None
                   if c.tool == "bash" and "step-2" in c.args["command"])
     starts = [k for led in record.observation.ledgers for k in led["audit"]["keys"]
               if f":{append.call_id}:" in k["key"] and k["spawned"]]
-    assert len(starts) == 2, "the append started, then started again after the revert"
+    # Started, then again after the revert; on a busy machine the next driver's fence can
+    # also catch the rerun still running: reverted and started a third time.
+    assert len(starts) >= 2, "the append started, then started again after the revert"
     reverts = [e for e in record.recoveries
                if e["kind"] == "reverted" and e["call_id"] == append.call_id]
-    assert len(reverts) == 1 and append.result_entry is not None
-    assert reverts[0]["entry"] < append.result_entry
+    assert len(reverts) == len(starts) - 1 and append.result_entry is not None, \
+        "every rerun was allowed by a revert the log holds"
+    assert all(r["entry"] < append.result_entry for r in reverts)
 
 
 def test_an_exhaustive_run_whose_kill_missed_is_tried_again_and_says_why() -> None:
