@@ -32,18 +32,23 @@ if [ $load = 1 ]; then
     .venv/bin/python - "$STRESS_DIR" <<'PY' &
 import signal, subprocess, sys
 child = None
+stopping = False
 def end(_signum, _frame):
-    if child is not None and child.poll() is None:
-        child.send_signal(signal.SIGINT)
-        child.wait()
-    sys.exit(0)
+    # Only a flag and a signal here: the main thread may be inside child.wait(), whose
+    # lock a wait in this handler would wait on forever.
+    global stopping
+    stopping = True
+    if child is not None and child.returncode is None:
+        child.send_signal(signal.SIGINT)  # the campaign ends its runs, then the loop ends
 signal.signal(signal.SIGTERM, end)
 with open(f"{sys.argv[1]}/load.log", "ab") as log:
-    while True:
+    while not stopping:
         child = subprocess.Popen(
             [".venv/bin/python", "-m", "chaos", "run", "--mode", "checkpoint", "--runs", "100",
              "--jobs", "2", "--results", f"{sys.argv[1]}/load"], stdout=log, stderr=log,
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        if stopping:  # the SIGTERM came between the loop's test and the start
+            child.send_signal(signal.SIGINT)
         child.wait()
 PY
     load_pid=$!
