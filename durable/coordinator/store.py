@@ -587,6 +587,9 @@ class SqliteStore(SqlStore):
     def _begin_write(self, cur: Any) -> None:
         cur.execute("BEGIN IMMEDIATE")
 
+    def _reconnect(self) -> None:
+        self._conn = self._connect(self.path)
+
 
 class PostgresStore(SqlStore):
     """The store in a PostgreSQL database (``postgresql://user:password@host:port/db``,
