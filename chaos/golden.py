@@ -119,12 +119,17 @@ def golden_for(spec: RunSpec, workload: Workload, interrupted: frozenset[int]) -
 def _compute(spec: RunSpec, workload: Workload, kept: tuple[int, ...], key: tuple) -> Golden:
     """The golden run of ``key``, made twice: ``Nondeterministic`` when the two differ."""
     name = "golden-" + hashlib.sha256(repr(key).encode()).hexdigest()[:16]
-    first, second = (_clean_run(spec, kept, spec.work_dir.parent / "goldens" / f"{name}-{i}")
-                     for i in (1, 2))
-    paths, steps = differences(workload, first, second)
+    first, paths, steps = _twice(spec, workload, kept, spec.work_dir.parent / "goldens" / name)
     if paths or steps:
         raise Nondeterministic(workload, paths, steps)
     return first
+
+
+def _twice(spec: RunSpec, workload: Workload, kept: tuple[int, ...], work_dir: Path
+           ) -> tuple[Golden, list[str], list[int]]:
+    """Two clean runs under ``work_dir``: the first's oracle, and where they differ."""
+    first, second = (_clean_run(spec, kept, work_dir / f"clean-{i}") for i in (1, 2))
+    return (first, *differences(workload, first, second))
 
 
 def _clean_run(spec: RunSpec, kept: tuple[int, ...], work_dir: Path) -> Golden:
@@ -162,10 +167,8 @@ def probe(workload_path: str, *, work_dir: Path, durable_mode: str = "checkpoint
     workload = load(workload_path)
     spec = RunSpec(index=0, seed=1, campaign_mode="standard", durable_mode=durable_mode,
                    backend=backend, preset=PREFIX + workload.path, steps=None,
-                   work_dir=work_dir / "probe")
-    kept = tuple(range(len(workload.calls)))
-    first, second = (_clean_run(spec, kept, work_dir / f"clean-{i}") for i in (1, 2))
-    paths, steps = differences(workload, first, second)
+                   work_dir=work_dir)
+    _first, paths, steps = _twice(spec, workload, tuple(range(len(workload.calls))), work_dir)
     return [glob.escape(p) for p in paths], steps
 
 
