@@ -2,7 +2,7 @@
 
 ``KillDriver`` (SIGKILL of the driver's process group), ``KillDaemon`` (the Space's daemon
 only; its commands survive), ``RestartSpace`` (the daemon and every process, the disk
-kept), ``LoseSpace`` (the Space is deleted; its ledger is saved first, for G2), ``KillProcess``
+kept), ``LoseSpace`` (the Space is lost at one instant; its ledger is saved, for G2 and G3), ``KillProcess``
 (the one process of the Space that reported the failpoint: a command's shim) and
 ``PowerLoss`` (a microVM's power cut: unsynced writes lost, the machine booted again). ``FaultNemesis`` holds them all, by action. Each ends an operation in one
 completion (``chaos.nemesis`` has the contract): ``info`` when it struck, ``fail`` with the
@@ -15,11 +15,11 @@ import threading
 from abc import ABC, abstractmethod
 from typing import ClassVar
 
-from durable.errors import SpaceError
+from durable.errors import SpaceError, SpaceNotFound
 
 from .faults import Action
 from .nemesis import Completion, Operation, Target
-from .observe import save_ledger
+from .observe import read_ledger, unread_ledger
 
 
 class _Kind(ABC):
@@ -106,10 +106,20 @@ class LoseSpace(_SpaceKind):
     def strike(self, op: Operation) -> None:
         t = self.target
         generation = t.state.new_generation()
-        # The Space's ledger dies with it; the never-twice check needs it.
-        ledger = save_ledger(t.spaces, t.space, t.ledgers / f"gen-{generation:02d}", "deleted")
-        t.state.add_ledger(generation, ledger)
-        t.spaces.delete(t.space)
+        dest = t.ledgers / f"gen-{generation:02d}"
+        # The Space's ledger dies with it; the audits (G2, G3) need it as it was at the
+        # instant of the loss: saved before a delete, the driver could still fence and
+        # restore in the Space between the two, unrecorded (found by the docker campaign:
+        # a G3 "reverted ... not preceded by advance_epoch" that the Space did precede).
+        try:
+            t.spaces.lose(t.space, dest)
+        except SpaceNotFound:
+            raise  # gone before this fault: nothing was lost by it
+        except SpaceError:
+            # Lost or not, what it recorded is unknown: the audits cannot decide this run.
+            t.state.add_ledger(generation, unread_ledger("deleted"))
+            raise
+        t.state.add_ledger(generation, read_ledger(dest, "deleted"))
 
 
 class PowerLoss(_SpaceKind):

@@ -87,7 +87,18 @@ def save_ledger(spaces: CampaignSpaces, space_name: str, dest: Path, why: str) -
     """The exec ledger and fence records of a Space as they are now (``why``: what the
     runner is about to do to it, or ``final``), saved under ``dest`` for the record."""
     spaces.save_state(space_name, dest)
+    return read_ledger(dest, why)
+
+
+def read_ledger(dest: Path, why: str) -> dict[str, Any]:
+    """The ledger record of the audit files a provider saved under ``dest``."""
     return {"why": why, "audit": read_state(str(dest)).to_json()}
+
+
+def unread_ledger(why: str) -> dict[str, Any]:
+    """The record of a Space generation whose audit files could not be saved: with one,
+    the run's audits cannot decide (``Observation.ledgers`` is None)."""
+    return {"why": why, "audit": None}
 
 
 def observe(run_dir: Path, spaces: CampaignSpaces, space_name: str, *, session: str,
@@ -111,6 +122,7 @@ def observe(run_dir: Path, spaces: CampaignSpaces, space_name: str, *, session: 
     except SpaceError:
         rows = []  # the Space is gone: the hash comparison reports it
     all_ledgers: list[dict[str, Any]] | None = list(ledgers)
+    unread = any(ledger["audit"] is None for ledger in ledgers)
     # A machine restore takes the Space's audit files back in time: what they said before
     # each one was kept on the host (microVM Spaces).
     for kept in getattr(spaces, "audit_history", lambda _name: [])(space_name):
@@ -123,6 +135,8 @@ def observe(run_dir: Path, spaces: CampaignSpaces, space_name: str, *, session: 
         if spaces.exists(space_name):
             all_ledgers = None  # there but unreadable: the audits cannot decide
         # else gone: the earlier generations' ledgers are all there is
+    if unread:
+        all_ledgers = None  # a lost generation's could not be saved: they cannot decide
     obs = Observation(
         calls=facts.calls, workspace=rows, log_txt=log_txt,
         effects=read_effects(run_dir / "effects"), final_exit=final_exit,

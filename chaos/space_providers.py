@@ -39,6 +39,13 @@ class CampaignSpaces(Spaces, Protocol):
 
     def kill_process(self, name: str, pid: int) -> None: ...
 
+    def lose(self, name: str, keep: Path) -> None:
+        """The Space is lost at one instant: nothing in it changes after that instant (no
+        request is answered, no ``create`` revives it), its audit files as that instant
+        left them are saved under ``keep`` (as ``save_state``), and it is gone. Raises
+        ``SpaceNotFound`` when there was no Space to lose."""
+        ...
+
     def save_state(self, name: str, dest: Path) -> None: ...
 
     def names(self) -> list[str]:

@@ -345,6 +345,28 @@ class DockerSpaces:
             return
         self._remove(cname)
 
+    def lose(self, name: str, keep: Path) -> None:
+        """The Space is lost at one instant (a campaign fault): its container is paused
+        (every process frozen, the daemon answers nothing more) and renamed out of the way
+        (a racing ``create`` makes a new Space rather than starting this one), its audit
+        files as that instant left them are copied to ``keep`` (as ``save_state``), and it
+        is removed. Raises ``SpaceNotFound``."""
+        cname = self.container_name(name)
+        self._inspect(name)
+        lost = f"{cname}-lost-{secrets.token_hex(4)}"
+        with _engine(f"Space {name!r}: freezing it for its loss failed",
+                     gone=f"Space {name!r} was removed before its loss"):
+            try:
+                self._api.pause(cname)
+            except docker.errors.APIError as exc:
+                if exc.status_code != 409:  # 409: not running (stopped): nothing to freeze
+                    raise
+            self._api.rename(cname, lost)
+        try:
+            self._copy_state(lost, name, keep)
+        finally:
+            self._remove(lost)
+
     def _remove(self, container: str) -> None:
         deadline = time.monotonic() + self.start_timeout
         while True:
@@ -407,8 +429,10 @@ class DockerSpaces:
         claim and exit files: ``spacesd.protocol.is_audit_file``) into ``dest`` (created),
         for ``spacesd.audit.read_state(dest)``. Works whether the daemon is up or not;
         raises ``SpaceNotFound``. The ledger is copied first (see ``LocalSpaces``)."""
-        cname = self.container_name(name)
         self._inspect(name)
+        self._copy_state(self.container_name(name), name, dest)
+
+    def _copy_state(self, cname: str, name: str, dest: Path) -> None:
         dest = Path(dest)
         (dest / STATE_EXEC_DIR).mkdir(parents=True, exist_ok=True)
         for rel in (STATE_LEDGER, STATE_FENCES, STATE_EPOCH, STATE_EXEC_DIR):
@@ -423,7 +447,11 @@ class DockerSpaces:
                         if src is not None:
                             (dest / member.name).write_bytes(src.read())
             except docker.errors.NotFound:
-                self._inspect(name)  # SpaceNotFound if the container went; else no such file
+                # SpaceNotFound if the container went; else there is no such file yet
+                with _engine(f"Space {name!r}: the Docker engine did not answer",
+                             gone=f"Space {name!r} (container {cname}) was removed while its "
+                                  "state was being copied"):
+                    self._api.inspect_container(cname)
             except (*_ENGINE_ERRORS, tarfile.TarError) as exc:
                 raise SpaceUnavailable(f"Space {name!r}: copying {STATE_DIR}/{rel} out of the "
                                        f"container failed ({exc}); try again") from exc

@@ -174,20 +174,34 @@ class LocalSpaces:
 
     def delete(self, name: str) -> None:
         with self._locked(name) as space:
-            if not space.dir.exists():
+            if space.dir.exists():
+                self._remove(space)
+
+    def lose(self, name: str, keep: Path) -> None:
+        """The Space is lost at one instant (a campaign fault): under its lock, so that no
+        ``create`` brings it back meanwhile, its daemon and every process die, its audit
+        files as that instant left them are copied to ``keep`` (as ``save_state``), and it
+        is removed. Raises ``SpaceNotFound``."""
+        with self._locked(name) as space:
+            self.get(name)
+            self._kill_daemon(space)
+            procs.kill_space_processes(str(space.state))
+            self.save_state(name, keep)
+            self._remove(space)
+
+    def _remove(self, space: LocalSpace) -> None:
+        for tries_left in reversed(range(3)):
+            self._kill_daemon(space)
+            procs.kill_space_processes(str(space.state))
+            try:
+                shutil.rmtree(space.dir)
                 return
-            for tries_left in reversed(range(3)):
-                self._kill_daemon(space)
-                procs.kill_space_processes(str(space.state))
-                try:
-                    shutil.rmtree(space.dir)
-                    return
-                except OSError as exc:
-                    # A daemon that was still starting (detaching from a creator that was
-                    # SIGKILLed) wrote its files while the tree was being removed: kill it,
-                    # now that it can be found, and remove again.
-                    if exc.errno != errno.ENOTEMPTY or not tries_left:
-                        raise
+            except OSError as exc:
+                # A daemon that was still starting (detaching from a creator that was
+                # SIGKILLed) wrote its files while the tree was being removed: kill it,
+                # now that it can be found, and remove again.
+                if exc.errno != errno.ENOTEMPTY or not tries_left:
+                    raise
 
     def restart(self, name: str) -> None:
         """As a machine restart: the daemon and every process it started die (found by the

@@ -137,7 +137,7 @@ class LineChannel:
 class QMP(LineChannel):
     """QEMU's machine protocol: one connection per command (QEMU takes one client)."""
 
-    def command(self, name: str, **arguments: Any) -> Any:
+    def command(self, name: str, /, **arguments: Any) -> Any:
         """Run one QMP command; its ``return``. A machine that goes away meanwhile (power
         cut, deleted) raises ``SpaceUnavailable``: whether the command took effect is
         unknown, as for any request to a Space that broke off."""

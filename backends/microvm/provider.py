@@ -208,9 +208,30 @@ class MicroVMSpaces:
 
     def delete(self, name: str) -> None:
         with self._locked(name):
-            self._kill(name)
-            shutil.rmtree(self.space_dir(name), ignore_errors=True)
-            shutil.rmtree(self._sockets(name), ignore_errors=True)
+            self._remove(name)
+
+    def _remove(self, name: str) -> None:
+        self._kill(name)
+        shutil.rmtree(self.space_dir(name), ignore_errors=True)
+        shutil.rmtree(self._sockets(name), ignore_errors=True)
+
+    def lose(self, name: str, keep: Path) -> None:
+        """The Space is lost at one instant (a campaign fault): under its lock, so that no
+        ``create`` boots it meanwhile, its network link is cut (the daemon answers nothing
+        more; a stopped machine is booted with its link cut before its daemon can serve),
+        its audit files as that instant left them are read through the guest agent into
+        ``keep`` (as ``save_state``), and the machine is killed and removed. Raises
+        ``SpaceNotFound``."""
+        with self._locked(name):
+            if not self.exists(name):
+                raise SpaceNotFound(f"no Space {name!r}")
+            try:
+                if not self.running(name):
+                    self._boot(name)
+                self.qmp(name).command("set_link", name="n0", up=False)
+                self._read_state(name, keep, timeout=BOOT_TIMEOUT_S)
+            finally:
+                self._remove(name)
 
     def _kill(self, name: str) -> None:
         found = read_pid(self.space_dir(name) / "qemu.pid")
@@ -268,7 +289,10 @@ class MicroVMSpaces:
             raise SpaceNotFound(f"no Space {name!r}")
         if not self.running(name):
             self.create(name)
-        data = base64.b64decode(self.agent(name).call("state"))
+        self._read_state(name, dest)
+
+    def _read_state(self, name: str, dest: Path, *, timeout: float = 60.0) -> None:
+        data = base64.b64decode(self.agent(name, timeout=timeout).call("state"))
         dest.mkdir(parents=True, exist_ok=True)
         with tarfile.open(fileobj=io.BytesIO(data)) as tar:
             tar.extractall(dest, filter="data")

@@ -21,6 +21,7 @@ import pytest
 
 from durable.errors import SpaceError, SpaceNotFound, StaleEpochError
 from durable.spaces import Spaces
+from tests.backends.loss_contract import check_a_loss_is_one_instant
 
 pytestmark = pytest.mark.docker
 
@@ -214,6 +215,14 @@ def test_save_state_copies_the_audit_files_with_the_daemon_up_or_down(spaces,
     spaces._api.stop(spaces.get("s").id, timeout=0)  # no daemon, no process at all
     spaces.save_state("s", tmp_path / "down")
     assert audit.read_state(str(tmp_path / "down")) == saved
+
+
+def test_a_loss_saves_the_state_of_its_instant(spaces, tmp_path: Path) -> None:
+    check_a_loss_is_one_instant(spaces, "s", tmp_path / "lost")
+    from backends.docker.provider import LABEL_SCOPE
+
+    kept = spaces._api.containers(all=True, filters={"label": f"{LABEL_SCOPE}={spaces.scope}"})
+    assert [c["Id"] for c in kept] == [spaces.get("s").id], "the lost container is left"
 
 
 # ---------------------------------------------------------------- spacesd in a container

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from durable.errors import SpaceNotFound, StaleEpochError
+from tests.backends.loss_contract import check_a_loss_is_one_instant
 
 pytestmark = pytest.mark.microvm
 
@@ -200,3 +201,7 @@ def test_a_killed_daemon_comes_back_and_its_command_runs_on(vms) -> None:
     state = vms.space_dir("a").parent / "state-copy"
     vms.save_state("a", state)
     assert (state / "ledger.jsonl").read_text().count('"run@1"') >= 1
+
+
+def test_a_loss_saves_the_state_of_its_instant(vms, tmp_path: Path) -> None:
+    check_a_loss_is_one_instant(vms, "s", tmp_path / "lost")

@@ -15,6 +15,8 @@ from backends.local.procs import kill_process
 from durable.errors import SpaceNotFound
 from spacesd import audit
 
+from tests.backends.loss_contract import check_a_loss_is_one_instant
+
 
 def files_under(root: Path) -> set[str]:
     return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
@@ -89,3 +91,9 @@ def test_saving_a_missing_space_says_so(spaces: LocalSpaces, tmp_path: Path) -> 
     assert not (tmp_path / "saved").exists()
     with pytest.raises(FileNotFoundError, match="save_state"):
         audit.read_state(str(tmp_path / "saved"))
+
+
+def test_a_loss_saves_the_state_of_its_instant(spaces: LocalSpaces, tmp_path: Path) -> None:
+    check_a_loss_is_one_instant(spaces, "s", tmp_path / "lost")
+    with pytest.raises(SpaceNotFound):
+        spaces.lose("nope", tmp_path / "none")

@@ -23,6 +23,7 @@ from chaos.nemesis import Completion, NoopNemesis, Operation, Target, Validating
 from chaos.rendezvous import Hit
 from chaos.run_record import RunRecord
 from chaos.run_state import RunState
+from durable.errors import SpaceNotFound, SpaceUnavailable
 
 AT_INTENT = Fault("kill_daemon", "failpoint", "call.intent", 1, kill_driver=False)
 KILL_AT_RESULT = Fault("kill_driver", "failpoint", "call.result", 2)
@@ -118,28 +119,23 @@ def test_the_noop_nemesis_injures_nothing() -> None:
 
 
 class SlowSpaces:
-    """Just enough of a Spaces provider for ``LoseSpace``: saving a ledger waits for ``go``."""
+    """Just enough of a Spaces provider for ``LoseSpace``: a loss waits for ``go``."""
 
     def __init__(self) -> None:
-        self.go, self.saving = threading.Event(), threading.Event()
-        self.saved: list[Path] = []
-        self.deleted: list[str] = []
+        self.go, self.losing = threading.Event(), threading.Event()
+        self.lost: list[tuple[str, Path]] = []
 
-    def save_state(self, name: str, dest: Path) -> None:
-        self.saving.set()
+    def lose(self, name: str, keep: Path) -> None:
+        self.losing.set()
         assert self.go.wait(120)
-        self.saved.append(dest)
-
-    def delete(self, name: str) -> None:
-        self.deleted.append(name)
+        self.lost.append((name, keep))
 
 
 def test_two_losses_due_at_once_lose_the_space_once(tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """A loss saves the Space's ledger, then deletes it: a second loss due meanwhile would
+    """A loss saves the Space's ledger and deletes it: a second loss due meanwhile would
     save the same generation again (G2 would then see its commands started twice)."""
-    monkeypatch.setattr("chaos.fault_kinds.save_ledger",
-                        lambda spaces, name, dest, why: spaces.save_state(name, dest) or {})
+    monkeypatch.setattr("chaos.fault_kinds.read_ledger", lambda dest, why: {"audit": {}})
     spaces, state, armed = SlowSpaces(), RunState(), threading.Event()
     armed.set()
     lose = Fault("delete_space", "failpoint", "call.result", 1, kill_driver=False)
@@ -148,15 +144,45 @@ def test_two_losses_due_at_once_lose_the_space_once(tmp_path: Path,
     nemesis.setup(Target(spaces, "cua-c1", tmp_path, state, armed))  # type: ignore[arg-type]
     first = threading.Thread(target=nemesis.invoke, args=(_op(0, lose),))
     first.start()
-    assert spaces.saving.wait(120)
+    assert spaces.losing.wait(120)
     second = nemesis.invoke(_op(1, timed))
     spaces.go.set()
     first.join(5)
     assert second.type == "fail"
     assert second.value == ("skipped delete_space at attempt 1 +0.50s: another fault is "
                             "deleting the Space at this moment")
-    assert len(spaces.saved) == 1 and spaces.deleted == ["cua-c1"]
+    assert spaces.lost == [("cua-c1", tmp_path / "gen-00")]
     assert state.counts()["lost_spaces"] == 1 and state.errors() == []
+
+
+class BrokenLossSpaces:
+    """A provider whose loss breaks off after the Space was harmed, or finds no Space."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def lose(self, name: str, keep: Path) -> None:
+        raise self.error
+
+
+@pytest.mark.parametrize("error, ledgers", [
+    (SpaceUnavailable("copying state/ledger.jsonl out of the container failed"),
+     [{"why": "deleted", "audit": None}]),
+    (SpaceNotFound("no Space 'cua-c1'"), []),
+])
+def test_a_loss_whose_ledger_was_not_saved_leaves_the_audits_undecided(
+        tmp_path: Path, error: Exception, ledgers: list[dict[str, object]]) -> None:
+    """A generation with no saved ledger makes the run's observation hold no ledgers (its
+    audits cannot decide), unless there was no Space to lose at all."""
+    state, armed = RunState(), threading.Event()
+    armed.set()
+    lose = Fault("delete_space", "failpoint", "call.result", 1, kill_driver=False)
+    nemesis = ValidatingNemesis(FaultNemesis(), FaultPlan(1, (lose,)), state)
+    nemesis.setup(Target(BrokenLossSpaces(error), "cua-c1", tmp_path, state,  # type: ignore[arg-type]
+                         armed))
+    done = nemesis.invoke(_op(0, lose))
+    assert done.type == "fail" and str(error) in str(done.value)
+    assert state.ledgers() == ledgers
 
 
 def _hit(point: str, occurrence: int, process: str | None = None) -> Hit:
