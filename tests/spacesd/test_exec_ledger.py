@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import time
 from pathlib import Path
 
@@ -150,12 +151,17 @@ def test_a_shim_still_finishing_after_its_exit_is_no_running_process(
     exhaustive campaign under load: the reference run switched, later runs did not).
 
     The test holds the shim there: it opens the command's stdout (the shim's pipe) through
-    ``/proc``, so the shim's drain waits for the test to close it."""
-    client.exec_start("k", f"echo $$ > pid; {GATE}; echo done")
+    ``/proc``, so the shim's drain waits for the test to close it. Only once ``ready``
+    exists (``touch``, a child: the shell's own fd 1 stays the pipe): while ``echo $$ > pid``
+    runs, the shell's fd 1 is the file ``pid`` (a flake under load: the test held that
+    file, not the pipe, and the shim ended)."""
+    client.exec_start("k", f"echo $$ > pid; touch ready; {GATE}; echo done")
+    wait_for_file(space.work / "ready", empty_ok=True)
     pid = int(wait_for_file(space.work / "pid"))
     shim = os.getpgid(pid)  # the shim leads the command's process group
     held = os.open(f"/proc/{pid}/fd/1", os.O_WRONLY)
     try:
+        assert stat.S_ISFIFO(os.fstat(held).st_mode), "the test holds the shim's pipe"
         (space.work / "go").touch()
         info = client.exec_wait("k", timeout=60)
         assert info.state == "exited" and info.exit_code == 0
