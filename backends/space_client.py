@@ -274,7 +274,9 @@ class HttpSpaceClient:
         conn, resp = self._open("POST", protocol.op_path(op), body,
                                 {"Content-Type": "application/json"}, idempotent=idempotent,
                                 timeout=timeout or self.timeout)
-        return json.loads(self._answer(conn, resp, op, epoch, keep=self._keeps(idempotent)))
+        answer: dict[str, Any] = json.loads(
+            self._answer(conn, resp, op, epoch, keep=self._keeps(idempotent)))
+        return answer
 
     def _keeps(self, idempotent: bool) -> bool:
         """Whether a request's connection is kept for the next (see the module docstring):
@@ -305,7 +307,8 @@ class HttpSpaceClient:
     def health(self) -> dict[str, Any]:
         conn, resp = self._open("GET", protocol.HEALTH_PATH, None, {}, idempotent=True,
                                 timeout=self.timeout)
-        return json.loads(self._answer(conn, resp, "health"))
+        health: dict[str, Any] = json.loads(self._answer(conn, resp, "health"))
+        return health
 
     def capabilities(self) -> set[str]:
         return set(self._call("capabilities")["capabilities"])
@@ -395,10 +398,12 @@ class HttpSpaceClient:
         self._call("edit_file", idempotent=False, path=path, old=old, new=new)
 
     def stat(self, path: str) -> dict[str, Any] | None:
-        return self._call("stat", path=path)["stat"]
+        found: dict[str, Any] | None = self._call("stat", path=path)["stat"]
+        return found
 
     def list_dir(self, path: str) -> list[dict[str, Any]]:
-        return self._call("list_dir", path=path)["entries"]
+        entries: list[dict[str, Any]] = self._call("list_dir", path=path)["entries"]
+        return entries
 
     def remove(self, path: str, *, recursive: bool = False) -> None:
         self._call("remove", path=path, recursive=recursive)

@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Self
 
 from . import live
-from .errors import RunAborted
 from .driver_forks import forkable, server
+from .errors import RunAborted
 from .processes import Owned, OwnedProcess
 
 #: How long a driver may run, a hold may park one, or a fault timer may take to end.
@@ -126,7 +126,7 @@ class AttemptScope:
         if self.note is not None:
             self.note.driver(driver.pid)
         if self.cancelled:  # cancelled while it started: it must not live on
-            driver.kill_group()
+            driver.kill_group()  # type: ignore[unreachable]  # set by another thread
         return driver
 
     def wait(self, driver: Owned, timeout: float = DRIVER_TIMEOUT_S) -> int:

@@ -25,6 +25,7 @@ from .bytecode import compile_packages
 from .errors import BackendUnavailable
 from .faults import RECOVERY_POINTS, FaultPlan, exhaustive_plans
 from .plots import campaign_plots
+from .progress import Progress, faults_fired
 from .records import ResultsDir
 from .run_pool import LocalPool, RunPool
 from .run_spec import RunSpec
@@ -165,29 +166,11 @@ def failure_line(record: dict[str, Any], results: Path) -> str:
             f"{repro_command(results, record['index'])}")
 
 
-class Progress:
-    """A progress bar on a terminal, plain lines otherwise."""
-
-    def __init__(self, total: int, stream: TextIO = sys.stderr) -> None:
-        self.total, self.done, self.stream = total, 0, stream
-        self.tty = stream.isatty()
-        self.t0 = time.time()
-
-    def update(self, record: dict[str, Any]) -> None:
-        self.done += 1
-        ok = record["verdict"]["valid"] is True
-        if self.tty:
-            width = 30
-            filled = int(width * self.done / max(1, self.total))
-            self.stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/"
-                              f"{self.total} {time.time() - self.t0:5.0f}s")
-            if self.done == self.total:
-                self.stream.write("\n")
-        else:
-            self.stream.write(f"run {record['index']} seed={record['seed']} "
-                              f"{'ok' if ok else 'NOT OK'} kills={record['counts']['kills']} "
-                              f"{record['seconds']:.1f}s ({self.done}/{self.total})\n")
-        self.stream.flush()
+def run_line(record: dict[str, Any]) -> str:
+    """A finished run's plain progress line (``Progress`` adds the count, ``(6/10)``)."""
+    ok = record["verdict"]["valid"] is True
+    return (f"run {record['index']} seed={record['seed']} {'ok' if ok else 'NOT OK'} "
+            f"kills={record['counts']['kills']} {record['seconds']:.1f}s")
 
 
 def _specs(cfg: CampaignConfig, work: Path, pool: RunPool
@@ -270,55 +253,10 @@ def _pool(cfg: CampaignConfig, results: ResultsDir, note: live.Campaign) -> RunP
 def _run(cfg: CampaignConfig, results: ResultsDir, note: live.Campaign, t0: float,
          out: TextIO) -> int:
     records: list[dict[str, Any]] = []
-    interrupted = False
     with _pool(cfg, results, note) as pool:
         specs, total, reachable = _specs(cfg, results.runs_dir, pool)
-        progress = Progress(total)
-
-        taken: dict[int, RunSpec] = {}  # exhaustive: the runs whose lead may be retried
-
-        def finished(record: dict[str, Any]) -> bool:
-            """Record a run that ended by itself; whether it failed."""
-            if record.get("interrupted"):
-                return False  # cut short by Ctrl-C: proves nothing, recorded nowhere
-            spec = taken.pop(record["index"], None)
-            if spec is not None and (again := lead_retry(spec, record)) is not None:
-                pool.submit(again)  # its kill did not land: the same plan once more
-                taken[again.index] = again
-                return False
-            records.append(record)
-            results.append_run(record)
-            progress.update(record)
-            if record["verdict"]["valid"] is True:
-                return False
-            print(failure_line(record, results.path), file=out, flush=True)
-            return True
-
-        stop = False
-        try:
-            while True:
-                # A bounded window of runs in flight: specs are made as they are taken.
-                while not stop and pool.in_flight() < 2 * pool.capacity():
-                    spec = next(specs, None)
-                    if spec is None:
-                        break
-                    pool.submit(spec)
-                    if cfg.mode == "exhaustive":
-                        taken[spec.index] = spec
-                if not pool.in_flight():
-                    break
-                for record in pool.finished(timeout=1.0):
-                    stop = finished(record) and cfg.stop_on_failure or stop
-        except KeyboardInterrupt:
-            interrupted = True
-            print(f"chaos: interrupted: ending {pool.in_flight()} running run(s) (their "
-                  "drivers by pid, their Spaces); no new run starts", file=sys.stderr,
-                  flush=True)
-            pool.abort()
-            deadline = time.time() + ABORT_WAIT_S
-            while pool.in_flight() and time.time() < deadline:
-                for record in pool.finished(timeout=max(0.0, deadline - time.time())):
-                    finished(record)
+        with Progress(total, title=cfg.mode) as progress:
+            interrupted = _drive(cfg, results, pool, specs, records, progress, out)
     with sigint_deferred() as late:  # a Ctrl-C now would cut the SUMMARY short
         code = publish(cfg, results, records, time.time() - t0, reachable=reachable,
                        interrupted=interrupted, out=out)
@@ -327,6 +265,57 @@ def _run(cfg: CampaignConfig, results: ResultsDir, note: live.Campaign, t0: floa
     print("chaos: interrupted while the SUMMARY was written (it was written whole, of every "
           "run)", file=sys.stderr, flush=True)
     return EXIT["interrupted"]
+
+
+def _drive(cfg: CampaignConfig, results: ResultsDir, pool: RunPool, specs: Iterator[RunSpec],
+           records: list[dict[str, Any]], progress: Progress, out: TextIO) -> bool:
+    """Run ``specs`` on ``pool`` to the end, or until Ctrl-C (then end the runs in flight),
+    recording each finished run in ``records`` and ``results``; whether interrupted."""
+    taken: dict[int, RunSpec] = {}  # exhaustive: the runs whose lead may be retried
+
+    def finished(record: dict[str, Any]) -> bool:
+        """Record a run that ended by itself; whether it failed."""
+        if record.get("interrupted"):
+            return False  # cut short by Ctrl-C: proves nothing, recorded nowhere
+        spec = taken.pop(record["index"], None)
+        if spec is not None and (again := lead_retry(spec, record)) is not None:
+            pool.submit(again)  # its kill did not land: the same plan once more
+            taken[again.index] = again
+            return False
+        records.append(record)
+        results.append_run(record)
+        valid = record["verdict"]["valid"]
+        progress.advance(run_line(record), failed=valid is False, unknown=valid == "unknown",
+                         faults=faults_fired(record["counts"]))
+        if valid is True:
+            return False
+        progress.echo(failure_line(record, results.path), out)
+        return True
+
+    stop = False
+    try:
+        while True:
+            # A bounded window of runs in flight: specs are made as they are taken.
+            while not stop and pool.in_flight() < 2 * pool.capacity():
+                spec = next(specs, None)
+                if spec is None:
+                    break
+                pool.submit(spec)
+                if cfg.mode == "exhaustive":
+                    taken[spec.index] = spec
+            if not pool.in_flight():
+                return False
+            for record in pool.finished(timeout=1.0):
+                stop = (finished(record) and cfg.stop_on_failure) or stop
+    except KeyboardInterrupt:
+        progress.echo(f"chaos: interrupted: ending {pool.in_flight()} running run(s) (their "
+                      "drivers by pid, their Spaces); no new run starts", sys.stderr)
+        pool.abort()
+        deadline = time.time() + ABORT_WAIT_S
+        while pool.in_flight() and time.time() < deadline:
+            for record in pool.finished(timeout=max(0.0, deadline - time.time())):
+                finished(record)
+        return True
 
 
 @contextmanager

@@ -5,7 +5,8 @@ Runs one campaign on the local backend and prints runs per minute and kills per 
 on 2 cores). With ``--cluster ADDRESS`` (e.g. ``local:2``) it runs the same seeds both ways,
 ``--jobs`` threads here and on the cluster, alternately ``--repeat`` times, and prints each
 one's median runs per minute and the cluster's cost in throughput. It prints numbers; it
-asserts nothing.
+asserts nothing. Each campaign shows its progress as ``chaos run`` does (``--quiet``,
+``--verbose``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+from . import progress
 from .campaign import CampaignConfig, run_campaign
 from .summary import parse_summary
 
@@ -35,7 +37,14 @@ def main(argv: list[str] | None = None) -> int:
                    "with --jobs 2: as many runs at once both ways)")
     p.add_argument("--repeat", type=int, default=1,
                    help="with --cluster: campaigns of each kind, alternately")
+    progress.add_flags(p, lines="a line per finished run",
+                       kept="the failures, the SUMMARY lines and the numbers")
     args = p.parse_args(argv)
+    with progress.shown(args.display):
+        return _measure(args)
+
+
+def _measure(args: argparse.Namespace) -> int:
     if args.cluster is None:
         code, seconds, line, failures = _campaign(args, None)
         print(failures + line)

@@ -1,4 +1,4 @@
-"""The invariant checker: every guarantee of DESIGN.md, each as its own named check.
+"""The invariant checker: every guarantee of docs/architecture.md, each as its own named check.
 
 It works on an ``Observation`` (plain data taken from the log, the Space, the Space's
 ledgers and fence records, and the effects file after a clean driver finished the run), so
@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal
 
 from scenarios import Scenario
-from spacesd.protocol import ScanEntry
+from spacesd.protocol import EntryKind, ScanEntry
 
 if TYPE_CHECKING:
     from .golden import Golden
@@ -165,8 +165,8 @@ def check(scenario: Scenario, obs: Observation, *, campaign_mode: str,
                    first.errors + [f"second session: {e}" for e in second.errors], checks)
 
 
-def _old_row(path: str, kind: str, mode: int, ident: str) -> ScanEntry:
+def _old_row(path: str, kind: EntryKind, mode: int, ident: str) -> ScanEntry:
     """A workspace row of a record written before the whole state was kept."""
-    return ScanEntry(path, kind, size=0, mode=mode,  # type: ignore[arg-type]
+    return ScanEntry(path, kind, size=0, mode=mode,
                      sha256=ident if kind == "file" else None,
                      target=ident if kind == "symlink" else None)

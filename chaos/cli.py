@@ -1,11 +1,12 @@
 """``chaos`` / ``python -m chaos``: run a campaign, reproduce a run, re-check records, clean up.
 
     chaos run --mode M --backend B --runs N --steps K --seed-base S [--jobs J]
-              [--shard I/N] [--cluster tcp://HOST:8786 | local:N]
+              [--shard I/N] [--cluster tcp://HOST:8786 | local:N] [--quiet | --verbose]
     chaos merge SHARD_RESULTS... [--results DIR]
     chaos worker tcp://HOST:8786 [--dir DIR] [--nworkers N] [dask worker flags]
     chaos repro RESULTS --run N          (or: --seed S --mode M [--backend B], or --plan F)
-    chaos shrink RESULTS --run N [--jobs J]   (or: --seed S --mode M ...)
+    chaos shrink RESULTS --run N [--jobs J] [--quiet | --verbose]
+                                         (or: --seed S --mode M ...)
     chaos analyze RESULTS
     chaos ci [--slice NAME ...] [--results DIR] [--stop-on-failure]
     chaos clean [--results DIR]
@@ -13,7 +14,9 @@
 
 Flags of ``run`` mirror the environment variables ``CRASH_MODE``, ``CRASH_BACKEND``,
 ``CRASH_RUNS``, ``CRASH_STEPS``, ``CRASH_SEED_BASE`` and ``CRASH_DURABLE_MODE``, which work
-alone too. Exit codes: 0 valid, 1 invalid, 2 unknown, 130 interrupted (Ctrl-C: the
+alone too. ``run`` and ``shrink`` show their progress on stderr: a live bar on a terminal,
+a line per run otherwise (``--quiet``: neither; ``--verbose``: the lines on a terminal too;
+``chaos.progress``). Exit codes: 0 valid, 1 invalid, 2 unknown, 130 interrupted (Ctrl-C: the
 finished runs' records and a SUMMARY of them are kept, ``verdict=interrupted``), 254 bad
 arguments or configuration, 255 the harness itself crashed.
 """
@@ -29,15 +32,16 @@ from typing import NoReturn
 
 from scenarios import PresetError, WorkloadError
 
+from . import progress
 from .campaign import EXIT, MODES, run_campaign
 from .ci_subset import BY_NAME, run_slices
 from .clean import clean
 from .errors import BackendUnavailable, BadArguments, BadResults
 from .merge import merge
+from .redrive import KINDS as REDRIVE_KINDS
 from .repro import analyze, repro, shrink
 from .run_args import DURABLE_MODES, campaign_config
 from .space_providers import BACKENDS
-from .redrive import KINDS as REDRIVE_KINDS
 from .stale import KINDS
 
 EXIT_INTERRUPTED = EXIT["interrupted"]
@@ -129,6 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
                      metavar="ADDRESS", help="run on a Dask cluster: a scheduler's address "
                      "(tcp://HOST:8786, tls://...) or local:N (N worker processes here); "
                      "needs the cluster extra")
+    progress.add_flags(run, lines="a line per finished run (run N seed=S ok kills=K ...)",
+                       kept="the failure lines, the cells not reached and the SUMMARY")
     wrk = sub.add_parser("worker", help="start a Dask worker for --cluster campaigns (one "
                          "thread per worker process); other flags go to `dask worker`")
     wrk.add_argument("scheduler", help="the scheduler's address, e.g. tcp://10.0.0.5:8786")
@@ -161,6 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "time-triggered fault; it counts only if it fails every one")
     shr.add_argument("--confirm", type=int, default=5,
                      help="replays of the shrunk plan at the end")
+    progress.add_flags(shr, lines="a line per candidate run (candidate N faults=F steps=S "
+                       "... fails CHECK ...)", kept="the passes that made progress, the story "
+                       "and the SHRUNK line")
     ana = sub.add_parser("analyze", help="re-run the checker on stored run records")
     ana.add_argument("results", type=Path)
     cln = sub.add_parser("clean", help="remove Spaces left behind by crashed campaigns")
@@ -271,11 +280,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "worker":
             _worker(args, extra)
         if args.command == "run":
-            return run_campaign(campaign_config(args))
+            with progress.shown(args.display):
+                return run_campaign(campaign_config(args))
         if args.command == "repro":
             return repro(args)
         if args.command == "shrink":
-            return shrink(args)
+            with progress.shown(args.display):
+                return shrink(args)
         if args.command == "analyze":
             return analyze(args)
         if args.command == "ci":

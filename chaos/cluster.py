@@ -166,7 +166,7 @@ class ClusterPool:
 
     def _received(self, result: dict[str, Any]) -> dict[str, Any]:
         """The record of a finished task, its run directory unpacked under ``runs/``."""
-        record = result["record"]
+        record: dict[str, Any] = result["record"]
         if result["artifacts"] is not None:
             kept = self._results.runs_dir / Path(record["run_dir"]).name
             kept.mkdir(parents=True, exist_ok=True)

@@ -28,8 +28,8 @@ from durable.harness import Submission
 from durable.session_driver import Session, SessionEnv, run_durable_session
 from durable.tools import ToolRegistry
 from scenarios import scenario_of
-from scenarios.plan import Scenario
 from scenarios.host_tools import effect_tools
+from scenarios.plan import Scenario
 
 from .live import die_with_parent
 from .space_providers import VIRTUAL, make_spaces, snapshot_kind

@@ -80,7 +80,7 @@ class DriverServer:
         self._channel = ours
         self._lock = threading.Lock()
         self._next_id = 0
-        self._answers: dict[int, tuple[threading.Event, list[Any]]] = {}
+        self._answers: dict[int, tuple[threading.Event, list[ForkedDriver | str]]] = {}
         self._drivers: dict[int, ForkedDriver] = {}
         self._argv: dict[int, list[str]] = {}
         self._reader = threading.Thread(target=self._read, name="driver-server", daemon=True)
@@ -93,7 +93,7 @@ class DriverServer:
         if argv[1:2] != ["-m"] or len(argv) < 3:
             raise ValueError(f"the driver server runs python -m MODULE ...; not {argv[:3]}")
         done = threading.Event()
-        answer: list[Any] = []
+        answer: list[ForkedDriver | str] = []
         with self._lock:
             self._next_id += 1
             ident = self._next_id

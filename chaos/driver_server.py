@@ -20,12 +20,12 @@ closes it), the server SIGKILLs the process group of every driver still running 
 (Not ``PR_SET_PDEATHSIG``: that follows the *thread* that started the server, and a
 campaign's runs start it from threads that end.)
 
-Protocol, over the socket whose descriptor is its argument, one JSON object per line: the runner sends
-``{"id", "module", "argv", "env", "log"}`` (a module with ``main(argv) -> int``, as
-``python -m module argv`` would run it: ``chaos.driver``, imported here beforehand, or any
-other, imported by the child); the server answers ``{"id", "pid"}`` or ``{"id", "error"}``, and later
-``{"exited": pid, "code": code}`` with the code as ``subprocess`` gives it (negative: killed
-by that signal).
+Protocol, over the socket whose descriptor is its argument, one JSON object per line: the
+runner sends ``{"id", "module", "argv", "env", "log"}`` (a module with ``main(argv) -> int``,
+as ``python -m module argv`` would run it: ``chaos.driver``, imported here beforehand, or
+any other, imported by the child); the server answers ``{"id", "pid"}`` or ``{"id",
+"error"}``, and later ``{"exited": pid, "code": code}`` with the code as ``subprocess`` gives
+it (negative: killed by that signal).
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from backends import space_client
 from durable import failpoints
 
 from . import live
+
 
 def _become_driver(request: dict[str, Any], log: int, server_fds: list[int]) -> None:
     """In the forked child: become the driver the request describes, its output to ``log``

@@ -2,9 +2,10 @@
 
 ``KillDriver`` (SIGKILL of the driver's process group), ``KillDaemon`` (the Space's daemon
 only; its commands survive), ``RestartSpace`` (the daemon and every process, the disk
-kept), ``LoseSpace`` (the Space is lost at one instant; its ledger is saved, for G2 and G3), ``KillProcess``
-(the one process of the Space that reported the failpoint: a command's shim) and
-``PowerLoss`` (a microVM's power cut: unsynced writes lost, the machine booted again). ``FaultNemesis`` holds them all, by action. Each ends an operation in one
+kept), ``LoseSpace`` (the Space is lost at one instant; its ledger is saved, for G2 and
+G3), ``KillProcess`` (the one process of the Space that reported the failpoint: a
+command's shim) and ``PowerLoss`` (a microVM's power cut: unsynced writes lost, the machine
+booted again). ``FaultNemesis`` holds them all, by action. Each ends an operation in one
 completion (``chaos.nemesis`` has the contract): ``info`` when it struck, ``fail`` with the
 reason when it could not.
 """
@@ -13,13 +14,16 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from durable.errors import SpaceError, SpaceNotFound
 
 from .faults import Action
 from .nemesis import Completion, Operation, Target
 from .observe import read_ledger, unread_ledger
+
+if TYPE_CHECKING:
+    from .space_providers import CampaignSpaces
 
 
 class _Kind(ABC):
@@ -29,7 +33,7 @@ class _Kind(ABC):
     def setup(self, target: Target) -> None:
         self.target = target
 
-    def teardown(self) -> None:
+    def teardown(self) -> None:  # noqa: B027 - optional: most kinds leave nothing to undo
         pass
 
     @abstractmethod
@@ -50,6 +54,15 @@ class _SpaceKind(_Kind):
     @abstractmethod
     def strike(self, op: Operation) -> None: ...
 
+    @property
+    def spaces(self) -> CampaignSpaces:
+        """The run's Spaces provider (a virtual workspace has none: ``on_virtual`` gives it
+        no fault of the Space)."""
+        spaces = self.target.spaces
+        if spaces is None:
+            raise TypeError(f"{self.action}: a virtual workspace has no Space to fault")
+        return spaces
+
 
 class KillDriver(_Kind):
     action = "kill_driver"
@@ -66,14 +79,14 @@ class KillDaemon(_SpaceKind):
     action = "kill_daemon"
 
     def strike(self, op: Operation) -> None:
-        self.target.spaces.kill_daemon(self.target.space)
+        self.spaces.kill_daemon(self.target.space)
 
 
 class RestartSpace(_SpaceKind):
     action = "restart_space"
 
     def strike(self, op: Operation) -> None:
-        self.target.spaces.restart(self.target.space)
+        self.spaces.restart(self.target.space)
 
 
 class LoseSpace(_SpaceKind):
@@ -112,7 +125,7 @@ class LoseSpace(_SpaceKind):
         # restore in the Space between the two, unrecorded (found by the docker campaign:
         # a G3 "reverted ... not preceded by advance_epoch" that the Space did precede).
         try:
-            t.spaces.lose(t.space, dest)
+            self.spaces.lose(t.space, dest)
         except SpaceNotFound:
             raise  # gone before this fault: nothing was lost by it
         except SpaceError:
@@ -129,9 +142,9 @@ class PowerLoss(_SpaceKind):
     action = "power_loss"
 
     def strike(self, op: Operation) -> None:
-        power_loss = getattr(self.target.spaces, "power_loss", None)
+        power_loss = getattr(self.spaces, "power_loss", None)
         if power_loss is None:
-            raise SpaceError(f"the {self.target.spaces.kind} backend has no power to cut; "
+            raise SpaceError(f"the {self.spaces.kind} backend has no power to cut; "
                              "power losses need --backend microvm")
         power_loss(self.target.space)
 
@@ -144,7 +157,7 @@ class KillProcess(_SpaceKind):
             raise ValueError(f"{op.fault.describe()}: kill_process needs a failpoint of the "
                              "Space (it kills the process that reported it)")
         # the pid as the Space sees it: only its provider can signal it
-        self.target.spaces.kill_process(self.target.space, op.hit.pid)
+        self.spaces.kill_process(self.target.space, op.hit.pid)
 
 
 KINDS: tuple[type[_Kind], ...] = (KillDriver, KillDaemon, RestartSpace, LoseSpace, KillProcess,

@@ -161,7 +161,7 @@ def draw_plan(seed: int, scenario: Scenario, durable_mode: str, *,
     faults: list[Fault] = []
     for _ in range(rng.choice((1, 2, 3, 3, 4, 4, 5, 5, 6))):
         trigger = rng.random()
-        if trigger < 0.55 or not faults and trigger < 0.8:
+        if trigger < 0.55 or (not faults and trigger < 0.8):
             point = rng.choice(names)
             action = _action_at(point, rng, allow_delete)
             faults.append(Fault(action, "failpoint", point, rng.randint(1, points[point]),
@@ -207,8 +207,8 @@ def on_machine(plan: FaultPlan, *, durable_checkpoints: bool) -> FaultPlan:
         action: Action = f.action
         if action == "kill_process":
             action = "kill_daemon"
-        if action == "restart_space" and rng.random() < 0.5 or \
-                action == "delete_space" and not durable_checkpoints:
+        if (action == "restart_space" and rng.random() < 0.5) or \
+                (action == "delete_space" and not durable_checkpoints):
             action = "power_loss"
         point = GUEST_POINT.get(f.point or "", f.point)
         faults.append(replace(f, action=action, point=point))

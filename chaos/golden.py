@@ -84,8 +84,10 @@ class Golden:
     results: dict[int, Expected]
 
 
-_cache: dict[tuple, Golden | Nondeterministic] = {}
-_computing: dict[tuple, threading.Lock] = {}
+#: (workload path, its digest, durable mode, backend, snapshots, the step indices kept)
+_Key = tuple[str, str, str, str, str, tuple[int, ...]]
+_cache: dict[_Key, Golden | Nondeterministic] = {}
+_computing: dict[_Key, threading.Lock] = {}
 _lock = threading.Lock()
 
 
@@ -95,8 +97,8 @@ def golden_for(spec: RunSpec, workload: Workload, interrupted: frozenset[int]) -
     workload too; a clean run that did not finish is tried again by the next run)."""
     kept = tuple(i for i in range(len(workload.calls)) if i not in interrupted)
     spec = replace(spec, preset=PREFIX + workload.path)
-    key = (workload.path, workload.digest, spec.durable_mode, spec.backend, spec.snapshots,
-           kept)
+    key: _Key = (workload.path, workload.digest, spec.durable_mode, spec.backend,
+                 spec.snapshots, kept)
     with _lock:
         mine = _computing.setdefault(key, threading.Lock())
     with mine:
@@ -116,7 +118,7 @@ def golden_for(spec: RunSpec, workload: Workload, interrupted: frozenset[int]) -
     return known
 
 
-def _compute(spec: RunSpec, workload: Workload, kept: tuple[int, ...], key: tuple) -> Golden:
+def _compute(spec: RunSpec, workload: Workload, kept: tuple[int, ...], key: _Key) -> Golden:
     """The golden run of ``key``, made twice: ``Nondeterministic`` when the two differ."""
     name = "golden-" + hashlib.sha256(repr(key).encode()).hexdigest()[:16]
     first, paths, steps = _twice(spec, workload, kept, spec.work_dir.parent / "goldens" / name)

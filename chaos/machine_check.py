@@ -17,13 +17,15 @@ import random
 import shutil
 import time
 import traceback
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from .checker import Verdict
 from .faults import FaultPlan
 from .run_record import RunRecord
 
 if TYPE_CHECKING:
+    from backends.microvm import MicroVMSpaces
+
     from .runner import Run
 
 INJURIES = ("none", "kill_daemon", "restart", "power_off")
@@ -48,7 +50,7 @@ def run_machine_check(run: Run) -> RunRecord:
     errors: list[str] = []
     facts: dict[str, Any] = {"interval": interval, "before_s": before, "after_s": after,
                              "injury": injury}
-    spaces = None
+    spaces: MicroVMSpaces | None = None
     try:
         from backends.microvm import SandboxSnapshots
 
@@ -58,8 +60,8 @@ def run_machine_check(run: Run) -> RunRecord:
             raise ValueError("machine mode needs --backend microvm (whole-machine "
                              "checkpoints)")
         run.dir.mkdir(parents=True, exist_ok=True)
-        spaces = make_spaces("microvm", run.dir)
-        snaps = SandboxSnapshots(spaces)  # type: ignore[arg-type]
+        spaces = cast("MicroVMSpaces", make_spaces("microvm", run.dir))
+        snaps = SandboxSnapshots(spaces)
         name = "machine"
         spaces.create(name)
         client = spaces.connect(name, epoch=1)

@@ -121,8 +121,9 @@ def observe(run_dir: Path, spaces: CampaignSpaces, space_name: str, *, session: 
             log_txt = client.read_file(LOG_FILE).decode("utf-8", "replace")
     except SpaceError:
         rows = []  # the Space is gone: the hash comparison reports it
-    all_ledgers: list[dict[str, Any]] | None = list(ledgers)
-    unread = any(ledger["audit"] is None for ledger in ledgers)
+    all_ledgers: list[dict[str, Any]] = list(ledgers)
+    # A lost generation's could not be saved: the audits cannot decide.
+    decided = not any(ledger["audit"] is None for ledger in ledgers)
     # A machine restore takes the Space's audit files back in time: what they said before
     # each one was kept on the host (microVM Spaces).
     for kept in getattr(spaces, "audit_history", lambda _name: [])(space_name):
@@ -133,10 +134,8 @@ def observe(run_dir: Path, spaces: CampaignSpaces, space_name: str, *, session: 
                                        "final"))
     except SpaceError:
         if spaces.exists(space_name):
-            all_ledgers = None  # there but unreadable: the audits cannot decide
+            decided = False  # there but unreadable: the audits cannot decide
         # else gone: the earlier generations' ledgers are all there is
-    if unread:
-        all_ledgers = None  # a lost generation's could not be saved: they cannot decide
     obs = Observation(
         calls=facts.calls, workspace=rows, log_txt=log_txt,
         effects=read_effects(run_dir / "effects"), final_exit=final_exit,
@@ -145,7 +144,8 @@ def observe(run_dir: Path, spaces: CampaignSpaces, space_name: str, *, session: 
         image_stale=facts.image_doc["stale"],
         mode_switch_entry=facts.switch, events=facts.events, inputs=facts.inputs,
         epoch_raises=list(facts.history.raises),
-        entry_epochs=sorted(facts.history.entry_epochs.items()), ledgers=all_ledgers,
+        entry_epochs=sorted(facts.history.entry_epochs.items()),
+        ledgers=all_ledgers if decided else None,
         stale_error=stale_error, session=session, foreign_keys=list(foreign_keys or []))
     return obs, facts.events
 

@@ -47,10 +47,10 @@ from durable.lifetime import DIE_WITH_ENV
 from scenarios import generate, load
 
 from . import live
-from .faults import Fault, FaultPlan, reachable_points
+from .faults import Fault, FaultPlan
 from .launch import OtherSession, driver_argv, driver_env
 from .observe import observe, save_ledger
-from .processes import OwnedProcess, python_argv
+from .processes import Owned, python_argv
 from .rendezvous import Answer, Hit, Rendezvous
 
 if TYPE_CHECKING:
@@ -163,7 +163,7 @@ class Redrive:
     kind: str
     store: CoordinatorStore
     url: str
-    coordinators: dict[str, OwnedProcess] = field(default_factory=dict)
+    coordinators: dict[str, Owned] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     probes: list[dict[str, Any]] = field(default_factory=list)
     coordinator_kills: list[float] = field(default_factory=list)
@@ -254,7 +254,7 @@ class Redrive:
                                        f"{run.dir}/coordinator-{ident}-*.log)")
                     deadline = 0.0
             time.sleep(POLL_S)
-        for ident, proc in self.coordinators.items():
+        for proc in self.coordinators.values():
             try:
                 proc.wait(timeout=15)
             except Exception:  # noqa: BLE001 - it did not see the end: ended here

@@ -43,11 +43,11 @@ from .faults import FaultPlan, draw_plan, on_machine, on_virtual, reachable_poin
 from .golden import Golden, GoldenFailed, golden_for
 from .holds import Holds
 from .launch import OtherSession, driver_argv, driver_env
-from .nemesis import NoopNemesis, Target, ValidatingNemesis
 from .machine_check import run_machine_check
+from .nemesis import NoopNemesis, Target, ValidatingNemesis
 from .observe import agent_history, observe, observe_virtual
-from .redrive import DriverTracker, draw_redrive_plan, keys_of, kind_of, observe_second, run_redrive
 from .processes import Owned
+from .redrive import DriverTracker, draw_redrive_plan, keys_of, kind_of, observe_second, run_redrive
 from .rendezvous import Rendezvous
 from .run_record import RunRecord
 from .run_spaces import delete_spaces, save_workspace, seed_space

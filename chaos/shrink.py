@@ -53,6 +53,7 @@ from scenarios.steps import SIMPLE_KIND
 from . import code_identity, live
 from .errors import BadArguments
 from .faults import Fault, FaultPlan
+from .progress import Progress, faults_fired
 from .run_record import RunRecord
 from .run_spec import RunSpec
 from .runner import Run
@@ -107,6 +108,8 @@ class Shrinker:
     #: The note of what the candidates' runs own (``live``): a killed shrink leaves nothing
     #: ``chaos clean`` cannot end.
     note: live.Campaign | None = None
+    #: Where each candidate run is counted (``chaos.progress``); None: nowhere.
+    progress: Progress | None = None
     #: Candidate runs so far, and timed candidates that failed some tries but not all.
     runs: int = 0
     flaky: int = 0
@@ -126,13 +129,23 @@ class Shrinker:
                        simple_steps=c.simple)
 
     def run_once(self, c: Candidate) -> RunRecord:
-        work = self.base.work_dir / f"candidate-{next(self._numbers):04d}"
+        number = next(self._numbers)
+        work = self.base.work_dir / f"candidate-{number:04d}"
         with self._lock:
             self.runs += 1
         try:
-            return Run(self.spec(c, work), self.note).execute()
+            record = Run(self.spec(c, work), self.note).execute()
         finally:
             shutil.rmtree(work, ignore_errors=True)
+        if self.progress is not None:
+            fails = self.fails(record)
+            self.progress.advance(
+                f"candidate {number} faults={len(c.faults)} steps={len(c.keep)} "
+                f"simplified={len(c.simple)} {'fails' if fails else 'does not fail'} "
+                f"{self.check} kills={record.counts['kills']} {record.seconds:.1f}s",
+                failed=fails, unknown=record.verdict.valid == "unknown",
+                faults=faults_fired(record.counts))
+        return record
 
     def fails(self, record: RunRecord) -> bool:
         return record.verdict.valid is False and self.check in record.verdict.checks
@@ -271,7 +284,7 @@ def target_check(record: dict[str, Any]) -> str:
     if record["verdict"]["valid"] is not False:
         raise BadArguments(f"run {record['index']} did not fail (verdict "
                            f"{record['verdict']['valid']}); shrink a run that failed")
-    checks = [c for c in record["verdict"].get("checks") or [] if c not in NOT_CHECKS]
+    checks = [str(c) for c in record["verdict"].get("checks") or [] if c not in NOT_CHECKS]
     if not checks:
         raise BadArguments(f"run {record['index']} failed no named check "
                            f"({record['verdict']['errors'][:1]}); nothing to shrink towards")
@@ -359,13 +372,15 @@ def run_shrink(spec: RunSpec, record: dict[str, Any], dest: Path, *, jobs: int, 
     assert spec.plan is not None
     original = Candidate.whole(spec.plan.faults, record["steps"])
 
-    def say(text: str) -> None:
-        print(text, file=out or sys.stdout, flush=True)
-
     note = live.Campaign.open()
     try:
-        shrinker = Shrinker(spec, check, jobs=jobs, tries=tries, note=note)
-        return _shrink(shrinker, record, dest, original, confirm, say, t0)
+        with Progress(None, title=f"shrink {check}", transient=True) as progress:
+            def say(text: str) -> None:
+                progress.echo(text, out or sys.stdout)
+
+            shrinker = Shrinker(spec, check, jobs=jobs, tries=tries, note=note,
+                                progress=progress)
+            return _shrink(shrinker, record, dest, original, confirm, say, t0)
     finally:
         note.close()
 

@@ -59,10 +59,10 @@ def summarize(*, mode: str, backend: str, seed_base: int, records: list[dict[str
     return out
 
 
-def campaign_cells(backend: str, durable_mode: str) -> set[Cell]:
+def campaign_cells(backend: str, durable_mode: str) -> frozenset[Cell]:
     """The cells of the adapter's recovery table a campaign can reach: none on a virtual
     workspace, which has no adapter (its calls just run again)."""
-    return set() if backend == "virtual" else reachable_cells(durable_mode)
+    return frozenset() if backend == "virtual" else reachable_cells(durable_mode)
 
 
 def _pct(values: list[float], q: float) -> int:

@@ -11,6 +11,7 @@ none does.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from .env import ExecutionEnv
@@ -75,15 +76,18 @@ def apply_edits(text: str, edits: list[dict[str, str]], path: str) -> str:
         old = e["old_text"]
         count = text.count(old)
         if count == 0:
-            raise ToolError(f"edit {i}: old_text not found in {path}; read the file and copy the text exactly")
+            raise ToolError(f"edit {i}: old_text not found in {path}; read the file and copy "
+                            "the text exactly")
         if count > 1:
-            raise ToolError(f"edit {i}: old_text occurs {count} times in {path}; include more context so it matches once")
+            raise ToolError(f"edit {i}: old_text occurs {count} times in {path}; include more "
+                            "context so it matches once")
         start = text.index(old)
         spans.append((start, start + len(old), e["new_text"]))
     spans.sort()
-    for (a0, a1, _), (b0, _b1, _) in zip(spans, spans[1:]):
+    for (a0, a1, _), (b0, _b1, _) in itertools.pairwise(spans):
         if b0 < a1:
-            raise ToolError(f"edits overlap in {path} (at characters {a0}-{a1} and {b0}); merge them into one")
+            raise ToolError(f"edits overlap in {path} (at characters {a0}-{a1} and {b0}); "
+                            "merge them into one")
     out: list[str] = []
     pos = 0
     for start, end, new in spans:
@@ -140,6 +144,7 @@ def coding_tools() -> list[Tool]:
     return [
         Tool("read", "Read a file (optionally a range of lines).", READ_SCHEMA, _read, "safe"),
         Tool("write", "Write a file, replacing its content.", WRITE_SCHEMA, _write, "never"),
-        Tool("edit", "Replace exact text in a file; each old_text must match once.", EDIT_SCHEMA, _edit, "never"),
+        Tool("edit", "Replace exact text in a file; each old_text must match once.",
+             EDIT_SCHEMA, _edit, "never"),
         Tool("bash", "Run a shell command in the workspace.", BASH_SCHEMA, _bash, "never"),
     ]

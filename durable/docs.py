@@ -131,7 +131,8 @@ def lookup_doc(kind: str) -> Doc:
     try:
         return _registry[kind]
     except KeyError:
-        raise UnknownDoc(f"document kind {kind!r} was never defined; call define_doc first") from None
+        raise UnknownDoc(f"document kind {kind!r} was never defined; call define_doc "
+                         "first") from None
 
 
 def defined_docs() -> list[Doc]:

@@ -142,9 +142,9 @@ class Harness:
 
     def env_for(self, conversation: int) -> ExecutionEnv | None:
         if self._env is None or hasattr(self._env, "exec"):
-            return self._env  # type: ignore[return-value]
+            return self._env  # type: ignore[return-value]  # has exec: an env, not a factory
         if conversation not in self._envs:
-            self._envs[conversation] = self._env(self.log, conversation)  # type: ignore[operator]
+            self._envs[conversation] = self._env(self.log, conversation)
         return self._envs[conversation]
 
     def model_for(self, conversation: int) -> Model:
@@ -295,7 +295,7 @@ class Harness:
             return ToolResult(f"Error: {exc}", is_error=True)
         except DurableError:
             raise
-        except Exception as exc:  # a tool's own bug is the model's error result
+        except Exception as exc:  # noqa: BLE001 - a tool's own bug is the model's error result
             ctx.discard()
             return ToolResult(f"Error: {type(exc).__name__}: {exc}", is_error=True)
         return out if isinstance(out, ToolResult) else ToolResult(str(out))
@@ -340,7 +340,8 @@ class Conversation:
         self.harness = harness
         self.id = conversation_id
 
-    def submit(self, *, kind: str = "input", content: str, request_id: str | None = None) -> Submission:
+    def submit(self, *, kind: str = "input", content: str,
+               request_id: str | None = None) -> Submission:
         """Admit ``content`` once per ``request_id`` (a retry returns the first admission)."""
         log = self.harness.log
         if kind not in ("input", "system"):
@@ -365,4 +366,4 @@ class Conversation:
         return to_messages(self.entries())
 
 
-__all__ = ["Conversation", "Harness", "Outcome", "Submission", "ROOT_CONVERSATION", "Tool"]
+__all__ = ["ROOT_CONVERSATION", "Conversation", "Harness", "Outcome", "Submission", "Tool"]

@@ -88,7 +88,8 @@ class Transaction:
         ):
             raise ValueError(f"conversation {conversation} does not exist")
         eid = self._alloc()
-        self.batch.entries.append(EntryRecord(eid, conversation, kind, copy.deepcopy(data), now_ms()))
+        self.batch.entries.append(
+            EntryRecord(eid, conversation, kind, copy.deepcopy(data), now_ms()))
         return eid
 
     def put_slot(self, slot: SlotRecord) -> None:
@@ -119,7 +120,8 @@ class Transaction:
         self._doc_revs[key] = rev
         self._staged_docs[key] = copy.deepcopy(value)
         self.batch.docs.append(
-            DocRecord(conversation, doc.kind, doc.version, rev, copy.deepcopy(value), 0, doc.history)
+            DocRecord(conversation, doc.kind, doc.version, rev, copy.deepcopy(value), 0,
+                      doc.history)
         )
         return rev
 

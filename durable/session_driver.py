@@ -58,8 +58,9 @@ class Workspaces(Protocol):
     @property
     def extension(self) -> Extension: ...
 
-    #: The harness's execution env (or factory), None when the tools need none.
-    env: Any
+    @property
+    def env(self) -> Any:
+        """The harness's execution env (or factory), None when the tools need none."""
 
     def ensure_space(self, harness: Harness, conversation: int) -> Any:
         """Bring the conversation's workspace under this epoch and the log's state."""
@@ -96,9 +97,11 @@ class SessionEnv:
                    if not env.get(k)]
         if missing:
             raise PermanentFailure(
-                f"the driver needs {', '.join(missing)} in its environment (see durable.session_driver)")
+                f"the driver needs {', '.join(missing)} in its environment (see "
+                "durable.session_driver)")
         raw_epoch = env["CUA_SESSION_EPOCH"]
-        if not (raw_epoch.isascii() and raw_epoch.isdigit()) or not 1 <= int(raw_epoch) <= MAX_EPOCH:
+        if not (raw_epoch.isascii() and raw_epoch.isdigit()) \
+                or not 1 <= int(raw_epoch) <= MAX_EPOCH:
             raise PermanentFailure(f"CUA_SESSION_EPOCH must be an integer from 1 to {MAX_EPOCH} "
                                    f"(it grows with every launch), got {raw_epoch!r}")
         state_dir = Path(env["CUA_STATE_DIR"])
@@ -155,7 +158,7 @@ class _Heartbeat(threading.Thread):
             except StaleEpochError as exc:
                 print(f"CUA-EXIT {EXIT_FENCED} fenced: {exc}", flush=True)
                 os._exit(EXIT_FENCED)
-            except Exception:  # a storage hiccup is the main thread's to report
+            except Exception:  # noqa: BLE001 - a storage hiccup is the main thread's to report
                 continue
 
 
@@ -241,7 +244,7 @@ def _attempt(senv: SessionEnv, durable: Callable[[Fence, SessionEnv], Workspaces
     except PermanentFailure as exc:
         fence.halt(f"permanent failure: {exc}")
         return _exit(EXIT_PERMANENT, f"permanent failure: {exc}")
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any other error: the driver crashed, said so
         traceback.print_exc()
         return _exit(EXIT_CRASHED, f"crashed: {type(exc).__name__}: {exc}")
     finally:

@@ -73,7 +73,9 @@ def interrupted_result(name: str, partial: str = "", reason: str = "") -> ToolRe
     return ToolResult(text, is_error=True, interrupted=True)
 
 
-ResultHook = Callable[["Transaction", int], None]
+#: Run with the transaction that commits a call's result and the result's entry id; what it
+#: returns is not used.
+ResultHook = Callable[["Transaction", int], object]
 
 
 class CallContext:
@@ -180,7 +182,8 @@ class CallContext:
         with self._lock:
             self._progress = (self._progress + text)[-OUTPUT_LIMIT:]
             now = time.monotonic()
-            if now - self._progress_at < PROGRESS_INTERVAL_S or self._progress == self._progress_sent:
+            if now - self._progress_at < PROGRESS_INTERVAL_S \
+                    or self._progress == self._progress_sent:
                 return
             self._progress_at = now
             snapshot = self._progress
@@ -234,9 +237,11 @@ class ToolRegistry:
 
     def add(self, tool: Tool) -> None:
         if tool.replay not in ("safe", "never"):
-            raise ToolError(f"tool {tool.name!r}: replay must be 'safe' or 'never', got {tool.replay!r}")
+            raise ToolError(f"tool {tool.name!r}: replay must be 'safe' or 'never', got "
+                            f"{tool.replay!r}")
         if tool.name in self._tools:
-            raise ToolError(f"a tool named {tool.name!r} is already registered; use wrap to replace it")
+            raise ToolError(f"a tool named {tool.name!r} is already registered; use wrap to "
+                            "replace it")
         self._tools[tool.name] = tool
 
     def extend(self, extension: Extension) -> None:
@@ -244,7 +249,8 @@ class ToolRegistry:
             wrapped = extension.wrap(tool)
             if wrapped is not None:
                 if wrapped.name != name:
-                    raise ToolError(f"a wrapper renamed {name!r} to {wrapped.name!r}; keep the name")
+                    raise ToolError(f"a wrapper renamed {name!r} to {wrapped.name!r}; keep the "
+                                    "name")
                 self._tools[name] = wrapped
         for tool in extension.tools():
             self.add(tool)

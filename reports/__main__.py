@@ -2,6 +2,8 @@
 
     python -m reports cost [--backend local [docker ...]] [--repeat 20] [--sizes 10 100 1000]
                            [--modes ...] [--out DIR]
+    python -m reports perf [--rounds 30] [--repeat 15] [--campaign-runs 250] [--results DIR]
+                           [--quiet | --verbose]
     python -m reports latency RESULTS... [--out DIR]
     python -m reports html RESULTS... [--out FILE] [--cost DIR] [--sample K]
 
@@ -20,7 +22,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from chaos.space_providers import BACKENDS, BackendUnavailable
+from chaos import progress
+from chaos.errors import BackendUnavailable
+from chaos.space_providers import BACKENDS
 
 from . import cost, cost_bench, html, latency, perf
 from .errors import ReportsError
@@ -73,6 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="runs of the campaign measured (0: skip it; it takes minutes)")
     pf.add_argument("--results", type=Path, default=Path("results") / "perf",
                     help="where the measured campaign's results go")
+    progress.add_flags(pf, lines="a line per finished run of the measured campaign",
+                       kept="the table")
     lat = sub.add_parser("latency", help="recovery latency tables and plots from campaigns")
     lat.add_argument("results", type=Path, nargs="+")
     lat.add_argument("--out", type=Path, default=None,
@@ -99,8 +105,9 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "perf":
         if args.campaign_runs < 0:
             raise ReportsError(f"--campaign-runs must be 0 or more, got {args.campaign_runs}")
-        print(perf.report(rounds=args.rounds, repeat=args.repeat,
-                          campaign_runs=args.campaign_runs, results=args.results))
+        with progress.shown(args.display):
+            print(perf.report(rounds=args.rounds, repeat=args.repeat,
+                              campaign_runs=args.campaign_runs, results=args.results))
         return 0
     campaigns = load_all(args.results)
     if args.command == "latency":
@@ -126,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("reports: interrupted", file=sys.stderr)
         return EXIT_CRASHED
-    except Exception:
+    except Exception:  # noqa: BLE001 - a crash of the reports: exit 255, with its traceback
         traceback.print_exc()
         print("reports: the reports themselves crashed (exit 255); the traceback above says "
               "where", file=sys.stderr)

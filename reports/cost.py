@@ -26,7 +26,7 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
-from chaos.space_providers import BackendUnavailable
+from chaos.errors import BackendUnavailable
 
 from . import cost_bench
 from .errors import NoBackend
@@ -89,7 +89,7 @@ def tables(stats: pd.DataFrame, repeat: int) -> list[str]:
             modes = set(", ".join(cell["runs_as"]).split(", ")) - {cost_bench.ADAPTER_MODE[mode]}
             runs_as = ", ".join(sorted(modes))
             rows.append([f"{mode} (runs as {runs_as})" if runs_as else mode,
-                         *(f"{cell.loc[k, 'median_ms']:.1f} / {cell.loc[k, 'p95_ms']:.1f}"
+                         *(f"{cell['median_ms'][k]:.1f} / {cell['p95_ms'][k]:.1f}"
                            for k in kinds),
                          f"{cell['log_bytes'].mean() / 1024:.1f}"])
         out.append(f"**{backend}, {files} files of 4 KiB** (ms per call, median / p95 of "
@@ -157,7 +157,7 @@ def plot_cost_vs_size(stats: pd.DataFrame, backend: str, out: Path) -> Path:
     kinds = [k for k in cost_bench.KINDS if k in set(part["kind"])]
     fig, axes = plt.subplots(1, len(kinds), figsize=(4.2 * len(kinds), 4), sharey=True,
                              squeeze=False)
-    for ax, kind in zip(axes[0], kinds):
+    for ax, kind in zip(axes[0], kinds, strict=True):
         for mode in _ordered_modes(part):
             rows = part[(part["mode"] == mode) & (part["kind"] == kind)].sort_values("files")
             line, = ax.plot(rows["files"], rows["median_ms"], label=mode, **STYLE[mode])
@@ -184,7 +184,7 @@ def plot_log_growth(samples: pd.DataFrame, backend: str, out: Path) -> Path:
     sizes = sorted(set(part["files"]))
     fig, axes = plt.subplots(1, len(sizes), figsize=(4.2 * len(sizes), 4), sharey=True,
                              squeeze=False)
-    for ax, files in zip(axes[0], sizes):
+    for ax, files in zip(axes[0], sizes, strict=True):
         for mode in _ordered_modes(part):
             rows = part[(part["mode"] == mode) & (part["files"] == files)].sort_values("call")
             grown = [0.0, *(rows["log_bytes"].cumsum() / 1024)]

@@ -40,7 +40,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chaos.space_providers import BackendUnavailable, make_spaces
+from chaos.errors import BackendUnavailable
+from chaos.space_providers import make_spaces
 from durable.adapter import (
     SPACE_DOC,
     DirectoryCheckpointStore,
@@ -188,7 +189,8 @@ class Cell:
         """The adapter mode the conversation runs in now (auto may have switched)."""
         if not self.adapter:
             return self.mode
-        return self.harness.log.read_doc(self.conversation.id, SPACE_DOC).value["mode"]
+        mode: str = self.harness.log.read_doc(self.conversation.id, SPACE_DOC).value["mode"]
+        return mode
 
     @property
     def label(self) -> str:

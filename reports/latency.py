@@ -52,7 +52,7 @@ def _stats(values: pd.Series, fmt: str) -> list[str]:
 def _rows(faults: pd.DataFrame, keys: list[str]) -> list[list[str]]:
     out = []
     for key, part in faults.groupby(keys, sort=True):
-        labels = list(key) if isinstance(key, tuple) else [key]
+        labels = [str(k) for k in key] if isinstance(key, tuple) else [str(key)]
         out.append([*labels, *_stats(part["next_step_ms"], ".0f"), *_stats(part["done_s"], ".1f")])
     return out
 

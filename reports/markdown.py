@@ -15,8 +15,8 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]],
 
     def line(row: list[str]) -> str:
         return "| " + " | ".join(c.ljust(w) if a == "l" else c.rjust(w)
-                                 for c, w, a in zip(row, widths, align)) + " |"
+                                 for c, w, a in zip(row, widths, align, strict=False)) + " |"
 
     rule = "|" + "|".join(("-" * (w + 1) + ":") if a == "r" else (":" + "-" * (w + 1))
-                          for w, a in zip(widths, align)) + "|"
+                          for w, a in zip(widths, align, strict=False)) + "|"
     return "\n".join([line(cells[0]), rule, *(line(r) for r in cells[1:])])

@@ -15,7 +15,7 @@ The calls are measured by the cost benchmark (``reports.cost_bench``: interleave
 from the intent's commit to the result's), the exec pair by the Space benchmark
 (``backends.space_bench``), the campaign by ``chaos.campaign``. It prints numbers and
 asserts nothing.
-"""
+"""  # noqa: E501 - the table's rows are one line each
 
 from __future__ import annotations
 
@@ -102,7 +102,8 @@ def call_metrics(repeat: int) -> list[Metric]:
     out.append(Metric("checkpoint write with a CheckpointStore, 1000 files", with_store, without,
                       "<= 2x the checkpoint without a store", with_store <= 2 * without))
     out.append(Metric("store growth per call, 1000 files", per_call,
-                      cost_bench.FILE_SIZE / 1024, "= the changed bytes (a 4 KiB file or an append)",
+                      cost_bench.FILE_SIZE / 1024,
+                      "= the changed bytes (a 4 KiB file or an append)",
                       per_call <= 2 * cost_bench.FILE_SIZE / 1024, unit="KiB"))
     return out
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.campaign import repro_command
-from chaos.records import BadResults as DamagedResults
+from chaos.errors import BadResults as DamagedResults
 from chaos.records import ResultsDir
 
 from .errors import BadResults

@@ -40,7 +40,7 @@ def run_start(record: dict[str, Any]) -> float | None:
         if op["process"] == "agent" and op["type"] == "invoke":
             call = calls.get(op["value"]["call"])
             if call is not None:
-                return call["invoked_ms"] / 1000 - op["time"]
+                return float(call["invoked_ms"] / 1000 - op["time"])
     return None
 
 

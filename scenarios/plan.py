@@ -23,10 +23,10 @@ from .preset import Preset
 from .steps import (
     BACKGROUND_SECONDS,
     CHMOD_MODES,
+    DATED,
     DETACHED_GRACE_SECONDS,
     DOC_FILE,
     LEAK_FILE,
-    DATED,
     LINK_SLOTS,
     LOG_FILE,
     README,
@@ -189,8 +189,8 @@ def _command(k: int, kind: str, rng: random.Random, preset: Preset
         path = write_path(rng.randrange(WRITE_SLOTS))
         return f"rm -f {path}", {"path": path}
     if kind == "mv":
-        a, b = rng.sample(range(WRITE_SLOTS), 2)
-        src, dst = write_path(a), write_path(b)
+        src_slot, dst_slot = rng.sample(range(WRITE_SLOTS), 2)
+        src, dst = write_path(src_slot), write_path(dst_slot)
         return (f"if [ -e {src} ]; then mv -f {src} {dst} && echo moved; "
                 f"else echo 'nothing to move'; fi"), {"src": src, "dst": dst}
     if kind == "mkdir":

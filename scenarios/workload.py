@@ -46,9 +46,9 @@ from typing import Any
 
 import yaml
 
-from .plan import Scenario
 from spacesd.protocol import ScanEntry
 
+from .plan import Scenario
 from .preset import Preset
 from .steps import Step
 from .workspace_model import WorkspaceModel

@@ -415,7 +415,7 @@ class Checkpoints:
                                                                       or now.mode != e.mode):
                 with ws.walk(e.path, follow=False) as w:
                     os.chmod(w.name, e.mode, dir_fd=w.fd)
-            if e.mtime_ns is not None and (fresh or now.mtime_ns != e.mtime_ns):
+            if e.mtime_ns is not None and (fresh or now is None or now.mtime_ns != e.mtime_ns):
                 with ws.walk(e.path, follow=False) as w:
                     os.utime(w.name, ns=(e.mtime_ns, e.mtime_ns), dir_fd=w.fd,
                              follow_symlinks=False)

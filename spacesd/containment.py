@@ -119,7 +119,7 @@ class Containment(ABC):
         ``timeout``."""
         return []
 
-    def release(self, tree_ids: Iterable[str]) -> None:
+    def release(self, tree_ids: Iterable[str]) -> None:  # noqa: B027 - a no-op by default
         """Forget trees whose processes are all gone."""
 
     def describe(self) -> dict[str, Any]:

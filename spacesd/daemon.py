@@ -30,12 +30,12 @@ from .containment import Containment, Subreaper
 from .epoch_fence import EpochFence, check_owner
 from .errors import BadRequest, Conflict, NotFound
 from .exec_ledger import ExecLedger
-from .failpoints import ENV_VAR, POINTS, SHIM_ENV_VAR, Channel
+from .failpoints import ENV_VAR, POINTS, Channel
 from .fence_journal import Advance, FenceJournal, Restore, Sweep
 from .file_ops import Workspace
 from .fsio import AtomicWriter
 from .params import BOOL, INT, NUM, STR, STR_LIST, STR_MAP, Field, check
-from .shim import SYNC_ENV
+from .shim import SHIM_ENV_VAR, SYNC_ENV
 from .space_identity import load_space_id
 from .workspace_scan import Scanner
 
@@ -153,7 +153,8 @@ class Daemon:
         if "epoch" not in body:
             raise BadRequest(f"{op}: missing field 'epoch' (an integer >= 0); every request "
                              "carries the epoch of its sender")
-        return check(op, {"epoch": body.pop("epoch")}, {"epoch": INT})["epoch"]
+        epoch: int = check(op, {"epoch": body.pop("epoch")}, {"epoch": INT})["epoch"]
+        return epoch
 
     def call(self, op: str, body: Any) -> dict[str, Any] | Encoded:
         spec = self.ops.get(op)
@@ -309,7 +310,7 @@ class Daemon:
     def _checkpoint_create(self, id: str) -> dict[str, Any]:  # noqa: A002 - protocol name
         return self.checkpoints.create(id).to_json()
 
-    def _checkpoint_restore(self, id: str, epoch: int,  # noqa: A002
+    def _checkpoint_restore(self, id: str, epoch: int,  # noqa: A002 - protocol name
                             exclude: list[str] | None) -> dict[str, Any]:
         floor = self.fence.floor
         self.fences.append(Restore(id, epoch, floor, self.ledger.alive_below(floor)))
@@ -318,5 +319,5 @@ class Daemon:
     def _checkpoint_list(self) -> dict[str, Any]:
         return {"checkpoints": [c.to_json() for c in self.checkpoints.list()]}
 
-    def _checkpoint_delete(self, id: str) -> dict[str, Any]:  # noqa: A002
+    def _checkpoint_delete(self, id: str) -> dict[str, Any]:  # noqa: A002 - protocol name
         return {"deleted": self.checkpoints.delete(id)}

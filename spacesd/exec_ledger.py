@@ -35,7 +35,7 @@ from .containment import Containment, Subreaper, Tree
 from .errors import Conflict
 from .failpoints import Channel
 from .journal import DamagedJournal, Journal
-from .protocol import OUTPUT_TAIL_BYTES, STATE_EXEC_DIR, STATE_LEDGER, ExecInfo
+from .protocol import OUTPUT_TAIL_BYTES, STATE_EXEC_DIR, STATE_LEDGER, ExecInfo, ExecState
 from .shim import SYNC_ENV
 from .shim_launcher import ExitWakeup, ShimLauncher
 
@@ -101,7 +101,7 @@ _FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
 
 
 def _check_record(n: int, raw: dict[str, Any]) -> None:
-    fields = _FIELDS.get(raw.get("t"))  # type: ignore[arg-type]
+    fields = _FIELDS.get(raw.get("t", ""))  # no "t" (or "") is no kind of record
     bad = ["t"] if fields is None else [
         name for name, kinds in fields.items()
         if not isinstance(raw.get(name, ...), kinds) or isinstance(raw.get(name), bool)]
@@ -146,7 +146,7 @@ def recorded_end(rec: ExecRecord,
 
 @dataclass(frozen=True)
 class _State:
-    state: str
+    state: ExecState
     pid: int | None = None
     exit: exec_files.ExitStatus | None = None
     fenced_by: int | None = None
@@ -219,7 +219,7 @@ class ExecLedger:
         ex = st.exit
         return ExecInfo(
             key=rec.key,
-            state=st.state,  # type: ignore[arg-type]
+            state=st.state,
             epoch=rec.epoch,
             pid=st.pid,
             exit_code=ex.exit_code if ex else None,

@@ -118,7 +118,7 @@ class Channel:
             raise ValueError(f"unknown failpoint {point!r}; add it to {self._registry}")
         with self._lock:
             if not self.enabled:  # another thread found the channel broken meanwhile
-                return
+                return  # type: ignore[unreachable]  # mypy cannot see the other thread
             try:
                 if self._sock is None:
                     assert self.address is not None

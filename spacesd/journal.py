@@ -102,8 +102,8 @@ def load(path: str) -> Loaded:
                 "cut short is a torn write, so the file was damaged. Refusing to guess what "
                 "it held (a forgotten key could run twice): look at the file, or remove the "
                 "Space") from None
-        if CHECKSUM in rec and rec[CHECKSUM] != _checksum(rec) or \
-                checksummed and CHECKSUM not in rec:
+        if (CHECKSUM in rec and rec[CHECKSUM] != _checksum(rec)) or \
+                (checksummed and CHECKSUM not in rec):
             raise DamagedJournal(
                 f"{path}: record {n} of {len(lines)} fails its checksum ({line[:80]!r}); the "
                 "file was damaged. Refusing to guess what it held (a forgotten key could run "

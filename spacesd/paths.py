@@ -27,9 +27,10 @@ import errno
 import os
 import re
 import stat
-from typing import Self
+from typing import Any, Literal, Self
 
 from .errors import OutsideRoot
+from .protocol import EntryKind
 
 _NOT_A_NAME = re.compile("[\x00\ud800-\udc7f\udd00-\udfff]")
 
@@ -221,7 +222,7 @@ def inside(real: str, root: str) -> bool:
     return real == root or real.startswith(root.rstrip("/") + "/")
 
 
-def kind_of(mode: int) -> str:
+def kind_of(mode: int) -> EntryKind | Literal["other"]:
     if stat.S_ISREG(mode):
         return "file"
     if stat.S_ISDIR(mode):
@@ -246,7 +247,8 @@ def is_exec(mode: int) -> bool:
     return bool(mode & stat.S_IXUSR)
 
 
-def describe(path: str, full: str, st: os.stat_result, dir_fd: int | None = None) -> dict:
+def describe(path: str, full: str, st: os.stat_result,
+             dir_fd: int | None = None) -> dict[str, Any]:
     """The protocol's description of one entry (``stat``, ``list_dir``); ``full`` is
     relative to ``dir_fd`` when that is given."""
     kind = kind_of(st.st_mode)

@@ -59,11 +59,18 @@ exited it imports ``spacesd.failpoints`` (with socket and json) to report
 ``spacesd.exec.exit_writing``. Without that variable the shim imports nothing more.
 """
 
-import _signal
 import os
 import select
 import sys
 import time
+
+TYPE_CHECKING = False  # ``typing`` is not imported either; the type checker reads this as True
+if TYPE_CHECKING:
+    import ctypes
+    import signal as _signal  # what ``_signal`` holds, as its stub names it
+    from types import ModuleType
+else:
+    import _signal
 
 SHIM_PATH = os.path.abspath(__file__)
 LOST = "lost\n"
@@ -103,10 +110,10 @@ _FALLOC_FL_KEEP_SIZE = 1
 _FALLOC_FL_PUNCH_HOLE = 2
 
 
-_LIBC: tuple | None = None
+_LIBC: "tuple[ModuleType, ctypes.CDLL] | None" = None
 
 
-def _libc() -> tuple:
+def _libc() -> "tuple[ModuleType, ctypes.CDLL]":
     """``(ctypes, the C library)``, loaded on first use: a shim run by hand imports ctypes
     (milliseconds) only when it needs it; the launcher loads it once for every shim."""
     global _LIBC
@@ -305,7 +312,7 @@ def _contain(contain: str) -> None:
         f.write(f"{os.getpid()}\n")
 
 
-def _main(argv: list) -> None:
+def _main(argv: list[str]) -> None:
     bash, claim, exit_path, cwd, command, *contained = argv
     contain = contained[0] if contained else ""
     failpoints = os.environ.pop(SHIM_ENV_VAR, None)  # before the command inherits it

@@ -47,7 +47,7 @@ import secrets
 import socket
 import tarfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -203,7 +203,7 @@ class DockerSpaces:
         self._docker = _connect_engine(api_timeout)
         self._api = self._docker.api
         try:
-            self._api.inspect_image(image)
+            self._api.inspect_image(image)  # type: ignore[no-untyped-call]  # unannotated in types-docker
         except docker.errors.ImageNotFound:
             self.close()
             raise _no_image(image) from None
@@ -240,7 +240,7 @@ class DockerSpaces:
         with _engine(f"Space {name!r}: the Docker engine did not answer",
                      gone=f"no Space {name!r} (container {cname}) in scope {self.scope!r}; "
                           "create it first"):
-            attrs = self._api.inspect_container(cname)
+            attrs: dict[str, Any] = self._api.inspect_container(cname)
         labels = attrs["Config"].get("Labels") or {}
         if labels.get(LABEL_NAME) != name or labels.get(LABEL_SCOPE) != self.scope:
             raise SpaceNotFound(f"container {cname} exists but is not Space {name!r} of scope "
@@ -313,7 +313,7 @@ class DockerSpaces:
         except _ENGINE_ERRORS as exc:
             raise SpaceUnavailable(f"Space {name!r}: docker create failed ({exc})") from exc
 
-    def _failpoint_binds(self) -> dict[str, dict[str, str]] | None:
+    def _failpoint_binds(self) -> dict[str, Mapping[str, str]] | None:
         """The failpoint socket's directory, mounted where the daemon finds it (the socket
         must be writable by the container's user: ``Rendezvous(shared=True)``)."""
         if self.failpoints is None:

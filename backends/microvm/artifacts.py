@@ -30,6 +30,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from durable.errors import SpaceError
 
@@ -65,9 +66,9 @@ def cache_dir() -> Path:
     return Path(os.environ.get(CACHE_ENV) or "/var/cache/durable-spaces/microvm")
 
 
-def _run(argv: list[str], **kw: object) -> str:
+def _run(argv: list[str], **kw: Any) -> str:
     try:
-        done = subprocess.run(argv, check=True, capture_output=True, text=True, **kw)  # type: ignore[call-overload]
+        done = subprocess.run(argv, check=True, capture_output=True, text=True, **kw)
     except FileNotFoundError:
         raise ArtifactsUnavailable(f"{argv[0]} is missing: install Debian's packages "
                                    "qemu-system-x86, qemu-utils, busybox-static, debootstrap "

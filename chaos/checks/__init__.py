@@ -60,7 +60,7 @@ def run_checks(scenario: Scenario, obs: Observation, campaign_mode: str,
     ``golden`` run is its oracle (``chaos.golden``)."""
     try:
         inp = CheckInput(scenario, obs, campaign_mode, implied(scenario, obs.calls, golden))
-    except Exception as exc:  # the checker's own failure is "unknown", never an abort
+    except Exception as exc:  # noqa: BLE001 - the checker's own failure is "unknown", never an abort
         return Verdict("unknown", [f"checker crashed: {type(exc).__name__}: {exc}",
                                    traceback.format_exc(limit=5)], ["checker"])
     errors: list[str] = []
@@ -74,7 +74,7 @@ def run_checks(scenario: Scenario, obs: Observation, campaign_mode: str,
             valid: Valid = not found
         except Undecided as exc:
             found, valid = [f"undecided: {exc}"], "unknown"
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a check's own crash: its verdict is unknown
             found = [f"check crashed: {type(exc).__name__}: {exc}",
                      traceback.format_exc(limit=5)]
             valid = "unknown"

@@ -18,6 +18,7 @@ from ``durable.coordinator``: a rule restated here is checked, not trusted.
 
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -91,7 +92,7 @@ def _one_driver_at_a_time(events: list[dict[str, Any]], order: list[str]) -> lis
     if twice:
         errors.append(f"epoch(s) {twice} were launched twice")
     ends = {(e["session"], e["data"]["epoch"]): e for e in events if e["kind"] == "exited"}
-    for a, b in zip(launches, launches[1:], strict=False):
+    for a, b in itertools.pairwise(launches):
         end = ends.get((a["session"], a["data"]["epoch"]))
         if end is None or end["seq"] > b["seq"]:
             errors.append(f"the driver of session {a['session']} at epoch {a['data']['epoch']} "

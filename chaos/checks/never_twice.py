@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import Undecided
 
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 KEY = re.compile(r"^(?P<session>[^:]+):(?P<conv>\d+):(?P<call>.+):(?P<n>\d+)@(?P<epoch>\d+)$")
 
 
-def started_keys(ledgers: list[dict]) -> list[dict]:
+def started_keys(ledgers: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Every key of every saved ledger that reached a spawn, once per Space generation.
     Copies of one Space's state (taken before a machine restore, and its final one) share
     its id: a key in several of them is one start."""
@@ -49,7 +49,7 @@ def check(inp: CheckInput) -> list[str]:
         return []
     errors: list[str] = []
     reverts = Counter(e.get("call_id") for e in obs.events if e.get("kind") == "reverted")
-    per_call: dict[str, list[dict]] = {}
+    per_call: dict[str, list[dict[str, Any]]] = {}
     foreign = set(obs.foreign_keys)
     for k in started_keys(obs.ledgers):
         if k["key"] in foreign:

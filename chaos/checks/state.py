@@ -9,7 +9,7 @@ mtimes included, unless the image was marked stale."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from spacesd.protocol import ScanEntry, times_as, workspace_hash
 
@@ -51,7 +51,7 @@ def state_difference(got: list[ScanEntry], want: list[ScanEntry], got_name: str,
             f"{' ...' if len(diffs) > 5 else ''}")
 
 
-def _show(state: list | None) -> str:
+def _show(state: list[Any] | None) -> str:
     if state is None:
         return "absent"
     _path, kind, mode, ident, link, extents, mtime = state

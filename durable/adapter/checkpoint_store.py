@@ -29,7 +29,7 @@ import tarfile
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Protocol, runtime_checkable
+from typing import IO, Any, Protocol, runtime_checkable
 
 from ..atomic_file import fsync_dir, write_atomic
 from ..chunk_reader import ChunkReader
@@ -43,6 +43,8 @@ DELTA_FRACTION = 8
 _TABLES = ("files", "symlinks", "dirs", "fifos", "times")
 #: Bytes of a rebuilt tar kept in memory before it spills to a temporary file.
 SPOOL_BYTES = 8 * 1024 * 1024
+#: A manifest, a table of one, or a difference between two: JSON objects.
+Json = dict[str, Any]
 
 
 class DamagedStore(CorruptLog):
@@ -83,7 +85,7 @@ class DirectoryCheckpointStore:
         self._known: frozenset[str] | None = None
         #: (id, manifest, size) of the last whole manifest this object stored: the base of
         #: the differences it stores next.
-        self._base: tuple[str, dict, int] | None = None
+        self._base: tuple[str, Json, int] | None = None
 
     def _name(self, checkpoint_id: str, suffix: str) -> Path:
         if "/" in checkpoint_id or checkpoint_id.startswith("."):
@@ -175,7 +177,7 @@ class DirectoryCheckpointStore:
                                         if self._object(f["sha256"]).exists())
         return self._known
 
-    def _manifest(self, checkpoint_id: str) -> dict:
+    def _manifest(self, checkpoint_id: str) -> Json:
         """The whole manifest of a stored checkpoint (a difference applied to its base);
         ``FileNotFoundError`` when it is not stored, ``DamagedStore`` when its base is
         missing or either is unreadable."""
@@ -208,16 +210,16 @@ class DirectoryCheckpointStore:
                 return open(self._name(checkpoint_id, ".tar"), "rb")  # a store of before
             except FileNotFoundError:
                 return None
-        out = tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES)
+        out = tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES)  # noqa: SIM115 - returned open
         try:
             self._write_tar(checkpoint_id, manifest, out)
         except BaseException:
             out.close()
             raise
         out.seek(0)
-        return out  # type: ignore[return-value]
+        return out
 
-    def _write_tar(self, checkpoint_id: str, manifest: dict, out: IO[bytes]) -> None:
+    def _write_tar(self, checkpoint_id: str, manifest: Json, out: IO[bytes]) -> None:
         """The export tar of a stored checkpoint: its manifest, then each object, checked."""
         with tarfile.open(fileobj=out, mode="w|") as tar:
             data = json.dumps(manifest, separators=(",", ":")).encode()
@@ -241,10 +243,10 @@ class DirectoryCheckpointStore:
                    for suffix in (".manifest.json", ".delta.json", ".tar"))
 
 
-def _parse(manifest: bytes, checkpoint_id: str) -> dict:
+def _parse(manifest: bytes, checkpoint_id: str) -> Json:
     """A whole manifest, checked for what the store reads of it."""
     try:
-        whole = json.loads(manifest)
+        whole: Json = json.loads(manifest)
         if not all(isinstance(f["path"], str) and isinstance(f["sha256"], str)
                    for f in whole["files"]) or not all(
                 isinstance(whole.get(t, {}), dict) for t in _TABLES[1:]):
@@ -255,17 +257,17 @@ def _parse(manifest: bytes, checkpoint_id: str) -> dict:
                            f"({exc})") from None
 
 
-def _tables(manifest: dict) -> dict[str, dict]:
+def _tables(manifest: Json) -> dict[str, Json]:
     """Each entry table keyed by path (a file's value: its record)."""
     return {"files": {f["path"]: f for f in manifest["files"]},
             **{t: manifest.get(t, {}) for t in _TABLES[1:]}}
 
 
-def _delta(base: dict, new: dict) -> dict:
+def _delta(base: Json, new: Json) -> Json:
     """What turns ``base`` into ``new``: its other fields, and per table what is set
     (added or changed) and what is removed."""
     old_t, new_t = _tables(base), _tables(new)
-    out: dict = {"fields": {k: v for k, v in new.items() if k not in _TABLES}}
+    out: Json = {"fields": {k: v for k, v in new.items() if k not in _TABLES}}
     for table in _TABLES:
         old, cur = old_t[table], new_t[table]
         out[table] = {"set": {p: v for p, v in cur.items() if old.get(p) != v},
@@ -273,7 +275,7 @@ def _delta(base: dict, new: dict) -> dict:
     return out
 
 
-def _apply(base: dict, delta: dict, checkpoint_id: str) -> dict:
+def _apply(base: Json, delta: Json, checkpoint_id: str) -> Json:
     """``base`` with ``delta`` applied (``_delta``'s inverse)."""
     try:
         tables = _tables(base)

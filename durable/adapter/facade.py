@@ -61,10 +61,11 @@ class DurableSpaces:
     and its exec keys start with it (``space_names``), so sessions never share a Space or a
     recorded result. ``root_space``: the Space of the first conversation instead, when a
     coordinator placed one and leased it to the session (sessions take turns on it, each
-    with its own keys and epochs above the last). ``epoch`` is this driver's (the session driver reads it from its
-    environment); every Space is fenced at it. ``on_stale`` is called once for each refusal
-    by a newer epoch this adapter meets (the Space's floor, or the log's fence while a
-    command streams), before the ``StaleEpochError`` propagates; the driver stops then.
+    with its own keys and epochs above the last). ``epoch`` is this driver's (the session
+    driver reads it from its environment); every Space is fenced at it. ``on_stale`` is
+    called once for each refusal by a newer epoch this adapter meets (the Space's floor, or
+    the log's fence while a command streams), before the ``StaleEpochError`` propagates; the
+    driver stops then.
     ``on_halt`` is called with a ``HaltError`` (a Space that cannot be fenced) before it is
     raised.
     """
@@ -88,8 +89,8 @@ class DurableSpaces:
         self.modes = ModeKeeper(requested, snapshots.kind, self.image, self.checkpoints,
                                 self.recorder)
         self.space = SpaceKeeper(spaces=spaces, session=token, prefix=check_prefix(space_prefix),
-                                 root_space=root_space, epoch=epoch, on_stale=on_stale, on_halt=on_halt,
-                                 modes=self.modes, image=self.image,
+                                 root_space=root_space, epoch=epoch, on_stale=on_stale,
+                                 on_halt=on_halt, modes=self.modes, image=self.image,
                                  checkpoints=self.checkpoints, recorder=self.recorder)
         self.checkpoints.refence = self.space.refence
         self.runner = CallRunner(session=token, epoch=epoch, cwd=cwd, fence=fence,
@@ -146,7 +147,7 @@ class DurableSpaces:
             raise
 
 
-#: The builder DESIGN.md and existing callers name: the class itself.
+#: The builder docs/architecture.md and existing callers name: the class itself.
 durable_spaces = DurableSpaces
 
 

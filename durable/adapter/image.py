@@ -21,7 +21,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from spacesd.protocol import ScanEntry, ScanResult, workspace_hash
+from spacesd.protocol import EntryKind, ScanEntry, ScanResult, workspace_hash
 
 from ..storage.records import EntryRecord
 
@@ -33,7 +33,7 @@ class Row(NamedTuple):
     '' for the rest) and the rest of its state (None where a log written before it was
     kept lacks it: an mtime, a size)."""
 
-    kind: str
+    kind: EntryKind
     mode: int
     ident: str
     mtime_ns: int | None = None
@@ -42,7 +42,7 @@ class Row(NamedTuple):
     size: int | None = None
 
     def entry(self, path: str) -> ScanEntry:
-        return ScanEntry(path, self.kind,  # type: ignore[arg-type]
+        return ScanEntry(path, self.kind,
                          self.kind == "file" and bool(self.mode & 0o100), self.size or 0,
                          self.ident if self.kind == "file" else None,
                          self.ident if self.kind == "symlink" else None, self.mode,

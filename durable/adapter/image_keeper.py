@@ -113,7 +113,8 @@ def _export_tar(manifest: dict[str, Any], blobs: dict[str, bytes], out: IO[bytes
     """A checkpoint export tar (the daemon's format): the manifest, then the objects."""
     with tarfile.open(fileobj=out, mode="w|") as tar:
         for name, data in [("manifest.json", json.dumps(manifest, separators=(",", ":"))
-                            .encode()), *((f"objects/{sha}", b) for sha, b in sorted(blobs.items()))]:
+                            .encode()),
+                           *((f"objects/{sha}", b) for sha, b in sorted(blobs.items()))]:
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))

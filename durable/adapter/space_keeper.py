@@ -131,7 +131,7 @@ class SpaceKeeper:
         """Tell ``on_stale`` of ``exc``, once: a refusal met deep down (an advance) passes
         through the entry points that report too."""
         if self.on_stale is not None and not getattr(exc, "reported_stale", False):
-            exc.reported_stale = True  # type: ignore[attr-defined]
+            exc.reported_stale = True  # type: ignore[attr-defined]  # a mark, for once only
             self.on_stale(exc)
 
     # ------------------------------------------------------------------ connecting

@@ -19,7 +19,6 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
 from typing import Any
 
 from ..lifetime import DIE_WITH_ENV, die_with
@@ -137,7 +136,8 @@ def _run(args: argparse.Namespace, store: CoordinatorStore) -> int:
         return 0
     if args.command == "cancel":
         rec = store.cancel(args.name, time.time())
-        print(f"{rec.name} {rec.state}: {'cancel requested' if rec.cancel_requested and not rec.ended else rec.reason}")
+        said = "cancel requested" if rec.cancel_requested and not rec.ended else rec.reason
+        print(f"{rec.name} {rec.state}: {said}")
         return 0
     if args.command == "status" and args.name:
         rec = store.get(args.name)

@@ -44,7 +44,7 @@ from ..lifetime import DIE_WITH_ENV
 from ..session_driver import EXIT_FENCED, EXIT_OK, EXIT_PERMANENT
 from ..spaces import Spaces
 from .drive import DriveResult, DriverProcess, end_orphan
-from .records import ClaimLost, Claimed, SessionRecord, StoreUnavailable, check_seconds
+from .records import Claimed, ClaimLost, SessionRecord, StoreUnavailable, check_seconds
 from .store import CoordinatorStore
 
 #: The lease a session holds on its Space from its first drive until it ends.
@@ -188,7 +188,8 @@ class Coordinator:
     description drivers get in ``CUA_SPACE_PROVIDER``."""
 
     def __init__(self, store: CoordinatorStore, spaces: Spaces, *,
-                 config: CoordinatorConfig | None = None, id: str | None = None,  # noqa: A002
+                 config: CoordinatorConfig | None = None,
+                 id: str | None = None,  # noqa: A002 - as the CLI's --id names it
                  provider: str = "", clock: Callable[[], float] = time.time) -> None:
         self.config = config or CoordinatorConfig()
         self.store = cast(CoordinatorStore, _PatientStore(store, self.config.claim_secs))

@@ -44,8 +44,8 @@ from typing import Any, Protocol
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from .records import (
-    ClaimLost,
     Claimed,
+    ClaimLost,
     CoordinatorError,
     Event,
     Lease,

@@ -20,6 +20,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from ..adapter import DirectoryCheckpointStore, WorkspaceSnapshots, durable_spaces
 from ..errors import DurableError
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         log.close()
 
 
-def _what(kind: str, d: dict) -> str:
+def _what(kind: str, d: dict[str, Any]) -> str:
     """One line saying what an entry is."""
     def first(text: str) -> str:
         lines = str(text).strip().splitlines()

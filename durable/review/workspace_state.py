@@ -19,8 +19,8 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..adapter.image import Image
 from ..adapter.checkpoint_store import DirectoryCheckpointStore
+from ..adapter.image import Image
 from ..adapter.state import SPACE
 from ..log import Log
 from ..virtual.blob_store import BlobStore, DamagedBlob, blob_dir, image_content

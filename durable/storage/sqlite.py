@@ -478,7 +478,7 @@ class SqliteStorage:
             rows = self._verified_rows(conn)
             raises = [tuple(r) for r in rows["fence_raises"]]
             epochs = {r[0]: r[5] for r in rows["entries"]}
-            return EpochHistory(raises, epochs)  # type: ignore[arg-type]
+            return EpochHistory(raises, epochs)
 
         with self._lock:
             return self._transaction(_READ, read)
@@ -656,7 +656,8 @@ class SqliteStorage:
 
     @staticmethod
     def _next_seq(conn: sqlite3.Connection, table: str) -> int:
-        return conn.execute(f"SELECT coalesce(max(seq), 0) + 1 FROM {table}").fetchone()[0]
+        seq: int = conn.execute(f"SELECT coalesce(max(seq), 0) + 1 FROM {table}").fetchone()[0]
+        return seq
 
     # ------------------------------------------------------------ the commit mark
 
@@ -700,7 +701,8 @@ class SqliteStorage:
 
     @staticmethod
     def _floor(conn: sqlite3.Connection) -> int:
-        return conn.execute("SELECT floor FROM fence").fetchone()[0]
+        floor: int = conn.execute("SELECT floor FROM fence").fetchone()[0]
+        return floor
 
     def _admit_epoch(self, conn: sqlite3.Connection) -> None:
         """Inside a write transaction: refuse a stale or halted epoch, raise an older floor
@@ -787,13 +789,13 @@ class SqliteStorage:
             self._insert(conn, digest, "conversations", row)
         for row in rows["entries"]:
             self._insert(conn, digest, "entries", (*row, epoch))
-        for slot, row in zip(batch.slots, rows["slots"]):
+        for slot, row in zip(batch.slots, rows["slots"], strict=True):
             # An upsert keeps the slot's first-insertion place (seq), as MemoryStorage does.
             seq = self._delete(conn, digest, "slots", "conversation = ? AND call_id = ?",
                                (slot.conversation, slot.call_id))
             self._insert(conn, digest, "slots",
                          (self._next_seq(conn, "slots") if seq is None else seq, *row))
-        for doc, row in zip(batch.docs, rows["docs"]):
+        for doc, row in zip(batch.docs, rows["docs"], strict=True):
             if doc.history == "latest":
                 self._delete(conn, digest, "docs", "conversation = ? AND kind = ?",
                              (doc.conversation, doc.kind))

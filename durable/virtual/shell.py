@@ -16,7 +16,8 @@ Differences from bash to know (just-bash 0.2.1, checked): ``echo x > missing/f``
 the missing parent; stdout and stderr come back apart, so the output is stdout followed by
 stderr, not interleaved; ``ln -n``, ``seq -f``, binary ``printf`` escapes above ``\\177`` and
 ``yes`` are not what bash does; a redirection of a loop itself (``for ...; done > f``) is
-ignored (the output goes to stdout: write ``{ for ...; done; } > f``); ``sleep`` really sleeps (within the call's time limit); ``seq`` prints at most 100000 numbers (more ends
+ignored (the output goes to stdout: write ``{ for ...; done; } > f``); ``sleep`` really
+sleeps (within the call's time limit); ``seq`` prints at most 100000 numbers (more ends
 the call at a limit, named); an ``awk`` ``for``/``while`` loop stops after 10000 iterations
 without a word (just-bash's own cap, which this module cannot see).
 """
@@ -132,7 +133,7 @@ async def _run(tree: Tree, command: str, limits: ShellLimits, seconds: float) ->
     try:
         result = await asyncio.wait_for(bash.exec(command), seconds)
         exit_code, output = result.exit_code, result.stdout + result.stderr
-    except asyncio.TimeoutError:
+    except TimeoutError:
         exit_code, timed_out = None, True
     except ExecutionLimitError as exc:
         exit_code, limit = 126, f"{exc} (a virtual workspace's limit: max_commands=" \

@@ -141,7 +141,8 @@ class _Worker:
             return ShellRun(126, "", False, _memory_limit(limits), tree)
         if kind == "error":
             raise ShellCrashed(f"the virtual shell failed on {command[:80]!r}:\n{value}")
-        return value  # type: ignore[no-any-return]
+        run: ShellRun = value
+        return run
 
     def end(self) -> None:
         if self.proc.poll() is None:

@@ -192,4 +192,4 @@ def workspace_instructions(v: Virtual) -> str:
             f"{lim.shell.max_output_bytes // 1024} KiB.")
 
 
-__all__: list[str] = ["Virtual", "virtual", "workspace_tools", "workspace_instructions"]
+__all__: list[str] = ["Virtual", "virtual", "workspace_instructions", "workspace_tools"]

@@ -42,7 +42,8 @@ def over_limits(tree: Tree, limits: VirtualLimits) -> str | None:
     """Why ``tree`` cannot be kept, or None when it can."""
     bad = next((p for p in tree if "\n" in p or "\\" in p), None)
     if bad is not None:
-        return f"the path {bad!r} has a newline or backslash in its name, which a workspace cannot track; rename it"
+        return (f"the path {bad!r} has a newline or backslash in its name, which a workspace "
+                "cannot track; rename it")
     if len(tree) > limits.max_files:
         return (f"the virtual workspace holds at most {limits.max_files} files (max_files) and "
                 f"this call would leave {len(tree)}; remove files, or use a Space for larger "

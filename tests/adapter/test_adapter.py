@@ -151,7 +151,7 @@ def test_lost_space_without_store_fails_permanently(tmp_path: Path, spaces: Loca
     spaces.delete(SPACE)
     s = open_session(tmp_path, spaces, steps(WRITE, APPEND), epoch=2, mode="checkpoint",
                      store=False)
-    with pytest.raises(PermanentFailure, match="CheckpointStore.*transactional mode"):
+    with pytest.raises(PermanentFailure, match=r"CheckpointStore.*transactional mode"):
         run(s, "r2")
     s.harness.close()
 
@@ -214,9 +214,8 @@ def test_an_older_epoch_is_refused_by_log_and_space(tmp_path: Path,
     new.adapter.ensure_space(new.harness, 1)
     with pytest.raises(StaleEpochError):
         old_client.write_file("a.txt", b"stale\n")
-    with pytest.raises(StaleEpochError):
-        with old.harness.log.transaction() as tx:
-            tx.append(1, "system", {"content": "stale"})
+    with pytest.raises(StaleEpochError), old.harness.log.transaction() as tx:
+        tx.append(1, "system", {"content": "stale"})
     assert new.adapter.ensure_space(new.harness, 1).read_file("a.txt") == b"alpha\n"
     old.harness.close()
     new.harness.close()

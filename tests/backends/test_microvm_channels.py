@@ -41,7 +41,7 @@ def peer() -> Iterator[Callable[[Callable[[socket.socket], None]], Path]]:
         srv.close()
 
 
-def test_a_qmp_peer_that_hangs_up_mid_command_is_unavailable(peer) -> None:  # noqa: ANN001
+def test_a_qmp_peer_that_hangs_up_mid_command_is_unavailable(peer) -> None:
     def greet_then_close(conn: socket.socket) -> None:
         conn.sendall(b'{"QMP": {}}\n')
         conn.recv(1000)  # qmp_capabilities
@@ -58,7 +58,7 @@ def test_a_qmp_peer_that_hangs_up_mid_command_is_unavailable(peer) -> None:  # n
         QMP(peer(reset), 5).command("stop")
 
 
-def test_an_agent_that_hangs_up_is_unavailable(peer) -> None:  # noqa: ANN001
+def test_an_agent_that_hangs_up_is_unavailable(peer) -> None:
     def answer_ping_then_close(conn: socket.socket) -> None:
         line = conn.recv(1000).decode()
         conn.sendall(f"{line.split()[0]} ok\n".encode())

@@ -14,7 +14,6 @@ from backends.local import LocalSpaces
 from backends.local.procs import kill_process
 from durable.errors import SpaceNotFound
 from spacesd import audit
-
 from tests.backends.loss_contract import check_a_loss_is_one_instant
 
 

@@ -25,7 +25,8 @@ def test_is_a_space_client_bound_to_an_epoch(client: HttpSpaceClient) -> None:
                                      "workspace.scan", "workspace.checkpoint"}
 
 
-def test_the_client_follows_a_restarted_daemon(spaces: LocalSpaces, client: HttpSpaceClient) -> None:
+def test_the_client_follows_a_restarted_daemon(spaces: LocalSpaces,
+                                               client: HttpSpaceClient) -> None:
     client.write_file("f", b"1")
     for _ in range(3):
         spaces.kill_daemon("s")

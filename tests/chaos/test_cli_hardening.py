@@ -203,8 +203,8 @@ def test_ctrl_c_at_any_moment_exits_130_and_leaves_nothing(tmp_path: Path) -> No
                                    "2", "--results", str(results)),
                      stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
             recorded = results / "latest" / "runs.jsonl"
-            while not _imports_began(proc.pid) or after == "runs" and proc.poll() is None \
-                    and not (recorded.exists() and recorded.read_text().count("\n") >= runs):
+            while not _imports_began(proc.pid) or (after == "runs" and proc.poll() is None \
+                    and not (recorded.exists() and recorded.read_text().count("\n") >= runs)):
                 time.sleep(0.005)
             time.sleep(delay)
             proc.send_signal(signal.SIGINT)

@@ -70,6 +70,7 @@ def test_what_is_not_one_campaigns_shards_is_refused(tmp_path: Path,
     other = _shards(tmp_path / "b", 2, **{**small, "steps": 3})[1]
     _, _, text = campaign(tmp_path / "c", **small)
     whole = _results(text)
+    capsys.readouterr()  # the campaigns' own progress lines
     for dirs, says in (([one], "shard(s) 2/2 missing"),
                        ([one, one, two], "are both shard 1/2: overlapping shards"),
                        ([one, other], "differ in steps"),

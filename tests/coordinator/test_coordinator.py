@@ -6,8 +6,8 @@ store, and two of them on one PostgreSQL store."""
 
 from __future__ import annotations
 
+import itertools
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -253,7 +253,7 @@ def procs() -> Iterator[list[CoordinatorProcess]]:
         p.kill()
 
 
-def wait_for(what: str, cond, timeout: float = 300.0) -> None:  # noqa: ANN001
+def wait_for(what: str, cond, timeout: float = 300.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if cond():
@@ -335,7 +335,7 @@ def test_two_coordinators_on_one_postgresql_store_never_drive_a_session_twice(
                 assert by[pid] == "a" and not psutil.pid_exists(pid), (n, pid)
             lives.append((start["t"], ends.get(pid, a_died), start["epoch"]))
         lives.sort()
-        for (_, end, _), (start, _, _) in zip(lives, lives[1:], strict=False):
+        for (_, end, _), (start, _, _) in itertools.pairwise(lives):
             assert start >= end, (n, lives)  # no two drivers of a session alive at once
         epochs = [e for _, _, e in lives]
         assert epochs == sorted(set(epochs)), (n, epochs)  # every epoch once, growing
@@ -350,8 +350,9 @@ def test_two_coordinators_on_one_postgresql_store_never_drive_a_session_twice(
 def _terminate_coordinator_connections(url: str) -> int:
     """Drop every connection of the store's coordinators on the server (as a restarting
     server or a network cut would); returns how many."""
-    import psycopg
     from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+    import psycopg
 
     parts = urlsplit(url)
     query = dict(parse_qsl(parts.query))
@@ -397,10 +398,10 @@ class Unplugged:
     def __init__(self, store: CoordinatorStore) -> None:
         self.store, self.away = store, threading.Event()
 
-    def __getattr__(self, name: str):  # noqa: ANN204
+    def __getattr__(self, name: str):
         attr = getattr(self.store, name)
 
-        def call(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        def call(*args, **kwargs):
             if self.away.is_set():
                 raise StoreUnavailable("the store is unplugged (test)")
             return attr(*args, **kwargs)

@@ -16,7 +16,7 @@ from durable.tools import Tool, ToolRegistry, ToolResult
 TODOS = define_doc("app.todos", 1, {"items": []}, history="rewindable")
 
 
-def add(args: dict, ctx) -> ToolResult:  # noqa: ANN001
+def add(args: dict, ctx) -> ToolResult:
     ctx.update_doc(TODOS, lambda d: d["items"].append(args["item"]))
     time.sleep(0.01)  # the app's edits land between the read and the result's commit
     return ToolResult(f"added {args['item']}")

@@ -327,7 +327,7 @@ def test_sqlite_fifo_dangling_symlink_and_read_only_fs(
         SqliteStorage(fifo)
     link = tmp_path / "link.sqlite"
     link.symlink_to(tmp_path / "gone" / "log.sqlite")
-    with pytest.raises(StorageError, match="is a symlink to .*which does not exist"):
+    with pytest.raises(StorageError, match=r"is a symlink to .*which does not exist"):
         SqliteStorage(link)
 
     class ReadOnly:
@@ -408,7 +408,7 @@ def test_jsonl_empty_or_missing_log_is_refused(jsonl_log: tuple[Path, Snapshot])
         JsonlStorage(directory)
     assert log.read_bytes() == b""
     log.unlink()
-    with pytest.raises(CorruptLog, match="is missing, but .*log.lock records commits"):
+    with pytest.raises(CorruptLog, match=r"is missing, but .*log\.lock records commits"):
         JsonlStorage(directory)
     assert not log.exists()
     (directory / "log.lock").write_bytes(b"")  # accepting the loss: a new log starts
@@ -434,14 +434,14 @@ def test_jsonl_fifo_dangling_symlink_and_read_only_fs(
 ) -> None:
     (tmp_path / "a").mkdir()
     os.mkfifo(tmp_path / "a" / "log.jsonl")
-    with deadline(5), pytest.raises(NotALog, match="log.jsonl is not a regular file"):
+    with deadline(5), pytest.raises(NotALog, match=r"log\.jsonl is not a regular file"):
         JsonlStorage(tmp_path / "a")
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / "log.jsonl").symlink_to(tmp_path / "gone")
-    with pytest.raises(StorageError, match="is a symlink to .*which does not exist"):
+    with pytest.raises(StorageError, match=r"is a symlink to .*which does not exist"):
         JsonlStorage(tmp_path / "b")
     (tmp_path / "c").symlink_to(tmp_path / "gone")
-    with pytest.raises(StorageError, match="is a symlink to .*which does not exist"):
+    with pytest.raises(StorageError, match=r"is a symlink to .*which does not exist"):
         JsonlStorage(tmp_path / "c")
 
     class ReadOnly:

@@ -6,6 +6,7 @@ updates it at once, losing nothing."""
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 import threading
@@ -78,7 +79,7 @@ def test_prompt_docs_shows_the_stored_value_at_each_turn(tmp_path: Path) -> None
     seen: list[list[dict]] = []
 
     class Echo:
-        def complete(self, request: ModelRequest):  # noqa: ANN201
+        def complete(self, request: ModelRequest):
             from durable.models import AssistantMessage
 
             seen.append(request.messages)
@@ -141,5 +142,5 @@ def test_a_session_and_an_app_edit_one_document_from_two_processes(tmp_path: Pat
                                    + [f"app-{i}" for i in range(app_updates)]), items
     assert final.revision == calls + app_updates  # every update its own revision
     assert [r for r, _ in seen] == list(range(1, final.revision + 1))  # all, in order
-    for (_r, before), (_s, after) in zip(seen, seen[1:], strict=False):
+    for (_r, before), (_s, after) in itertools.pairwise(seen):
         assert after[:len(before)] == before  # each revision adds to the one before it

@@ -142,13 +142,11 @@ def test_migrate_and_newer_version(open_storage: Callable[[], Storage]) -> None:
 def test_too_large_and_not_json(open_storage: Callable[[], Storage]) -> None:
     log = Log.open(open_storage())
     root = log.create_root("agent")
-    with pytest.raises(DocTooLarge, match="65536-byte"):
-        with log.transaction() as tx:
-            tx.append(root, "input", {"content": "x"})
-            tx.write_doc(root, COUNTER, "x" * 70_000)
-    with pytest.raises(DocError, match="not JSON"):
-        with log.transaction() as tx:
-            tx.write_doc(root, COUNTER, {1, 2})
+    with pytest.raises(DocTooLarge, match="65536-byte"), log.transaction() as tx:
+        tx.append(root, "input", {"content": "x"})
+        tx.write_doc(root, COUNTER, "x" * 70_000)
+    with pytest.raises(DocError, match="not JSON"), log.transaction() as tx:
+        tx.write_doc(root, COUNTER, {1, 2})
     # neither transaction landed anything
     assert log.entries(root) == []
     assert log.read_doc(root, COUNTER).revision == 0
@@ -181,17 +179,15 @@ def test_atomic_commit_and_request_ids(open_storage: Callable[[], Storage]) -> N
         e = tx.append(root, "input", {"content": "a"})
         tx.admit(root, "req", e)
     before = log.next_id
-    with pytest.raises(DuplicateRequest):
-        with log.transaction() as tx:
-            e2 = tx.append(root, "input", {"content": "again"})
-            tx.write_doc(root, COUNTER, 7)
-            tx.admit(root, "req", e2)
+    with pytest.raises(DuplicateRequest), log.transaction() as tx:
+        e2 = tx.append(root, "input", {"content": "again"})
+        tx.write_doc(root, COUNTER, 7)
+        tx.admit(root, "req", e2)
     assert log.next_id == before
     assert [x.data["content"] for x in log.entries(root)] == ["a"]
     assert log.read_doc(root, COUNTER).value == 0
-    with pytest.raises(UnknownEntryKind):
-        with log.transaction() as tx:
-            tx.append(root, "thought", {})
+    with pytest.raises(UnknownEntryKind), log.transaction() as tx:
+        tx.append(root, "thought", {})
     log.close()
     log = Log.open(open_storage())
     assert log.request_entry(root, "req") == e
@@ -211,6 +207,5 @@ def test_uncertain_failure_closes_the_log() -> None:
     with pytest.raises(StorageUncertain):
         log.create_root("agent")
     assert log.closed
-    with pytest.raises(StorageClosed):
-        with log.transaction():
-            pass
+    with pytest.raises(StorageClosed), log.transaction():
+        pass

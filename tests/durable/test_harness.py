@@ -50,7 +50,8 @@ def tool_results(h: Harness) -> list[dict[str, Any]]:
 def test_bad_calls_become_error_results(tmp_path: Path) -> None:
     plan = [PlannedCall(0, "write", {"path": 5}), PlannedCall(1, "telepathy", {}),
             PlannedCall(2, "bash", {"command": "exit 3"}),
-            PlannedCall(3, "edit", {"path": "nope.txt", "edits": [{"old_text": "a", "new_text": "b"}]}),
+            PlannedCall(3, "edit", {"path": "nope.txt",
+                                    "edits": [{"old_text": "a", "new_text": "b"}]}),
             PlannedCall(4, "read", {"path": "../../etc/passwd"})]
     h = harness_for(tmp_path, plan, [])
     assert h.root().submit(content="go").wait().done
@@ -154,7 +155,7 @@ def test_unknown_entry_kind_in_a_stored_log(tmp_path: Path) -> None:
     storage.commit(Batch(base_id=log.next_id, next_id=log.next_id + 1,
                          entries=[EntryRecord(log.next_id, 1, "hologram", {})]))
     log.close()
-    with pytest.raises(UnknownEntryKind, match="hologram.*upgrade"):
+    with pytest.raises(UnknownEntryKind, match=r"hologram.*upgrade"):
         Log.open(SqliteStorage(tmp_path / "log.sqlite"))
 
 

@@ -25,7 +25,8 @@ from durable.storage.sqlite import SqliteStorage
 CHILD = str(Path(__file__).with_name("harness_child.py"))
 ROOT = str(Path(__file__).resolve().parents[2])
 # step -> (effect line written when it really runs, replay rule)
-STEPS = {0: ("never:n0", "never"), 1: ("safe:s1", "safe"), 2: (None, "never"), 3: ("never:n3", "never")}
+STEPS = {0: ("never:n0", "never"), 1: ("safe:s1", "safe"), 2: (None, "never"),
+         3: ("never:n3", "never")}
 KILL_AT = {
     "before_intent": ("call.begin", 0.0),
     "after_intent": ("call.intent", 0.0),
@@ -69,7 +70,8 @@ def test_sigkill_then_resume(tmp_path: Path, where: str, step: int) -> None:
     code, out = run_child(tmp_path, {})
     assert code == 0 and "OUTCOME done" in out, out
 
-    effects = (tmp_path / "effects").read_text().splitlines() if (tmp_path / "effects").exists() else []
+    effects_file = tmp_path / "effects"
+    effects = effects_file.read_text().splitlines() if effects_file.exists() else []
     harness = Harness.open(SqliteStorage(tmp_path / "log.sqlite"), models=ScriptedModel([]))
     try:
         entries = harness.log.entries(1)

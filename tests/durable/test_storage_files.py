@@ -196,7 +196,7 @@ def test_two_processes_appending_do_not_corrupt_each_other(tmp_path: Path, kind:
     ]
     try:
         for p in procs:
-            out, err = p.communicate(timeout=120)
+            _out, err = p.communicate(timeout=120)
             assert p.returncode == 0, err
         snap = s.load()
         assert [e.id for e in snap.entries] == list(range(2, 2 * n + 2))
@@ -320,7 +320,7 @@ def test_jsonl_failed_sync_is_uncertain_and_closes(
         raise OSError(errno.EIO, "Input/output error")
 
     monkeypatch.setattr(jsonl, "_datasync", eio)
-    with pytest.raises(StorageUncertain, match="Input/output error.*reopen the log"):
+    with pytest.raises(StorageUncertain, match=r"Input/output error.*reopen the log"):
         s.commit(entry_batch(3))
     with pytest.raises(StorageClosed):
         s.load()

@@ -251,7 +251,7 @@ def test_workspace_tools_for_a_loop_of_your_own() -> None:
     assert [t.name for t in tools] == ["bash", "read_file", "write_file", "edit_file",
                                       "list_files"]
     registry = ToolRegistry(tools)
-    h, results = play(None, v, [
+    _h, results = play(None, v, [
         ("write_file", {"path": "a/b.txt", "content": "x\n"}),
         ("edit_file", {"path": "a/b.txt", "edits": [{"old_text": "x", "new_text": "y"}]}),
         ("bash", {"command": "ln -s b.txt a/l"}),

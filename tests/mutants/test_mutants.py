@@ -59,8 +59,10 @@ MUTANTS: tuple[Mutant, ...] = (
     # ---------------------------------------------------------------- virtual workspaces
     Mutant(
         "virtual-change-before-result", "durable/virtual/workspace.py",
-        (("            ctx.on_result(lambda tx, _entry: tx.append(ctx.conversation, \"system\", data))\n",
-          "            ctx.commit_now(lambda tx: tx.append(ctx.conversation, \"system\", data))\n"),),
+        (("            ctx.on_result(lambda tx, _entry: tx.append(ctx.conversation, \"system\", "
+          "data))\n",
+          "            ctx.commit_now(lambda tx: tx.append(ctx.conversation, \"system\", "
+          "data))\n"),),
         "a virtual workspace's call commits its change to the files right away instead of "
         "with its result, so a crash between the two leaves the change in the log and the "
         "call, replay-safe, runs again on top of it",
@@ -120,8 +122,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "exhaustive-daemon", "G1", "restored: a command's new file left behind"),
     Mutant(
         "restore-ignores-modes", "spacesd/checkpoints.py",
-        (("                                                                      or now.mode != e.mode):",
-          "                                                                      or False):"),),
+        ((" " * 70 + "or now.mode != e.mode):",
+          " " * 70 + "or False):"),),
         "a restore leaves a file whose content is right but whose mode changed",
         "exhaustive-daemon", "G1", "restored bash daemon_lost after the chmod's shim died"),
     # ---------------------------------------------------------------- the fenced log
@@ -249,8 +251,10 @@ MUTANTS: tuple[Mutant, ...] = (
         "shapes-transactional", "G1", "reverted file file_cut after an empty_dir step"),
     Mutant(
         "restore-splits-hardlinks", "spacesd/checkpoints.py",
-        (("                m.files.append(FileRec(e.path, e.sha256 or \"\", e.size, e.mode, e.link,",
-          "                m.files.append(FileRec(e.path, e.sha256 or \"\", e.size, e.mode, None,"),),
+        (("                m.files.append(FileRec(e.path, e.sha256 or \"\", e.size, e.mode, "
+          "e.link,",
+          "                m.files.append(FileRec(e.path, e.sha256 or \"\", e.size, e.mode, "
+          "None,"),),
         "a checkpoint forgets hardlink groups, so a restore writes each name as a file of its "
         "own (a clone's objects, cp -al) and a later write through one no longer shows in "
         "the other",
@@ -266,9 +270,11 @@ MUTANTS: tuple[Mutant, ...] = (
         "shapes-transactional", "run", "reimaged space space_lost after an abs_symlink step"),
     Mutant(
         "manifest-skips-a-name", "spacesd/checkpoints.py",
-        (("            for e in entries:\n                if e.kind == \"file\" and e.link is not None",
+        (("            for e in entries:\n"
+          "                if e.kind == \"file\" and e.link is not None",
           "            for e in entries:\n                if \"\\n\" in e.path:\n"
-          "                    continue\n                if e.kind == \"file\" and e.link is not None"),),
+          "                    continue\n"
+          "                if e.kind == \"file\" and e.link is not None"),),
         "a checkpoint leaves out a name with a newline (what used to wedge restores), so a "
         "restore removes that file",
         "shapes-checkpoint", "G1", "restored file file_cut after an odd_name step"),

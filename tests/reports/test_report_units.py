@@ -148,7 +148,7 @@ def test_the_page_embeds_a_cost_report(tmp_path: Path) -> None:
     path = _campaign_dir(tmp_path / "results", [_record(0)])
     cost_dir = tmp_path / "cost"
     cost_dir.mkdir()
-    with pytest.raises(BadResults, match="no cost.md"):
+    with pytest.raises(BadResults, match=r"no cost\.md"):
         html.render(load_all([path]), cost_dir=cost_dir)
     (cost_dir / "cost.md").write_text("## Cost per call\n\n| mode | write |\n")
     (cost_dir / "cost-local-size.png").write_bytes(timeline.figure_png(_record(0)))

@@ -87,7 +87,7 @@ def test_bad_presets_say_what_is_wrong(raw: dict, message: str) -> None:
 
 
 def test_unknown_preset_lists_known(tmp_path: Path) -> None:
-    with pytest.raises(PresetError, match="known: .*default"):
+    with pytest.raises(PresetError, match=r"known: .*default"):
         load("nope")
     bad = tmp_path / "bad.yaml"
     bad.write_text("steps: [unclosed")

@@ -11,12 +11,12 @@ from __future__ import annotations
 import pytest
 
 from backends.local import LocalSpaces
+from chaos.checks.state import state_difference
+from chaos.run_spaces import seed_space
 from durable.coding_tools import apply_edits, bash_result
 from scenarios import generate, load
 from scenarios.preset import STEP_KINDS, parse
 from scenarios.steps import Step
-from chaos.checks.state import state_difference
-from chaos.run_spaces import seed_space
 from spacesd.protocol import times_as, workspace_hash
 
 

@@ -75,10 +75,10 @@ class FailpointKiller:
 def failpoints() -> Iterator[FailpointKiller]:
     killer = FailpointKiller()
     # A short directory: a unix socket's path is limited to 107 bytes.
-    with tempfile.TemporaryDirectory(prefix="fp-") as short:
-        with Rendezvous(os.path.join(short, "fp.sock"), killer.on_hit) as rv:
-            killer.rendezvous = rv
-            yield killer
+    with tempfile.TemporaryDirectory(prefix="fp-") as short, \
+            Rendezvous(os.path.join(short, "fp.sock"), killer.on_hit) as rv:
+        killer.rendezvous = rv
+        yield killer
     assert not killer.errors, killer.errors
 
 

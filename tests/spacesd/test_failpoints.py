@@ -210,7 +210,7 @@ def test_a_broken_channel_turns_failpoints_off_and_the_daemon_goes_on(tmp_path: 
 
 def test_an_unknown_point_is_refused_with_where_to_add_it() -> None:
     channel = Channel("unix:/nowhere", POINTS, registry="spacesd.failpoints.POINTS")
-    with pytest.raises(ValueError, match="add it to spacesd.failpoints.POINTS"):
+    with pytest.raises(ValueError, match=r"add it to spacesd\.failpoints\.POINTS"):
         channel.report("spacesd.nope", {})
     assert Channel(None, POINTS, registry="x").shim_env(key="k") == {}
 

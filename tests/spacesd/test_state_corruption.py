@@ -89,7 +89,7 @@ def test_a_damaged_floor_stops_the_daemon_from_starting(spaces: LocalSpaces,
     client.with_epoch(5).advance_epoch(5)
     floor = space.state / "epoch"
     floor.write_bytes(content)
-    with pytest.raises(SpaceUnavailable, match="does not hold an epoch floor|not '<epoch>"):
+    with pytest.raises(SpaceUnavailable, match=r"does not hold an epoch floor|not '<epoch>"):
         spaces.restart(space.name)
     assert floor.read_bytes() == content  # left for a person to look at
 
@@ -187,7 +187,7 @@ def test_a_damaged_last_ledger_record_never_reruns_its_command(
           "its last brace": len(raw) - 2}[where]
     damaged = raw[:at] + bytes([raw[at] ^ 0x10]) + raw[at + 1:]
     ledger.write_bytes(damaged)
-    with pytest.raises(SpaceUnavailable, match="unreadable|fails its checksum|is damaged"):
+    with pytest.raises(SpaceUnavailable, match=r"unreadable|fails its checksum|is damaged"):
         spaces.restart(space.name)
     assert ledger.read_bytes() == damaged
     assert (space.work / "runs.txt").read_text() == "a\nb\n"
@@ -323,7 +323,8 @@ def test_a_manifest_from_before_checksums_still_restores(client: HttpSpaceClient
 @pytest.mark.parametrize("name", ["daemon.pid", "token", "port"])
 @pytest.mark.parametrize("content", [b"", b"\x00\xffgarbage", b"99999 1\n"])
 def test_a_damaged_provider_file_never_leaves_two_daemons(spaces: LocalSpaces,
-                                                          space: LocalSpace, client: HttpSpaceClient,
+                                                          space: LocalSpace,
+                                                          client: HttpSpaceClient,
                                                           name: str, content: bytes) -> None:
     """A damaged pid file must not hide the live daemon (a restart would start a second
     one on the same ledger); a damaged token or port file is replaced on restart."""
