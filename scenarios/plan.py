@@ -22,6 +22,7 @@ from durable.models import PlannedCall, ScriptedModel
 from .preset import Preset
 from .steps import (
     BACKGROUND_SECONDS,
+    CGROUP_ESCAPE,
     CHMOD_MODES,
     DATED,
     DETACHED_GRACE_SECONDS,
@@ -164,9 +165,11 @@ def _command(k: int, kind: str, rng: random.Random, preset: Preset
         # Space's marker from its environment) that writes after the command's window; the
         # command ends it itself before then. Only a command killed inside its window (a
         # newer epoch's fence) leaves it behind: the fence must kill it too, or it writes.
+        # Where it can (root, a local Space), it also moves itself to the root cgroup of
+        # each hierarchy, out of the Space's (``CGROUP_ESCAPE``).
         window = preset.long_seconds
         escape = rng.choice(("setsid", 'env -i PATH="$PATH" setsid'))
-        writer = (f"{escape} sh -c 'sleep {window + DETACHED_GRACE_SECONDS}; "
+        writer = (f"{escape} sh -c '{CGROUP_ESCAPE} sleep {window + DETACHED_GRACE_SECONDS}; "
                   f"printf \"leaked-{m}\\n\" >> {LEAK_FILE}' >/dev/null 2>&1 </dev/null &")
         # setsid made the writer a group leader: ``kill -- -$w`` ends it with its sleep.
         return (f"{writer} w=$!; sleep {window}; kill -- -$w 2>/dev/null; {append}",

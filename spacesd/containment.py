@@ -10,18 +10,23 @@ and kills them. The daemon picks one mechanism at start (``select``, ``--contain
 reports it in its ``capabilities`` answer and writes it to ``containment.json`` in its state
 directory, where the local provider finds the Space's cgroup even with the daemon dead.
 
-``cgroup``, the strongest: the Space has a cgroup ``<root>/spacesd-<label>-<hash>`` (named
-after its state directory, of bounded length) with one child per exec record, named by the
-record's id. The shim writes its own pid into its record's ``cgroup.procs`` before it forks
-the command, and nothing a process does (fork, setsid, exec, ``env -i``) takes it out of its
-cgroup: the cgroup is the command's tree, exactly, even once its shim and the daemon are
-dead. Killing: ``cgroup.kill`` (cgroup v2, Linux 5.14+), else freeze, SIGKILL every member,
-thaw, until it is empty (a frozen process cannot fork). The cgroups are made when a command
-starts; an empty record cgroup is removed once the daemon sees its tree gone, and the
-Space's with its last one (the local provider removes them all on ``restart`` and
-``delete``). ``root``: the first writable of the cgroup v2 hierarchy and the v1 ``freezer``
-one (from ``/proc/self/mountinfo``), or ``--cgroup-root`` (e.g. a cgroup delegated to a
-user).
+``cgroup``, the strongest, with the adoption of ``subreaper`` besides: the Space has a
+cgroup ``<root>/spacesd-<label>-<hash>`` (named after its state directory, of bounded
+length) with one child per exec record, named by the record's id. The shim writes its own
+pid into its record's ``cgroup.procs`` before it forks the command, and nothing a process
+does (fork, setsid, exec, ``env -i``) takes it out of its cgroup, but for a root process
+writing its pid into another cgroup's ``cgroup.procs``: so the shims and the daemon are
+child subreapers here too, and such an escapee is still found by its shim's descent (or as
+the daemon's stray) and killed first. What no mechanism here can find: a root command that
+left its cgroup and whose shim and daemon are both dead (init adopted it); docker and
+microVM Spaces contain that too (``sandbox``: their PID 1 adopts every orphan, and a
+container's commands are not root). Killing: ``cgroup.kill`` (cgroup v2, Linux 5.14+), else
+freeze, SIGKILL every member, thaw, until it is empty (a frozen process cannot fork). The
+cgroups are made when a command starts; an empty record cgroup is removed once the daemon
+sees its tree gone, and the Space's with its last one (the local provider removes them all
+on ``restart`` and ``delete``). ``root``: the first writable of the cgroup v2 hierarchy and
+the v1 ``freezer`` one (from ``/proc/self/mountinfo``), or ``--cgroup-root`` (e.g. a cgroup
+delegated to a user).
 
 ``sandbox``: the Space is the whole machine (a container): spacesd is the child of
 ``spacesd.supervisor`` running as PID 1 of its own PID namespace, so every orphan becomes a
@@ -311,69 +316,6 @@ def _mount_of(path: str, mounts: list[_Mount]) -> _Mount:
     return max(under, key=lambda m: len(m.point))
 
 
-class Cgroup(Containment):
-    mode = "cgroup"
-
-    def __init__(self, space_dir: str) -> None:
-        #: The Space's cgroup; each record's is ``<space_dir>/<record id>``.
-        self.space_dir = space_dir
-        #: Between making a record's cgroup and removing an empty Space cgroup.
-        self._lock = threading.Lock()
-
-    @classmethod
-    def open(cls, state_dir: str, root: str | None) -> Cgroup:
-        """The Space's cgroup under ``root`` (default: the first writable hierarchy);
-        raises ``Unavailable``."""
-        mounts = _mounts()
-        roots = [os.path.realpath(root)] if root else \
-            [m.point for m in mounts if m.cgroup_version == 2] + \
-            [m.point for m in mounts if m.cgroup_version == 1]
-        problems = [] if roots else ["no cgroup v2 or v1 freezer hierarchy is mounted"]
-        for candidate in roots:
-            if _mount_of(candidate, mounts).cgroup_version is None:
-                problems.append(f"{candidate} is not in a cgroup v2 or v1 freezer hierarchy")
-                continue
-            if not os.path.isdir(candidate):
-                problems.append(f"{candidate} does not exist")
-            elif not os.access(candidate, os.W_OK | os.X_OK):
-                problems.append(f"{candidate} is not writable by uid {os.geteuid()}")
-            else:
-                return cls(os.path.join(candidate, space_cgroup_name(state_dir)))
-        raise Unavailable(
-            "--containment cgroup needs a writable cgroup hierarchy (cgroup v2, or v1 with "
-            f"the freezer controller): {'; '.join(problems)}. Run as root or delegate a "
-            "cgroup to this user and pass it with --cgroup-root; or choose --containment "
-            "subreaper")
-
-    def _dir(self, tree_id: str) -> str:
-        return os.path.join(self.space_dir, tree_id)
-
-    def shim_arg(self, tree_id: str) -> str:
-        path = self._dir(tree_id)
-        with self._lock:
-            os.makedirs(path, exist_ok=True)
-        return path
-
-    def members(self, trees: Sequence[Tree]) -> dict[str, list[int]]:
-        return {t.id: pids for t in trees if (pids := cgroup_pids(self._dir(t.id)))}
-
-    def kill(self, trees: Sequence[Tree], *, timeout: float = 5.0) -> set[str]:
-        deadline = time.monotonic() + timeout
-        return {t.id for t in trees
-                if kill_cgroup(self._dir(t.id), timeout=max(0.0, deadline - time.monotonic()))}
-
-    def release(self, tree_ids: Iterable[str]) -> None:
-        with self._lock:
-            # A busy one (not empty yet) is left to a later release or to the provider; the
-            # Space's goes only once it has no record cgroup left (rmdir refuses otherwise).
-            for path in [*(self._dir(tree_id) for tree_id in tree_ids), self.space_dir]:
-                with contextlib.suppress(OSError):
-                    os.rmdir(path)
-
-    def describe(self) -> dict[str, Any]:
-        return {"mode": self.mode, "cgroup": self.space_dir}
-
-
 # ------------------------------------------------------------------ sandbox, subreaper
 
 
@@ -503,17 +445,24 @@ class Sandbox(_Adopting):
         return _closure(_children(table), [1]) - ours
 
 
-class Subreaper(_Adopting):
-    """``adopting``: whether this process is a child subreaper (``open`` makes it one): only
-    then are the orphans among its children strays. A ``Daemon`` embedded in another process
-    (tests) uses ``Subreaper()`` without making its host one."""
-
-    mode = "subreaper"
+class _AdoptingHere(_Adopting):
+    """``adopting``: whether this process is a child subreaper: only then are the orphans
+    among its children strays. A ``Daemon`` embedded in another process (tests) is made
+    without making its host one."""
 
     def __init__(self) -> None:
         flag = ctypes.c_int(0)
         _prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(flag))
         self.adopting = bool(flag.value)
+
+    def _candidates(self, table: dict[int, procfs.Proc]) -> set[int]:
+        if not self.adopting:
+            return set()
+        return _closure(_children(table), [os.getpid()]) - {os.getpid()}
+
+
+class Subreaper(_AdoptingHere):
+    mode = "subreaper"
 
     @classmethod
     def open(cls) -> Subreaper:
@@ -521,10 +470,84 @@ class Subreaper(_Adopting):
         _prctl(_PR_SET_CHILD_SUBREAPER, 1)
         return cls()
 
-    def _candidates(self, table: dict[int, procfs.Proc]) -> set[int]:
-        if not self.adopting:
-            return set()
-        return _closure(_children(table), [os.getpid()]) - {os.getpid()}
+
+class Cgroup(_AdoptingHere):
+    """The Space's cgroup, and the adoption of ``subreaper`` besides: a command run as root
+    can write its own pid into another cgroup (``echo $$ > /sys/fs/cgroup/cgroup.procs``)
+    and so leave its record's cgroup, but not its shim's descent, since every shim and the
+    daemon are child subreapers here too. A tree is its cgroup and its shim's descendants;
+    a kill takes the adopted escapees first (while their shim lives), then the cgroup."""
+
+    mode = "cgroup"
+
+    def __init__(self, space_dir: str) -> None:
+        super().__init__()
+        #: The Space's cgroup; each record's is ``<space_dir>/<record id>``.
+        self.space_dir = space_dir
+        #: Between making a record's cgroup and removing an empty Space cgroup.
+        self._lock = threading.Lock()
+
+    @classmethod
+    def open(cls, state_dir: str, root: str | None) -> Cgroup:
+        """The Space's cgroup under ``root`` (default: the first writable hierarchy), this
+        process a child subreaper if it can be one; raises ``Unavailable``."""
+        mounts = _mounts()
+        roots = [os.path.realpath(root)] if root else \
+            [m.point for m in mounts if m.cgroup_version == 2] + \
+            [m.point for m in mounts if m.cgroup_version == 1]
+        problems = [] if roots else ["no cgroup v2 or v1 freezer hierarchy is mounted"]
+        for candidate in roots:
+            if _mount_of(candidate, mounts).cgroup_version is None:
+                problems.append(f"{candidate} is not in a cgroup v2 or v1 freezer hierarchy")
+                continue
+            if not os.path.isdir(candidate):
+                problems.append(f"{candidate} does not exist")
+            elif not os.access(candidate, os.W_OK | os.X_OK):
+                problems.append(f"{candidate} is not writable by uid {os.geteuid()}")
+            else:
+                with contextlib.suppress(Unavailable):  # else the cgroup alone (Linux < 3.4)
+                    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+                return cls(os.path.join(candidate, space_cgroup_name(state_dir)))
+        raise Unavailable(
+            "--containment cgroup needs a writable cgroup hierarchy (cgroup v2, or v1 with "
+            f"the freezer controller): {'; '.join(problems)}. Run as root or delegate a "
+            "cgroup to this user and pass it with --cgroup-root; or choose --containment "
+            "subreaper")
+
+    def _dir(self, tree_id: str) -> str:
+        return os.path.join(self.space_dir, tree_id)
+
+    def shim_arg(self, tree_id: str) -> str:
+        path = self._dir(tree_id)
+        with self._lock:
+            os.makedirs(path, exist_ok=True)
+        return path
+
+    def members(self, trees: Sequence[Tree]) -> dict[str, list[int]]:
+        adopted = super().members(trees)
+        found = {}
+        for t in trees:
+            if pids := sorted(set(cgroup_pids(self._dir(t.id))).union(adopted.get(t.id, ()))):
+                found[t.id] = pids
+        return found
+
+    def kill(self, trees: Sequence[Tree], *, timeout: float = 5.0) -> set[str]:
+        deadline = time.monotonic() + timeout
+        stuck = super().kill(trees, timeout=timeout)
+        return stuck | {t.id for t in trees
+                        if kill_cgroup(self._dir(t.id),
+                                       timeout=max(0.0, deadline - time.monotonic()))}
+
+    def release(self, tree_ids: Iterable[str]) -> None:
+        with self._lock:
+            # A busy one (not empty yet) is left to a later release or to the provider; the
+            # Space's goes only once it has no record cgroup left (rmdir refuses otherwise).
+            for path in [*(self._dir(tree_id) for tree_id in tree_ids), self.space_dir]:
+                with contextlib.suppress(OSError):
+                    os.rmdir(path)
+
+    def describe(self) -> dict[str, Any]:
+        return {"mode": self.mode, "cgroup": self.space_dir}
 
 
 def _prctl(option: int, arg: Any) -> None:

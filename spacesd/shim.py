@@ -17,9 +17,10 @@ command. A key reported ``lost`` therefore never starts later.
 Containment (``spacesd.containment``): before it forks the command, and after it won the
 claim, the shim enters the command's containment, named by ``CONTAIN``: a cgroup directory
 (the shim writes its pid into its ``cgroup.procs``, so the command and everything it starts
-are in that cgroup) or ``subreaper`` (the shim becomes a child subreaper, so the command's
-orphans are reparented to it, and after the command exited it reaps them until none is
-left: while the shim lives, they are its descendants). A shim that cannot enter it does not
+are in that cgroup) or ``subreaper``. Either way the shim becomes a child subreaper, so the
+command's orphans are reparented to it, and after the command exited it reaps them until
+none is left: while the shim lives, they are its descendants, even one that moved itself
+to another cgroup (root can). A shim that cannot enter it does not
 run the command: it writes why to the output and exits 127. The daemon always gives
 ``CONTAIN``; a shim run by hand without it enters none.
 
@@ -302,14 +303,15 @@ def _wake() -> None:
 
 
 def _contain(contain: str) -> None:
-    """Enter the command's containment (see the module docstring); raises OSError."""
-    if contain == SUBREAPER:
-        ctypes, libc = _libc()
-        if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0):
-            raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
-        return
-    with open(contain + "/cgroup.procs", "w") as f:
-        f.write(f"{os.getpid()}\n")
+    """Enter the command's containment (see the module docstring); raises OSError. A shim
+    adopts its command's orphans in every mode: in a cgroup too, as a root command can
+    leave its cgroup (``spacesd.containment.Cgroup``)."""
+    if contain != SUBREAPER:
+        with open(contain + "/cgroup.procs", "w") as f:
+            f.write(f"{os.getpid()}\n")
+    ctypes, libc = _libc()
+    if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0):
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
 
 
 def _main(argv: list[str]) -> None:
@@ -350,7 +352,7 @@ def _main(argv: list[str]) -> None:
     _write_exit(exit_path, status, failpoints, sync)
     out.ended()
     drain(pipe, out)
-    if contain == SUBREAPER:
+    if contain:
         _reap_all()
 
 

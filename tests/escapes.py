@@ -8,13 +8,18 @@ from pathlib import Path
 
 from backends.local import LocalSpace
 from backends.space_client import HttpSpaceClient
+from durable.errors import SpaceError
+from scenarios.steps import CGROUP_ESCAPE
 from spacesd import procfs
 
-#: Commands that each leave one escapee writing its pid to the file ``{f}``.
+#: Commands that each leave one escapee writing its pid to the file ``{f}``; the last also
+#: moves itself to the root cgroup of each hierarchy first, where it can (root).
 ESCAPES = {
     "setsid": "setsid sh -c 'echo $$ > {f}; exec sleep 1000' &",
     "double-fork": "( ( setsid sh -c 'echo $$ > {f}; exec sleep 1000' & ) & )",
     "env-i": "env -i setsid sh -c 'echo $$ > {f}; exec sleep 1000' &",
+    "cgroup-move": f"sh -c '{CGROUP_ESCAPE} exec env -i setsid sh -c "
+                   "\"echo \\$\\$ > {f}; exec sleep 1000\"' &",
 }
 
 
@@ -72,3 +77,33 @@ def start_escapes(client: HttpSpaceClient, space: LocalSpace, found: list[tuple[
         assert pgid not in stat_ids(proc[0]), f"{kind}: the escapee stayed in group {pgid}"
     assert not has_marker(out[prefix + "env-i"][0])
     return out
+
+
+def check_the_fence_kills_every_escape(client: HttpSpaceClient,
+                                       timeout: float = 120.0) -> None:
+    """In any Space (local, docker, microvm): one escapee of each of ``ESCAPES`` started at
+    ``client``'s epoch; ``advance_epoch`` one above must leave none of them alive, as the
+    Space itself sees (``kill -0`` from a command of the newer epoch)."""
+    pids = {}
+    for kind, command in ESCAPES.items():
+        key = f"escape-{kind}"
+        client.exec_start(key, command.format(f=f"{key}.pid"))
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                text = client.read_file(f"{key}.pid").decode().strip()
+            except SpaceError:
+                text = ""
+            if text:
+                pids[kind] = int(text)
+                break
+            assert time.monotonic() < deadline, f"{kind}: no escapee wrote {key}.pid"
+            time.sleep(0.05)
+    newer = client.with_epoch(client.epoch + 1)
+    newer.advance_epoch(newer.epoch)
+    probe = "; ".join(f"kill -0 {pid} 2>/dev/null && echo {kind}"
+                      for kind, pid in pids.items())
+    newer.exec_start("escape-probe", f"{probe}; true")
+    info = newer.exec_wait("escape-probe", timeout=timeout)
+    assert info.exit_code == 0 and info.output.split() == [], \
+        f"alive after advance_epoch: {info.output.split()}"

@@ -98,12 +98,12 @@ def kill_space_processes(state_dir: str, *, timeout: float = 10.0) -> None:
     then remove the Space's cgroup, if any (its daemon must be dead: the next one makes a
     new one).
 
-    The cgroup first, at once (``cgroup.kill`` or frozen); then several passes over the
-    rest, because a process may fork while its group is being killed."""
+    Several passes over all of them, the cgroup's members and the marked processes'
+    descendants alike, because a process may fork while its group is being killed; the
+    cgroup last (``cgroup.kill`` or frozen), for a fork that raced the passes. Not the
+    cgroup first: a root command that moved itself out of the cgroup is found only as a
+    descendant of its shim, which the cgroup's kill would end first."""
     cgroup = containment.space_cgroup(state_dir)
-    if cgroup and (left := containment.kill_cgroup(cgroup, timeout=timeout)):
-        raise TimeoutError(f"processes of {state_dir} in cgroup {cgroup} survived SIGKILL: "
-                           f"{left}")
     own_group = os.getpgrp()
     deadline = time.monotonic() + timeout
     while procs := space_processes(state_dir):
@@ -119,5 +119,8 @@ def kill_space_processes(state_dir: str, *, timeout: float = 10.0) -> None:
             except ProcessLookupError:
                 continue
         time.sleep(0.01)
+    if cgroup and (left := containment.kill_cgroup(cgroup, timeout=timeout)):
+        raise TimeoutError(f"processes of {state_dir} in cgroup {cgroup} survived SIGKILL: "
+                           f"{left}")
     if cgroup:
         containment.remove_cgroup(cgroup)

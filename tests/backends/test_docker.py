@@ -22,6 +22,7 @@ import pytest
 from durable.errors import SpaceError, SpaceNotFound, StaleEpochError
 from durable.spaces import Spaces
 from tests.backends.loss_contract import check_a_loss_is_one_instant
+from tests.escapes import check_the_fence_kills_every_escape
 
 pytestmark = pytest.mark.docker
 
@@ -274,6 +275,13 @@ def test_advance_epoch_kills_an_older_process_tree(spaces) -> None:
     with pytest.raises(StaleEpochError):
         old.exec_start("c:1:1@1", "echo x > g.txt")
     assert new.read_file("f.txt") == b"before" and new.stat("g.txt") is None
+
+
+def test_no_escape_survives_the_fence(spaces) -> None:
+    """setsid, a double fork, ``env -i`` and a move to the root cgroup (refused: the
+    commands are not root here) all die with their epoch."""
+    spaces.create("s")
+    check_the_fence_kills_every_escape(spaces.connect("s", epoch=1))
 
 
 def test_file_operations_stay_in_the_workspace(spaces) -> None:

@@ -16,7 +16,14 @@ import pytest
 
 from backends.local import LocalSpace, LocalSpaces
 from spacesd import containment, procfs
-from tests.escapes import ESCAPES, gone, read_pid, start_escapes
+from tests.escapes import (
+    ESCAPES,
+    check_the_fence_kills_every_escape,
+    gone,
+    has_marker,
+    read_pid,
+    start_escapes,
+)
 
 
 def cgroup_v2_root() -> str | None:
@@ -43,6 +50,11 @@ def spaces(tmp_path: Path, mode: str) -> Iterator[LocalSpaces]:
     provider = LocalSpaces(tmp_path / "spaces", daemon_args=args)
     yield provider
     provider.delete_all()
+
+
+def test_no_escape_survives_the_fence(spaces: LocalSpaces) -> None:
+    spaces.create("s")
+    check_the_fence_kills_every_escape(spaces.connect("s", epoch=1))
 
 
 def test_restart_kills_escapees(spaces: LocalSpaces, escapees: list) -> None:
@@ -145,3 +157,42 @@ def wait_for_a_parent_without_the_marker(pid: int, space: LocalSpace,
             return
         assert time.monotonic() < deadline, f"{pid} kept a parent of the Space"
         time.sleep(0.01)
+
+
+#: A root command that moves itself out of its record's cgroup into the hierarchy's root
+#: (writing its pid into ``{root}/cgroup.procs``), then leaves its group, session and marker.
+CGROUP_MOVE = ("echo $$ > {root}/cgroup.procs && exec env -i setsid sh -c "
+               "'echo $$ > {f}; exec sleep 1000'")
+
+
+@pytest.mark.parametrize("end", ["advance_epoch", "restart", "delete"])
+def test_a_root_command_that_left_the_cgroup_is_still_killed(
+        tmp_path: Path, escapees: list, end: str) -> None:
+    """The cgroup alone misses it: the shim's descent finds it (the shims adopt orphans in
+    cgroup mode too), for the fence and for the provider (found by a hostile-command test:
+    it survived ``advance_epoch`` and ``delete``)."""
+    root = cgroup_v2_root()
+    if root is None:
+        pytest.skip("no writable cgroup v2 hierarchy here (root needed)")
+    spaces = LocalSpaces(tmp_path / "spaces",
+                         daemon_args=["--containment", "cgroup", "--cgroup-root", root])
+    try:
+        spaces.create("s")
+        space = spaces.get("s")
+        client = spaces.connect("s", epoch=1)
+        client.exec_start("k", CGROUP_MOVE.format(root=root, f="k.pid"))
+        pid = read_pid(space.work / "k.pid")
+        started = procfs.start_time(pid)
+        assert started is not None
+        escapees.append((pid, started))
+        with open(f"/proc/{pid}/cgroup") as f:
+            assert "spacesd-" not in f.read(), "the command did not leave the Space's cgroup"
+        assert not has_marker(pid)
+        if end == "advance_epoch":
+            client.with_epoch(2).advance_epoch(2)
+            assert client.with_epoch(2).exec_status("k").state == "exited"
+        else:
+            getattr(spaces, end)("s")
+        assert gone((pid, started), timeout=0)
+    finally:
+        spaces.delete_all()

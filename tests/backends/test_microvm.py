@@ -17,6 +17,7 @@ import pytest
 
 from durable.errors import SpaceNotFound, StaleEpochError
 from tests.backends.loss_contract import check_a_loss_is_one_instant
+from tests.escapes import check_the_fence_kills_every_escape
 
 pytestmark = pytest.mark.microvm
 
@@ -205,3 +206,10 @@ def test_a_killed_daemon_comes_back_and_its_command_runs_on(vms) -> None:
 
 def test_a_loss_saves_the_state_of_its_instant(vms, tmp_path: Path) -> None:
     check_a_loss_is_one_instant(vms, "s", tmp_path / "lost")
+
+
+def test_no_escape_survives_the_fence(vms) -> None:
+    """setsid, a double fork, ``env -i`` and a root command's move to the root cgroup all
+    die with their epoch inside the guest."""
+    vms.create("s")
+    check_the_fence_kills_every_escape(vms.connect("s", epoch=1))
