@@ -17,6 +17,7 @@ arguments.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import sys
 from pathlib import Path
@@ -58,8 +59,9 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--spaces", required=True, metavar="MODULE:FACTORY",
                    help="the Spaces provider, e.g. backends.local:LocalSpaces")
     f.add_argument("--spaces-arg", action="append", default=[], metavar="KEY=VALUE")
-    f.add_argument("--session", default="review",
-                   help="the session name the fork's Space is named from")
+    f.add_argument("--session", default=None,
+                   help="the session name the fork's Space is named from (default: one per "
+                        "log, from its path)")
     f.add_argument("--mode", default="auto", choices=("auto", "transactional", "checkpoint"))
     return p
 
@@ -153,18 +155,41 @@ def _run(args: argparse.Namespace, log: Log) -> int:
 
 def _fork(args: argparse.Namespace, log: Log) -> int:
     spaces = load_spaces(args.spaces, pairs(args.spaces_arg, "--spaces-arg"))
+    # What the fork starts from must be there before anything is made: a conversation once
+    # forked stays in the log (it cannot be taken back).
+    state_at(log, args.conversation, args.entry, store=args.store)
     conv = log.fork(args.conversation, args.entry)
     store = DirectoryCheckpointStore(args.store) if args.store else None
-    adapter = durable_spaces(session=args.session, spaces=spaces,
+    adapter = durable_spaces(session=args.session or _session_of(args.log), spaces=spaces,
                              snapshots=WorkspaceSnapshots(spaces, "", store), mode=args.mode,
                              epoch=_epoch_above(log), fence=None)
-    client = adapter.space.ensure(log, conv, check_exists=True).client
     name = adapter.space_name(conv)
+    try:
+        client = adapter.space.ensure(log, conv, check_exists=True).client
+        entries = len(client.scan().entries)
+    except BaseException:
+        # Neither a Space nor its daemon is left behind; the conversation stays, inert.
+        try:
+            spaces.delete(name)
+        except Exception as exc:  # noqa: BLE001 - the build's error is the one to report
+            print(f"durable.review: the Space {name} could not be removed either ({exc}); "
+                  "delete it with its provider", file=sys.stderr)
+        print(f"durable.review: conversation {conv} was forked in the log, but its Space "
+              f"{name} could not be built (removed again); the conversation stays in the log "
+              "with no entries of its own: fork again once the cause below is fixed",
+              file=sys.stderr)
+        raise
     print(f"conversation {conv} forked from {args.conversation} at entry {args.entry}; "
-          f"its Space {name} holds the workspace as of that entry "
-          f"({len(client.scan().entries)} entries)")
+          f"its Space {name} holds the workspace as of that entry ({entries} entries)")
     print(f"  open a shell in it: {_shell_hint(spaces, name)}")
     return 0
+
+
+def _session_of(log_path: Path) -> str:
+    """The default session a fork's Space is named from: one per log (the forks of two
+    logs never share a Space name), from the log's absolute path."""
+    digest = hashlib.sha256(str(log_path.resolve()).encode()).hexdigest()[:10]
+    return f"review-{digest}"
 
 
 def _epoch_above(log: Log) -> int:

@@ -123,3 +123,57 @@ def test_a_hostile_state_is_refused_and_never_leaves_a_setuid_file(tmp_path: Pat
     assert (tmp_path / "ok" / "run").stat().st_mode & 0o7777 == 0o755
     with pytest.raises(DamagedBlob, match="not a sha256"):
         BlobStore(tmp_path / "blobs").get("/dev/zero")
+
+
+def _conversations(log: Path) -> list[int]:
+    from durable.log import Log
+    from durable.storage import SqliteStorage
+
+    reader = Log.open(SqliteStorage(log))
+    try:
+        return [c.id for c in reader.conversations()]
+    finally:
+        reader.close()
+
+
+def test_a_fork_that_fails_leaves_no_space_and_forks_nothing_it_cannot_build(
+        tmp_path: Path, local_spaces: LocalSpaces, capsys: pytest.CaptureFixture[str]) -> None:
+    """Checked before the fork: the workspace to start from (a checkpoint session without
+    its store forks nothing). After it: a Space that cannot be built is removed, daemon and
+    all, and the message says which conversation stays in the log."""
+    log = run_session(tmp_path, local_spaces, "checkpoint")
+    wrote, _edited, _ran = results(log)
+    before = _conversations(log)
+    forks = tmp_path / "forks"
+    assert main(["fork", str(log), "1", str(wrote), "--spaces", "backends.local:LocalSpaces",
+                 "--spaces-arg", f"base_dir={forks}"]) == 1
+    assert "pass --store DIR" in capsys.readouterr().err
+    assert _conversations(log) == before and LocalSpaces(forks).names() == []
+    assert main(["fork", str(log), "1", str(wrote), "--store", str(tmp_path / "store"),
+                 "--spaces", "tests.durable.failing_spaces:UnservedSpaces",
+                 "--spaces-arg", f"base_dir={forks}"]) == 1
+    err = capsys.readouterr().err
+    forked = _conversations(log)[-1]
+    assert f"conversation {forked} was forked in the log, but its Space" in err
+    assert "does not serve" in err
+    assert LocalSpaces(forks).names() == [], "the Space (and its daemon) were left"
+
+
+def test_forks_of_two_logs_get_spaces_of_their_own(tmp_path: Path) -> None:
+    """The default fork session is one per log: forks of conversation 1 of two logs once
+    shared the name ``cua-review-c<N>``."""
+    forks = LocalSpaces(tmp_path / "forks")
+    logs, sessions = [], []
+    for name in ("one", "two"):
+        sessions.append(LocalSpaces(tmp_path / name / "spaces"))
+        logs.append(run_session(tmp_path / name, sessions[-1], "transactional"))
+    try:
+        for log in logs:
+            wrote = results(log)[0]
+            assert main(["fork", str(log), "1", str(wrote), "--spaces",
+                         "backends.local:LocalSpaces", "--spaces-arg",
+                         f"base_dir={forks.base_dir}"]) == 0
+        assert len(forks.names()) == 2, forks.names()
+    finally:
+        for provider in (forks, *sessions):
+            provider.delete_all()
