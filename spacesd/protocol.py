@@ -81,7 +81,7 @@ class ExecInfo:
 
 @dataclass(frozen=True)
 class ScanEntry:
-    """One entry of the workspace state (``docs`` in the README: what every path keeps).
+    """One entry of the workspace state (docs/workloads.md says what every path keeps).
 
     ``path``: the name relative to the root, bytes that are not UTF-8 carried as
     ``os.fsdecode`` does (surrogate escapes), so any name Linux allows but NUL and '/'.

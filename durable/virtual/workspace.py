@@ -59,7 +59,7 @@ def over_limits(tree: Tree, limits: VirtualLimits) -> str | None:
 def rows_of(tree: Tree) -> dict[str, img.Row]:
     """The image rows of a virtual tree: its files and symlinks, and the directories their
     paths imply (0755; it keeps no empty directory, no mtime, no hardlink, no FIFO: the
-    README's table says what each kind of workspace keeps)."""
+    table of docs/workloads.md says what each kind of workspace keeps)."""
     rows = {p: img.Row("symlink", 0, n.data.decode("utf-8", "surrogateescape"))
             if n.kind == "symlink" else img.Row("file", n.mode, hashlib.sha256(n.data).hexdigest())
             for p, n in tree.items()}
