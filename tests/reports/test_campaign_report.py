@@ -7,20 +7,17 @@ restore), so the records, SUMMARY, plots and repro commands are the campaign's o
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from chaos.campaign import CampaignConfig, repro_command, run_campaign
 from reports.results import load
+from tests.reports.conftest import dump_dom
 
 BROKEN_DRIVER = Path(__file__).parents[1] / "chaos" / "broken_driver.py"
-CHROMIUM = Path("/usr/bin/chromium")
 
 
 @pytest.fixture(scope="module")
@@ -41,39 +38,13 @@ def _reports(*args: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=300, check=False)
 
 
-def _dump_dom(page: Path, profile: Path) -> str:
-    """The DOM of ``page`` after headless Chromium loaded it; the browser's whole process
-    group is killed if it hangs."""
-    argv = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync",
-            "--no-first-run", f"--user-data-dir={profile}", "--dump-dom", page.as_uri()]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            stdin=subprocess.DEVNULL, text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    assert proc.returncode == 0, f"chromium exited {proc.returncode}"
-    return out
-
-
-@pytest.fixture
-def chromium() -> Iterator[Path]:
-    if not CHROMIUM.exists():
-        pytest.skip(f"{CHROMIUM} is absent: install Debian's chromium "
-                    "(apt-get install -y chromium) to render the report")
-    yield CHROMIUM
-
-
 @pytest.mark.slow
 def test_the_html_report_renders_in_chromium(failing_campaign: Path, tmp_path: Path,
                                               chromium: Path) -> None:
     out = tmp_path / "report.html"
     done = _reports("html", str(failing_campaign), "--out", str(out))
     assert done.returncode == 0, done.stderr
-    dom = _dump_dom(out, tmp_path / "profile")
+    dom = dump_dom(out, tmp_path / "profile")
     assert "<h2 id=\"summary\">SUMMARY</h2>" in dom and ">verdict</td>" in dom
     assert '<img src="data:image/png;base64,' in dom
     failing = [r for r in load(failing_campaign).records if r["verdict"]["valid"] is not True]
