@@ -43,6 +43,18 @@ def mode(request) -> str:
 
 
 @pytest.fixture
+def cgroup_spaces(tmp_path: Path) -> Iterator[LocalSpaces]:
+    """A provider whose daemons run in cgroup mode on the writable cgroup v2 hierarchy."""
+    root = cgroup_v2_root()
+    if root is None:
+        pytest.skip("no writable cgroup v2 hierarchy here (root needed)")
+    provider = LocalSpaces(tmp_path / "spaces",
+                           daemon_args=["--containment", "cgroup", "--cgroup-root", root])
+    yield provider
+    provider.delete_all()
+
+
+@pytest.fixture
 def spaces(tmp_path: Path, mode: str) -> Iterator[LocalSpaces]:
     args = ["--containment", mode]
     if mode == "cgroup":
@@ -102,44 +114,37 @@ DAMAGE = {
 
 @pytest.mark.parametrize("damage", [None, *DAMAGE])
 def test_the_cgroup_finds_an_escapee_whose_every_ancestor_died(
-        tmp_path: Path, escapees: list, damage: str | None) -> None:
+        cgroup_spaces: LocalSpaces, escapees: list, damage: str | None) -> None:
     """Shim killed, daemon killed: nothing with the marker is left above the ``env -i``
     escapee (init adopted it); only the Space's cgroup still finds it, for ``restart`` and
     then for ``delete``, also when the dead daemon's ``containment.json`` is damaged (the
     provider then finds the cgroup by its name)."""
-    root = cgroup_v2_root()
-    if root is None:
-        pytest.skip("no writable cgroup v2 hierarchy here (root needed)")
-    spaces = LocalSpaces(tmp_path / "spaces",
-                         daemon_args=["--containment", "cgroup", "--cgroup-root", root])
-    try:
-        spaces.create("s")
-        space = spaces.get("s")
-        client = spaces.connect("s", epoch=1)
-        for n in range(2):
-            key = f"k{n}"
-            shim = client.exec_start(key, f"echo $$ > {key}.sh; until [ -f {key}.go ]; do "
-                                          f"sleep 0.02; done; {ESCAPES['env-i']}"
-                                          .format(f=f"{key}.pid")).pid
-            assert shim is not None
-            read_pid(space.work / f"{key}.sh")
-            spaces.kill_process("s", shim)
-            spaces.kill_daemon("s")
-            if damage is not None:
-                (space.state / containment.STATE_FILE).write_bytes(DAMAGE[damage])
-            (space.work / f"{key}.go").touch()
-            pid = read_pid(space.work / f"{key}.pid")
-            started = procfs.start_time(pid)
-            assert started is not None
-            escapees.append((pid, started))
-            wait_for_a_parent_without_the_marker(pid, space)
-            if n == 0:
-                spaces.restart("s")
-            else:
-                spaces.delete("s")
-            assert gone((pid, started), timeout=0)
-    finally:
-        spaces.delete_all()
+    spaces = cgroup_spaces
+    spaces.create("s")
+    space = spaces.get("s")
+    client = spaces.connect("s", epoch=1)
+    for n in range(2):
+        key = f"k{n}"
+        shim = client.exec_start(key, f"echo $$ > {key}.sh; until [ -f {key}.go ]; do "
+                                      f"sleep 0.02; done; {ESCAPES['env-i']}"
+                                      .format(f=f"{key}.pid")).pid
+        assert shim is not None
+        read_pid(space.work / f"{key}.sh")
+        spaces.kill_process("s", shim)
+        spaces.kill_daemon("s")
+        if damage is not None:
+            (space.state / containment.STATE_FILE).write_bytes(DAMAGE[damage])
+        (space.work / f"{key}.go").touch()
+        pid = read_pid(space.work / f"{key}.pid")
+        started = procfs.start_time(pid)
+        assert started is not None
+        escapees.append((pid, started))
+        wait_for_a_parent_without_the_marker(pid, space)
+        if n == 0:
+            spaces.restart("s")
+        else:
+            spaces.delete("s")
+        assert gone((pid, started), timeout=0)
 
 
 def wait_for_a_parent_without_the_marker(pid: int, space: LocalSpace,
@@ -167,32 +172,25 @@ CGROUP_MOVE = ("echo $$ > {root}/cgroup.procs && exec env -i setsid sh -c "
 
 @pytest.mark.parametrize("end", ["advance_epoch", "restart", "delete"])
 def test_a_root_command_that_left_the_cgroup_is_still_killed(
-        tmp_path: Path, escapees: list, end: str) -> None:
+        cgroup_spaces: LocalSpaces, escapees: list, end: str) -> None:
     """The cgroup alone misses it: the shim's descent finds it (the shims adopt orphans in
     cgroup mode too), for the fence and for the provider (found by a hostile-command test:
     it survived ``advance_epoch`` and ``delete``)."""
-    root = cgroup_v2_root()
-    if root is None:
-        pytest.skip("no writable cgroup v2 hierarchy here (root needed)")
-    spaces = LocalSpaces(tmp_path / "spaces",
-                         daemon_args=["--containment", "cgroup", "--cgroup-root", root])
-    try:
-        spaces.create("s")
-        space = spaces.get("s")
-        client = spaces.connect("s", epoch=1)
-        client.exec_start("k", CGROUP_MOVE.format(root=root, f="k.pid"))
-        pid = read_pid(space.work / "k.pid")
-        started = procfs.start_time(pid)
-        assert started is not None
-        escapees.append((pid, started))
-        with open(f"/proc/{pid}/cgroup") as f:
-            assert "spacesd-" not in f.read(), "the command did not leave the Space's cgroup"
-        assert not has_marker(pid)
-        if end == "advance_epoch":
-            client.with_epoch(2).advance_epoch(2)
-            assert client.with_epoch(2).exec_status("k").state == "exited"
-        else:
-            getattr(spaces, end)("s")
-        assert gone((pid, started), timeout=0)
-    finally:
-        spaces.delete_all()
+    spaces = cgroup_spaces
+    spaces.create("s")
+    space = spaces.get("s")
+    client = spaces.connect("s", epoch=1)
+    client.exec_start("k", CGROUP_MOVE.format(root=cgroup_v2_root(), f="k.pid"))
+    pid = read_pid(space.work / "k.pid")
+    started = procfs.start_time(pid)
+    assert started is not None
+    escapees.append((pid, started))
+    with open(f"/proc/{pid}/cgroup") as f:
+        assert "spacesd-" not in f.read(), "the command did not leave the Space's cgroup"
+    assert not has_marker(pid)
+    if end == "advance_epoch":
+        client.with_epoch(2).advance_epoch(2)
+        assert client.with_epoch(2).exec_status("k").state == "exited"
+    else:
+        getattr(spaces, end)("s")
+    assert gone((pid, started), timeout=0)
