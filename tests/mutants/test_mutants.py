@@ -212,7 +212,10 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "fence-kills-groups-only", "spacesd/exec_ledger.py",
         (("        stuck = self._containment.kill(self._trees(groups.values()))\n",
-          "        stuck: set[str] = set()\n"),),
+          "        stuck: set[str] = set()\n"),
+         # else what it left is the daemon's stray (it adopts orphans), killed all the same
+         ("            self._containment.kill_strays(self._trees(self._records.values()),\n"
+          "                                          spare=self._helpers())\n", "")),
         "the epoch fence kills an older command's process group but not what it left in a "
         "session of its own, which writes into the workspace after the fence",
         "stale-detached", "G1", "a setsid writer of a command the newer driver fenced"),
