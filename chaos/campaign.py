@@ -13,7 +13,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
@@ -253,24 +252,27 @@ def _pool(cfg: CampaignConfig, results: ResultsDir, note: live.Campaign) -> RunP
 def _run(cfg: CampaignConfig, results: ResultsDir, note: live.Campaign, t0: float,
          out: TextIO) -> int:
     records: list[dict[str, Any]] = []
-    with _pool(cfg, results, note) as pool:
-        specs, total, reachable = _specs(cfg, results.runs_dir, pool)
-        with Progress(total, title=cfg.mode) as progress:
-            interrupted = _drive(cfg, results, pool, specs, records, progress, out)
-    with sigint_deferred() as late:  # a Ctrl-C now would cut the SUMMARY short
+    with SigintHold() as hold:
+        with _pool(cfg, results, note) as pool:
+            specs, total, reachable = _specs(cfg, results.runs_dir, pool)
+            with Progress(total, title=cfg.mode) as progress:
+                interrupted = _drive(cfg, results, pool, specs, records, progress, out, hold)
         code = publish(cfg, results, records, time.time() - t0, reachable=reachable,
                        interrupted=interrupted, out=out)
-    if not late:
+    if not hold.came:
         return code
-    print("chaos: interrupted while the SUMMARY was written (it was written whole, of every "
+    print("chaos: interrupted after the runs ended (the SUMMARY was written whole, of every "
           "run)", file=sys.stderr, flush=True)
     return EXIT["interrupted"]
 
 
 def _drive(cfg: CampaignConfig, results: ResultsDir, pool: RunPool, specs: Iterator[RunSpec],
-           records: list[dict[str, Any]], progress: Progress, out: TextIO) -> bool:
+           records: list[dict[str, Any]], progress: Progress, out: TextIO,
+           hold: SigintHold) -> bool:
     """Run ``specs`` on ``pool`` to the end, or until Ctrl-C (then end the runs in flight),
-    recording each finished run in ``records`` and ``results``; whether interrupted."""
+    recording each finished run in ``records`` and ``results``; whether interrupted. Ctrl-C
+    is held off (``hold``) from the moment the runs are over, so that the closing of the
+    pool and the SUMMARY are never cut short."""
     taken: dict[int, RunSpec] = {}  # exhaustive: the runs whose lead may be retried
 
     def finished(record: dict[str, Any]) -> bool:
@@ -304,6 +306,7 @@ def _drive(cfg: CampaignConfig, results: ResultsDir, pool: RunPool, specs: Itera
                 if cfg.mode == "exhaustive":
                     taken[spec.index] = spec
             if not pool.in_flight():
+                hold.hold()
                 return False
             for record in pool.finished(timeout=1.0):
                 stop = (finished(record) and cfg.stop_on_failure) or stop
@@ -315,22 +318,30 @@ def _drive(cfg: CampaignConfig, results: ResultsDir, pool: RunPool, specs: Itera
         while pool.in_flight() and time.time() < deadline:
             for record in pool.finished(timeout=max(0.0, deadline - time.time())):
                 finished(record)
+        hold.hold()
         return True
 
 
-@contextmanager
-def sigint_deferred() -> Iterator[list[int]]:
-    """Hold off Ctrl-C (in the main thread) until the block ends; the list it yields is
-    non-empty after the block if one came meanwhile."""
-    came: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield came
-        return
-    before = signal.signal(signal.SIGINT, lambda signum, _frame: came.append(signum))
-    try:
-        yield came
-    finally:
-        signal.signal(signal.SIGINT, before)
+class SigintHold:
+    """Ctrl-C raises ``KeyboardInterrupt`` (in the main thread) until ``hold()``; from then
+    until the block ends it is only noted in ``came``. Holding from inside the code that
+    decides the work is over leaves no instant where a Ctrl-C escapes half-way."""
+
+    def __init__(self) -> None:
+        self.came: list[int] = []
+        self._before: Any = None
+
+    def hold(self) -> None:
+        if self._before is None and threading.current_thread() is threading.main_thread():
+            self._before = signal.signal(signal.SIGINT,
+                                         lambda signum, _frame: self.came.append(signum))
+
+    def __enter__(self) -> SigintHold:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._before is not None:
+            signal.signal(signal.SIGINT, self._before)
 
 
 #: How many times an exhaustive run is tried before its (point, occurrence) counts as not

@@ -4,6 +4,7 @@ seconds with the finished runs' records and a SUMMARY of them."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -19,6 +20,9 @@ from typing import Any
 import pytest
 
 from backends.local import LocalSpaces
+from chaos import campaign
+from chaos.progress import Progress
+from chaos.run_pool import LocalPool
 from chaos.summary import parse_summary
 from spacesd import procfs
 
@@ -226,6 +230,39 @@ def test_ctrl_c_at_any_moment_exits_130_and_leaves_nothing(tmp_path: Path) -> No
                        for line in out.splitlines()), (moment, out)
         time.sleep(0.3)
         assert _campaign_pids(str(results)) == [], moment
+
+
+@pytest.mark.parametrize("moment", ["progress closes", "pool closes", "SUMMARY begins"])
+def test_ctrl_c_once_the_runs_are_over_still_prints_the_whole_summary(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, moment: str) -> None:
+    """A real SIGINT at each step between the last run's end and the SUMMARY (the window
+    that ``Ctrl-C at runs 3 +0.0s`` hit by chance, once, in CI): exit 130 with the
+    SUMMARY of every run, never a KeyboardInterrupt out of the campaign."""
+    owner, name = {"progress closes": (Progress, "__exit__"),
+                   "pool closes": (LocalPool, "__exit__"),
+                   "SUMMARY begins": (campaign, "publish")}[moment]
+    original = getattr(owner, name)
+
+    def interrupted_first(*args: Any, **kw: Any) -> Any:
+        os.kill(os.getpid(), signal.SIGINT)
+        return original(*args, **kw)
+
+    monkeypatch.setattr(owner, name, interrupted_first)
+    # whatever this worker does with SIGINT, the campaign meets Ctrl-C as a terminal sends it
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    out = io.StringIO()
+    try:
+        code = campaign.run_campaign(campaign.CampaignConfig(
+            results_root=tmp_path / "results", jobs=2, runs=2, mode="checkpoint"), out)
+    except KeyboardInterrupt:
+        pytest.fail(f"Ctrl-C as the {moment} escaped the campaign: no SUMMARY")
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert code == 130, out.getvalue()
+    summary = [line for line in out.getvalue().splitlines() if line.startswith("SUMMARY ")]
+    assert len(summary) == 1, out.getvalue()
+    assert parse_summary(summary[0])["runs"] == "2"
+    assert summary[0].endswith("verdict=valid"), summary[0]
 
 
 def test_a_sigkilled_campaign_leaves_nothing_after_chaos_clean(tmp_path: Path) -> None:
