@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from just_bash import InMemoryFs
@@ -109,6 +109,8 @@ async def _run(tree: Tree, command: str, limits: ShellLimits, seconds: float) ->
     from just_bash.commands import create_command_registry
     from just_bash.interpreter import ExecutionLimitError
 
+    from .bounded_commands import BoundedAwk, BoundedSeq
+
     fs = InMemoryFs()
     await fs.mkdir(ROOT, recursive=True)
     for path, node in sorted(tree.items()):
@@ -121,12 +123,12 @@ async def _run(tree: Tree, command: str, limits: ShellLimits, seconds: float) ->
             await fs.write_file(full, node.data)
             await fs.chmod(full, node.mode)
     commands = create_command_registry(include_network=False)
-    commands["seq"] = _BoundedSeq(commands["seq"])
+    commands["seq"] = BoundedSeq(commands["seq"])
+    commands["awk"] = BoundedAwk(limits.max_loop_iterations)
     bash = Bash(fs=fs, cwd=ROOT, env={}, unescape_html=False, commands=commands,
                 limits=ExecutionLimits(
         max_command_count=limits.max_commands,
         max_loop_iterations=limits.max_loop_iterations,
-        max_awk_iterations=limits.max_loop_iterations,
         max_sed_iterations=limits.max_loop_iterations))
     exit_code: int | None
     timed_out, limit, output = False, None, ""
@@ -156,43 +158,6 @@ async def _run(tree: Tree, command: str, limits: ShellLimits, seconds: float) ->
                  "Space for such a workspace")
         exit_code = 126 if exit_code == 0 else exit_code
     return ShellRun(exit_code, output, timed_out, limit, tree)
-
-
-#: just-bash's ``seq`` stops at this many numbers without a word.
-SEQ_CAP = 100_000
-
-
-class _BoundedSeq:
-    """just-bash's ``seq``, which silently stops at ``SEQ_CAP`` numbers: when it stopped
-    short of LAST the call ends at a limit, named, instead of going on with part of the
-    sequence."""
-
-    name = "seq"
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-
-    async def execute(self, args: list[str], ctx: Any) -> Any:
-        from just_bash.interpreter import ExecutionLimitError
-
-        result = await self.inner.execute(args, ctx)
-        numbers = [a for a in args if _is_number(a)]
-        printed = result.stdout.split()
-        if result.exit_code == 0 and len(printed) >= SEQ_CAP and numbers and \
-                _is_number(printed[-1]) and float(printed[-1]) != float(numbers[-1]):
-            # The whole call ends, as at any limit: in a pipeline an error of seq's own
-            # would be lost and the rest would run on a cut sequence.
-            raise ExecutionLimitError(f"seq {' '.join(args)}: more than {SEQ_CAP} numbers",
-                                      "seq")
-        return result
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
 
 
 async def _tree_of(fs: InMemoryFs, unkept: list[str]) -> Tree:

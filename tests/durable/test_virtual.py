@@ -245,6 +245,43 @@ def test_each_limit_ends_the_call_with_an_error_naming_it() -> None:
     assert results[6] == {**results[6], "is_error": False, "content": "fine\n"}
 
 
+#: awk loops just-bash 0.2 got wrong with exit 0: an unbraced body did nothing, ``break``,
+#: ``continue`` and ``do`` were ignored, and every loop stopped at 10000 iterations.
+AWK_LOOPS = [
+    "BEGIN { while (i < 5) i++; print i }",
+    "BEGIN { for (i = 0; i < 5; i++) n += i; print n }",
+    "BEGIN { for (;;) { n++; if (n > 3) break }; print n }",
+    "BEGIN { while (1) { n++; if (n > 7) break; if (n % 2) continue; e++ }; print n, e }",
+    "BEGIN { do { n++ } while (n < 3); print n }",
+    "BEGIN { do { n++ } while (0); print n }",
+    "BEGIN { for (i = 0; i < 3; i++) for (j = 0; j < 2; j++) n++; print n }",
+    "{ for (i = 1; i <= NF; i++) n++ } END { print n, NR }",
+]
+
+
+def test_awk_loops_run_as_awk_runs_them_and_an_endless_one_ends_at_the_named_limit() -> None:
+    """Each loop prints what the host's awk prints; a loop past ``max_loop_iterations``
+    (an endless ``while``, a ``for`` of 20000) ends the call with the limit named, where
+    just-bash stopped it silently at 10000 and exited 0."""
+    v = virtual(limits=VirtualLimits(shell=ShellLimits(max_loop_iterations=10_000)),
+                initial={"in.txt": Node("file", 0o644, b"a b c\nd e\n")})
+    _h, results = play(None, v, [
+        *[("bash", {"command": f"awk '{program}' in.txt"}) for program in AWK_LOOPS],
+        ("bash", {"command": "awk 'BEGIN { while (1) i++; print i }'"}),
+        ("bash", {"command": "awk 'BEGIN { for (i = 0; i < 20000; i++) n++; print n }'"}),
+        ("bash", {"command": "awk 'BEGIN { break }'"}),
+    ])
+    for program, result in zip(AWK_LOOPS, results, strict=False):
+        real = subprocess.run(["awk", program], input="a b c\nd e\n", capture_output=True,
+                              text=True, check=True).stdout
+        assert result == {**result, "is_error": False, "content": real}, program
+    for endless in results[len(AWK_LOOPS):len(AWK_LOOPS) + 2]:
+        assert endless["is_error"], endless
+        assert "a loop ran 10000 iterations" in endless["content"], endless
+        assert "max_loop_iterations=10000" in endless["content"], endless
+    assert results[-1]["is_error"] and "outside a loop" in results[-1]["content"]
+
+
 def test_workspace_tools_for_a_loop_of_your_own() -> None:
     v = virtual()
     tools = workspace_tools(v)
