@@ -226,6 +226,11 @@ SLICES: tuple[Slice, ...] = (
           {"mode": "exhaustive", "durable_mode": "transactional", **COMMANDS,
            "points": ("space.running", "space.exited", "space.file_op",
                       "spacesd.exec.exit_writing")}),
+    Slice("exhaustive-files", "a kill before and after every file call's change reached the "
+          "Space (before its outcome was recorded): an edit whose write landed must not be "
+          "applied twice, then one fault during recovery",
+          {"mode": "exhaustive", "durable_mode": "transactional", "preset": "ci-auto",
+           "seed_base": 1, "points": ("space.file_op", "space.file_written")}),
     Slice("exhaustive-calls", "a kill after every call's tool returned, after every "
           "command exited and after every outcome was recorded, in checkpoint mode",
           {"mode": "exhaustive", "durable_mode": "checkpoint", **COMMANDS,

@@ -126,6 +126,7 @@ def reachable_points(scenario: Scenario, durable_mode: str) -> dict[str, int]:
            "call.result": steps, "space.start_mark": len(space),
            "space.before_spawn": len(bash), "space.running": len(bash),
            "space.exited": len(bash), "space.file_op": len(files),
+           "space.file_written": len(files),
            "spacesd.exec.recorded": len(bash), "spacesd.exec.spawned": len(bash),
            "spacesd.exec.exit_writing": len(bash), "spacesd.advance.persisted": 1}
     if durable_mode != "transactional":
@@ -224,6 +225,7 @@ def on_machine(plan: FaultPlan, *, durable_checkpoints: bool) -> FaultPlan:
 VIRTUAL_POINT = {"space.start_mark": "call.intent",
                  "space.before_spawn": "virtual.ran", "space.running": "virtual.ran",
                  "space.exited": "virtual.ran", "space.file_op": "virtual.ran",
+                 "space.file_written": "virtual.ran",
                  "spacesd.exec.recorded": "virtual.ran", "spacesd.exec.spawned": "virtual.ran",
                  "spacesd.exec.exit_writing": "virtual.ran",
                  "space.outcome": "call.returned", "checkpoint.before": "call.returned",

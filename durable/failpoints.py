@@ -36,6 +36,7 @@ POINTS: dict[str, str] = {
     "space.running": "the command is running in the Space",
     "space.exited": "the command exited; its outcome is not recorded",
     "space.file_op": "a file tool is about to change the Space",
+    "space.file_written": "a file tool changed the Space; its outcome is not recorded",
     "space.outcome": "the call's outcome (and image diff) is committed",
     "checkpoint.before": "a checkpoint is about to be taken",
     "checkpoint.during": "the checkpoint exists in the Space; not yet copied to the store",

@@ -80,6 +80,7 @@ class CallRunner:
         else:
             failpoint("space.file_op", call=ctx.call_id, tool=tool)
             result, written = _file_op(handle.client, tool, args)
+            failpoint("space.file_written", call=ctx.call_id, tool=tool)
         return self.settle(ctx, handle, mode, tool, result, written)
 
     def stream(self, ctx: CallContext, handle: SpaceHandle, key: str, info: ExecInfo,

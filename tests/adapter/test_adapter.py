@@ -289,6 +289,9 @@ LONG = ("bash", {"command": "sleep 5; printf 'long\\n' >> log.txt"})
     ("checkpoint", LONG, "space.running", [("restored", "fenced"), ("interrupted", "fenced")]),
     ("transactional", WRITE, "space.file_op", [("reverted", "file_cut")]),
     ("checkpoint", EDIT, "space.file_op", [("restored", "file_cut")]),
+    # the edit reached the Space, its outcome did not reach the log: undone, then run once
+    ("transactional", EDIT, "space.file_written", [("reverted", "file_cut")]),
+    ("checkpoint", EDIT, "space.file_written", [("restored", "file_cut")]),
     ("checkpoint", APPEND, "space.outcome", [("adopted", "outcome_recorded")]),
 ])
 def test_recovery_events_carry_tool_cause_and_epoch(

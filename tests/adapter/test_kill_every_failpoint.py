@@ -22,7 +22,7 @@ from chaos.summary import parse_summary
 EXPECTED_POINTS = {
     "transactional": {"call.begin", "call.intent", "call.returned", "call.result",
                       "space.start_mark", "space.before_spawn", "space.running",
-                      "space.exited", "space.file_op"},
+                      "space.exited", "space.file_op", "space.file_written"},
 }
 EXPECTED_POINTS["checkpoint"] = EXPECTED_POINTS["transactional"] | {
     "space.outcome", "checkpoint.before", "checkpoint.during", "checkpoint.after"}

@@ -175,6 +175,17 @@ MUTANTS: tuple[Mutant, ...] = (
         "transactional recovery reruns an unknown call without reverting the workspace",
         "exhaustive-transactional", "G1", "reverted bash daemon_lost (the append's shim died)"),
     Mutant(
+        "file-cut-rerun", "durable/adapter/decide.py",
+        (("    return _unknown(facts, \"file_cut\" if facts.same_generation else "
+          "\"space_lost\")\n",
+          "    if facts.tool == \"file\" and facts.same_generation:\n"
+          "        return Decision(\"run\", \"no_start_mark\")\n"
+          "    return _unknown(facts, \"file_cut\" if facts.same_generation else "
+          "\"space_lost\")\n"),),
+        "a file call cut before its outcome was recorded is simply run again (a file tool "
+        "seems idempotent), so an edit whose write had landed is applied to its own result",
+        "exhaustive-files", "G5", "reverted file file_cut (a kill at space.file_written)"),
+    Mutant(
         "restore-skipped", "durable/adapter/recovery.py",
         (("            self.checkpoints.restore(call.handle.client, call.checkpoint)\n", ""),),
         "checkpoint recovery of an unknown call does not restore the checkpoint",
