@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections.abc import Iterator
 from typing import Any
 
 from just_bash.commands.awk.awk import AwkCommand, AwkState
@@ -161,18 +162,9 @@ def _header_and_body(stmt: str, keyword: str) -> tuple[str, str]:
 def _closing(text: str, start: int, opening: str, closing: str) -> int:
     """The index of the ``closing`` that matches the ``opening`` at ``start``, skipping
     string literals."""
-    depth, in_string, escaped = 0, False, False
-    for i in range(start, len(text)):
-        char = text[i]
-        if escaped:
-            escaped = False
-        elif char == "\\":
-            escaped = True
-        elif char == '"':
-            in_string = not in_string
-        elif in_string:
-            continue
-        elif char == opening:
+    depth = 0
+    for i, char in _code(text, start):
+        if char == opening:
             depth += 1
         elif char == closing:
             depth -= 1
@@ -183,21 +175,31 @@ def _closing(text: str, start: int, opening: str, closing: str) -> int:
 
 def _split_top_level(text: str, separator: str) -> list[str]:
     """``text`` split at each ``separator`` outside parentheses and string literals."""
-    parts, depth, in_string, escaped, current = [], 0, False, False, ""
-    for char in text:
+    parts, depth, begin = [], 0, 0
+    for i, char in _code(text):
+        if char in ("(", "["):
+            depth += 1
+        elif char in (")", "]"):
+            depth -= 1
+        elif char == separator and depth == 0:
+            parts.append(text[begin:i])
+            begin = i + 1
+    return [*parts, text[begin:]]
+
+
+def _code(text: str, start: int = 0) -> Iterator[tuple[int, str | None]]:
+    """Each index of ``text`` from ``start``, with its character, or None where it is part
+    of a string literal or an escape."""
+    in_string, escaped = False, False
+    for i in range(start, len(text)):
+        char = text[i]
         if escaped:
             escaped = False
         elif char == "\\":
             escaped = True
         elif char == '"':
             in_string = not in_string
-        elif not in_string and char in "([":
-            depth += 1
-        elif not in_string and char in ")]":
-            depth -= 1
-        elif not in_string and depth == 0 and char == separator:
-            parts.append(current)
-            current = ""
+        else:
+            yield i, None if in_string else char
             continue
-        current += char
-    return [*parts, current]
+        yield i, None
