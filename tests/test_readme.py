@@ -50,6 +50,22 @@ def test_every_python_block_runs(tmp_path: Path) -> None:
     assert any("['count.txt', 'notes.txt']" in o for o in outs.get("virtual.md", [])), outs
 
 
+def test_every_workload_example_is_a_workload() -> None:
+    """A YAML block of the README or docs/ that lists ``calls:`` is a workload file the
+    campaign takes as written (the README's and docs/workloads.md's examples)."""
+    import yaml
+
+    from scenarios.workload import parse
+
+    blocks = [(page.name, block) for page in PAGES
+              for block in re.findall(r"^```yaml\n(.*?)^```", page.read_text(), re.S | re.M)
+              if "\ncalls:" in block]
+    assert {name for name, _ in blocks} >= {"README.md", "workloads.md"}, blocks
+    for name, block in blocks:
+        workload = parse(yaml.safe_load(block), name)
+        assert workload.calls, (name, block)
+
+
 def test_every_summary_example_has_the_keys_its_mode_prints() -> None:
     """A SUMMARY line in the README or docs/ is output as the code prints it for its mode and
     backend: the same keys in the same order, none cut out."""
