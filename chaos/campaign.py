@@ -103,6 +103,8 @@ class CampaignConfig:
     #: Redrive mode only: coordinators per run sharing its store (default: 2 with a
     #: PostgreSQL store, else 1).
     coordinators: int | None = None
+    #: The drivers' log storage, each with its fence: ``sqlite`` or ``jsonl``.
+    log_storage: str = "sqlite"
 
     @property
     def coordinator_count(self) -> int:
@@ -181,7 +183,8 @@ def _specs(cfg: CampaignConfig, work: Path, pool: RunPool
                    steps=cfg.steps, work_dir=work, keep=cfg.keep, driver=cfg.driver,
                    stale_kind=cfg.stale_kind, redrive_kind=cfg.redrive_kind,
                    snapshots=cfg.snapshots,
-                   redrive_store=cfg.store, coordinators=cfg.coordinator_count)
+                   redrive_store=cfg.store, coordinators=cfg.coordinator_count,
+                   log_storage=cfg.log_storage)
     if cfg.mode != "exhaustive":
         drawn = 0 if cfg.plans and cfg.runs is None else cfg.runs or DEFAULT_RUNS
         seeds = cfg.seeds or range(cfg.seed_base, cfg.seed_base + drawn)

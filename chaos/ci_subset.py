@@ -202,6 +202,9 @@ SLICES: tuple[Slice, ...] = (
     Slice("stale", "an older driver parked mid-call is fenced and changes nothing, whether it "
           "resumes after the newer one finished or right after it opened the log",
           {"mode": "stale", "steps": 5, "seeds": (7, 6, 8, 21, 3, 1)}),
+    Slice("stale-jsonl", "the same on the JSONL log and its file fence: a parked older "
+          "driver's commits are refused once a newer one opened the log",
+          {"mode": "stale", "steps": 5, "seeds": (7, 6, 8, 21, 3, 1), "log_storage": "jsonl"}),
     Slice("stale-foreign", "a second session on the same Spaces provider: another one beside "
           "the run's, or a new log of this session on the Space an earlier log left a command "
           "running in at the same epoch", {"mode": "stale", "stale_kind": "foreign", "steps": 5,

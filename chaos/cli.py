@@ -30,6 +30,7 @@ import traceback
 from pathlib import Path
 from typing import NoReturn
 
+from durable.session_log import LOG_NAMES
 from scenarios import PresetError, WorkloadError
 
 from . import progress
@@ -70,6 +71,8 @@ def _one_run(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--redrive-kind", choices=REDRIVE_KINDS, default=None)
     p.add_argument("--store", default=None, metavar="URL",
                    help="redrive: a PostgreSQL server for the coordinator store")
+    p.add_argument("--log", choices=tuple(LOG_NAMES), dest="log_storage", default="sqlite",
+                   help="with --seed: the drivers' log storage")
     p.add_argument("--any-code", action="store_true",
                    help="replay a run made by other code than this checkout's (refused "
                    "otherwise: it would drive a different system)")
@@ -124,6 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--coordinators", type=int, default=None,
                      help="redrive mode: coordinators sharing each run's store (default: 2 "
                           "with --store, else 1)")
+    run.add_argument("--log", choices=tuple(LOG_NAMES), dest="log_storage",
+                     default=os.environ.get("CRASH_LOG") or "sqlite",
+                     help="the drivers' log: SQLite with its exact fence (default), or JSONL "
+                          "with the file fence")
     run.add_argument("--stop-on-failure", action="store_true",
                      help="start no more runs once one failed")
     run.add_argument("--shard", default=os.environ.get("CRASH_SHARD") or None,
@@ -180,7 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     wl_sub = wl.add_subparsers(dest="workload_command", required=True)
     wfl = wl_sub.add_parser("from-log", help="write the workload of the tool calls a durable "
                             "log committed (a session's SQLite log)")
-    wfl.add_argument("log", type=Path, help="the log: a driver's state/log.sqlite")
+    wfl.add_argument("log", type=Path, help="the log: a driver's state/log.sqlite (or the "
+                     "directory state/log of a JSONL log)")
     wfl.add_argument("--out", type=Path, default=None, help="where to write it (default: stdout)")
     wfl.add_argument("--name", default=None, help="the workload's name (default: the log's)")
     wfl.add_argument("--no-probe", action="store_true",

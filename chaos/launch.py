@@ -13,6 +13,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from durable.session_log import LOG_STORAGE_ENV
+
 from . import live
 from .driver import SPACE_FAILPOINTS_ENV
 from .processes import python_argv
@@ -52,12 +54,13 @@ def driver_argv(spec: RunSpec, run_dir: Path, other: OtherSession | None) -> lis
 
 
 def driver_env(*, session: str, epoch: int, state_dir: Path, heartbeat: float,
-               failpoints: str | None) -> dict[str, str]:
+               failpoints: str | None, log_storage: str) -> dict[str, str]:
     """The environment of a driver of ``session`` at ``epoch``: this process's, with the
     session's variables, and this interpreter's import path."""
     env = {**os.environ, live.RUNNER_PID_ENV: str(os.getpid()),
            "CUA_SESSION_NAME": session, "CUA_SESSION_EPOCH": str(epoch),
            "CUA_STATE_DIR": str(state_dir), "CUA_SESSION_HEARTBEAT_SECS": str(heartbeat),
+           LOG_STORAGE_ENV: log_storage,
            "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     env.pop("CUA_FAILPOINTS", None)
     env.pop(SPACE_FAILPOINTS_ENV, None)

@@ -17,8 +17,8 @@ from durable.adapter.image import Image
 from durable.adapter.state import RECOVERY_KEY
 from durable.errors import SpaceError
 from durable.log import ROOT_CONVERSATION, Log
-from durable.session_driver import session_log
-from durable.storage.sqlite import EpochHistory, SqliteStorage
+from durable.session_log import open_for_audit
+from durable.storage.epochs import EpochHistory
 from durable.virtual import Tree, virtual
 from durable.virtual.workspace import rows_of
 from scenarios.host_tools import read_effects
@@ -166,7 +166,7 @@ class _LogFacts:
 
 
 def _log_facts(run_dir: Path, epoch: int) -> _LogFacts:
-    storage = SqliteStorage(session_log(run_dir / "state"))
+    storage = open_for_audit(run_dir / "state")
     history = storage.epoch_history()
     epoch = max([epoch, *(raised[0] for raised in history.raises)])
     log = Log.open(storage)
@@ -195,7 +195,7 @@ def observe_virtual(run_dir: Path, initial: Tree, *, session: str, epoch: int,
     There is no Space, so no exec ledger or fence records: G2 and G3 have nothing to audit
     (``ledgers=[]``), G1 and G5 carry the run."""
     facts = _log_facts(run_dir, epoch)
-    log = Log.open(SqliteStorage(session_log(run_dir / "state")))
+    log = Log.open(open_for_audit(run_dir / "state"))
     try:
         tree = virtual(initial=initial).snapshot(log, ROOT_CONVERSATION)
     finally:

@@ -196,7 +196,7 @@ class Redrive:
     def coordinator_env(self) -> dict[str, str]:
         """The run's driver environment without a session: the coordinator sets those."""
         env = driver_env(session="-", epoch=1, state_dir=self.run.dir, heartbeat=HEARTBEAT_S,
-                         failpoints=self.rv.address)
+                         failpoints=self.rv.address, log_storage=self.run.spec.log_storage)
         for key in ("CUA_SESSION_NAME", "CUA_SESSION_EPOCH", "CUA_STATE_DIR",
                     "CUA_SESSION_HEARTBEAT_SECS", live.RUNNER_PID_ENV):
             env.pop(key, None)

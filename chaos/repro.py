@@ -57,7 +57,8 @@ def stored_spec(results_dir: Path, index: int | None, store_url: str | None = No
                    driver=campaign.get("driver", "chaos.driver"),
                    stale_kind=record.get("stale_kind") or "race",
                    redrive_kind=campaign.get("redrive_kind"), redrive_store=store,
-                   coordinators=campaign.get("coordinators") or 1 if store else 1)
+                   coordinators=campaign.get("coordinators") or 1 if store else 1,
+                   log_storage=campaign.get("log_storage") or "sqlite")
 
 
 def drawn_spec(args: argparse.Namespace) -> RunSpec:
@@ -73,7 +74,7 @@ def drawn_spec(args: argparse.Namespace) -> RunSpec:
                    preset=cfg.preset_name, steps=args.steps,
                    work_dir=Path("results") / "repro", keep=True, stale_kind=args.stale_kind,
                    redrive_kind=args.redrive_kind, redrive_store=args.store,
-                   coordinators=cfg.coordinator_count)
+                   coordinators=cfg.coordinator_count, log_storage=args.log_storage)
 
 
 def repro(args: argparse.Namespace) -> int:

@@ -14,6 +14,7 @@ import os
 import re
 from pathlib import Path
 
+from durable.session_log import LOG_NAMES
 from scenarios import load, scenario_of, workload
 from scenarios.preset import MAX_STEPS
 
@@ -84,6 +85,11 @@ def _snapshots(args: argparse.Namespace) -> str:
     return str(args.snapshots)
 
 
+def _log_storage(args: argparse.Namespace) -> str:
+    _env_choice("--log", args.log_storage, "CRASH_LOG", tuple(LOG_NAMES))
+    return str(args.log_storage)
+
+
 def _store(args: argparse.Namespace) -> str | None:
     if args.store is None:
         return None
@@ -151,6 +157,7 @@ def campaign_config(args: argparse.Namespace) -> CampaignConfig:
                          redrive_kind=args.redrive_kind, store=_store(args),
                          snapshots=_snapshots(args),
                          coordinators=args.coordinators,
+                         log_storage=_log_storage(args),
                          cluster=None if args.cluster is None else check_address(args.cluster))
     unknown = sorted(set(cfg.points) - set(ALL_POINTS))
     if unknown:

@@ -42,6 +42,8 @@ class RunSpec:
     simple_steps: tuple[int, ...] = ()
     #: Exhaustive: why earlier tries of this run missed their lead fault (retried then).
     lead_misses: tuple[str, ...] = ()
+    #: The drivers' log storage (``durable.session_log``): ``sqlite`` or ``jsonl``.
+    log_storage: str = "sqlite"
     #: A workload's golden run (``chaos.golden``): no faults, no checks; its observation is
     #: the oracle of the faulted runs.
     golden: bool = False

@@ -149,7 +149,7 @@ class Run:
         run_dir.mkdir(parents=True, exist_ok=True)
         env = driver_env(session=other.name if other else self.session, epoch=epoch,
                          state_dir=run_dir / "state", heartbeat=heartbeat,
-                         failpoints=failpoints)
+                         failpoints=failpoints, log_storage=self.spec.log_storage)
         driver = self.scope.launch(driver_argv(self.spec, self.dir, other), env,
                                    run_dir / f"driver-{attempt:02d}-e{epoch}.log")
         if other is None:

@@ -10,7 +10,10 @@ Environment (all required unless a default is given):
   driver raised it (a second launch with the same epoch, a new log on an old Space), the
   driver runs above that floor instead, says so (``CUA-EPOCH <epoch> <reason>``) and records
   it where epochs are recorded (the log's floor, every entry, the Spaces' floors).
-- ``CUA_STATE_DIR``: the directory holding the session's log (``log.sqlite``).
+- ``CUA_STATE_DIR``: the directory holding the session's log (``log.sqlite``, or the
+  directory ``log`` of a JSONL log).
+- ``CUA_LOG_STORAGE`` (optional): ``sqlite`` (the default) or ``jsonl``: the log's storage,
+  each with its fence (``durable.session_log``).
 - ``CUA_SESSION_HEARTBEAT_SECS``: heartbeat interval, default 1.0.
 - ``CUA_SPACE_NAME`` (optional): the durable Space the coordinator placed for the session
   and leased to it; the session's first conversation runs in it (without it, the Space is
@@ -47,6 +50,7 @@ from .harness import Harness, Submission
 from .lifetime import DIE_WITH_ENV, die_with
 from .log import Log
 from .models import Model
+from .session_log import DEFAULT_LOG_STORAGE, LOG_STORAGE_ENV, check_log_storage, open_fenced
 from .storage.base import Storage
 from .tools import Extension, ToolRegistry
 
@@ -89,6 +93,8 @@ class SessionEnv:
     #: The durable Space of the session's first conversation (``CUA_SPACE_NAME``), if the
     #: coordinator named one.
     space: str | None = None
+    #: The log's storage (``CUA_LOG_STORAGE``): ``sqlite`` or ``jsonl``.
+    log_storage: str = DEFAULT_LOG_STORAGE
 
     @classmethod
     def from_environ(cls, environ: dict[str, str] | None = None) -> SessionEnv:
@@ -119,8 +125,12 @@ class SessionEnv:
             raise PermanentFailure(
                 f"CUA_SESSION_HEARTBEAT_SECS must be from {MIN_HEARTBEAT_S} to "
                 f"{MAX_HEARTBEAT_S:.0f} seconds, got {raw_hb!r}")
+        try:
+            storage = check_log_storage(env.get(LOG_STORAGE_ENV) or DEFAULT_LOG_STORAGE)
+        except ValueError as exc:
+            raise PermanentFailure(str(exc)) from None
         return cls(env["CUA_SESSION_NAME"], int(raw_epoch), state_dir, hb,
-                   env.get("CUA_SPACE_NAME") or None)
+                   env.get("CUA_SPACE_NAME") or None, storage)
 
 
 @dataclass
@@ -162,14 +172,6 @@ class _Heartbeat(threading.Thread):
                 continue
 
 
-#: The session's log in its ``CUA_STATE_DIR``.
-LOG_NAME = "log.sqlite"
-
-
-def session_log(state_dir: Path) -> Path:
-    """Where the session driver keeps the log of the session whose state is ``state_dir``."""
-    return state_dir / LOG_NAME
-
 def run_durable_session(
     *,
     durable: Callable[[Fence, SessionEnv], Workspaces],
@@ -189,11 +191,10 @@ def run_durable_session(
     except PermanentFailure as exc:
         return _exit(EXIT_PERMANENT, f"bad environment: {exc}")
     if open_log is None:
-        from .storage_fences import open_fenced_sqlite
+        kind = senv.log_storage
 
         def open_log(state: Path, epoch: int) -> tuple[Storage, Fence]:
-            state.mkdir(parents=True, exist_ok=True)
-            return open_fenced_sqlite(session_log(state), epoch)
+            return open_fenced(state, epoch, kind)
     for _move in range(MAX_EPOCH_MOVES + 1):
         try:
             return _attempt(senv, durable, start, open_log)

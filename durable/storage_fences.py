@@ -22,6 +22,7 @@ fence when that matters.
 from __future__ import annotations
 
 import os
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ from pathlib import Path
 from .atomic_file import fsync_dir
 from .storage.epochs import EpochGuard
 from .storage.jsonl import EPOCH_MARKER, JsonlStorage, epoch_marker_name
+from .storage.records import encode_json
 from .storage.sqlite import SqliteStorage
 
 __all__ = ["FencedFileSystem", "FileFence", "SqliteFence", "open_fenced_sqlite"]
@@ -105,8 +107,9 @@ class FileFence(_GuardedFence):
         markers = (EPOCH_MARKER.fullmatch(n) for n in os.listdir(self.directory))
         return max((int(m[1]) for m in markers if m), default=0)
 
-    def mark(self) -> None:
-        """Raise the floor to this epoch: create its marker (kept if it exists) durably."""
+    def mark(self, first: int) -> None:
+        """Raise the floor to this epoch: create its marker (kept if it exists) durably,
+        recording ``first``, the first entry id this epoch governs, for audits."""
         try:
             fd = os.open(
                 self.directory / epoch_marker_name(self.epoch),
@@ -115,7 +118,12 @@ class FileFence(_GuardedFence):
             )
         except FileExistsError:
             return
-        os.close(fd)
+        try:
+            os.write(fd, encode_json({"first": first, "raised_ms": int(time.time() * 1000)})
+                     .encode() + b"\n")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         fsync_dir(self.directory)
 
 
@@ -135,7 +143,7 @@ class FencedFileSystem:
         try:
             with storage.commit_lock():
                 fence.check()
-                fence.mark()
+                fence.mark(storage.pending_next_id())
         except BaseException:
             storage.close()
             raise

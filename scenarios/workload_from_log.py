@@ -28,20 +28,21 @@ import yaml
 
 from durable.adapter.image import IMAGE_KEY, Image, blob_from
 from durable.log import ROOT_CONVERSATION, Log
-from durable.storage.sqlite import SqliteStorage
+from durable.session_log import open_log_at
 
 from .workload import TOOLS, WorkloadError
 
 
 def from_log(path: Path, *, name: str | None = None, conversation: int = ROOT_CONVERSATION,
              volatile: Sequence[str] = (), nondeterministic: Collection[int] = ()) -> str:
-    """The workload of ``conversation`` of the SQLite log at ``path``, as YAML text, with
+    """The workload of ``conversation`` of the log at ``path`` (a SQLite file or a JSONL
+    log's directory), as YAML text, with
     ``volatile`` paths (globs) and the calls ``nondeterministic`` (their indices in the
     workload) marked so."""
-    if not path.is_file():
-        raise WorkloadError(f"no log at {path}: give the SQLite file a session's driver kept "
-                            "(a campaign run's state/log.sqlite)")
-    log = Log.open(SqliteStorage(path))
+    if not path.exists():
+        raise WorkloadError(f"no log at {path}: give the log a session's driver kept (a "
+                            "campaign run's state/log.sqlite, or state/log with --log jsonl)")
+    log = Log.open(open_log_at(path))
     try:
         entries = log.entries(conversation)
         results = {e.data.get("call_id"): e for e in entries if e.kind == "tool_result"}

@@ -26,8 +26,8 @@ from typing import Any
 from ..adapter import DirectoryCheckpointStore, WorkspaceSnapshots, durable_spaces
 from ..errors import DurableError
 from ..log import Log
+from ..session_log import open_log_at
 from ..spaces_loader import BadProvider, load_spaces, pairs
-from ..storage import JsonlStorage, SqliteStorage
 from ..storage.base import Storage
 from .workspace_state import NoWorkspaceState, extract, state_at, unified_diff
 
@@ -70,7 +70,7 @@ def _storage(path: Path) -> Storage:
     if not path.exists():
         raise NoWorkspaceState(f"no log at {path}; pass a SQLite log file or a JSONL log "
                                "directory")
-    return JsonlStorage(path) if path.is_dir() else SqliteStorage(path)
+    return open_log_at(path)
 
 
 def main(argv: list[str] | None = None) -> int:

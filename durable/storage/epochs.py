@@ -13,6 +13,17 @@ from dataclasses import dataclass
 from ..errors import StaleEpochError
 
 
+@dataclass(frozen=True)
+class EpochHistory:
+    """Who wrote what, for auditing a fenced log: both fenced storages record it
+    (``SqliteStorage.epoch_history``, ``JsonlStorage.epoch_history``)."""
+
+    #: (epoch, first entry id it governs, unix ms), one per raise of the floor, by epoch.
+    raises: list[tuple[int, int, int]]
+    #: entry id → the epoch of the writer that committed it (None: unfenced or older log).
+    entry_epochs: dict[int, int | None]
+
+
 @dataclass
 class EpochGuard:
     """The epoch a writer opened a log with, and why it was halted (``None``: not halted)."""

@@ -11,7 +11,14 @@ The directory holds:
 - ``log.lock``: the commit lock (``fcntl.flock``, exclusive). Its content is the commit
   high-water mark: ``<bytes committed> <lines committed> <crc32>``, rewritten in place after
   each append.
-- ``epoch-NNNNNNNN``: epoch markers of ``durable.storage_fences.FencedFileSystem``.
+- ``epoch-NNNNNNNN``: epoch markers of ``durable.storage_fences.FencedFileSystem``, each
+  holding ``{"first": <first entry id that epoch governs>, "raised_ms": <unix ms>}``.
+
+A fenced writer's lines carry its epoch (``"epoch"`` beside the batch), so
+``epoch_history()`` gives an auditor what ``SqliteStorage.epoch_history`` gives: each raise
+of the floor with the first entry it governs, and each entry's writer. A marker left empty
+by a crash between its creation and its write raised the floor (the fence holds) but
+records no raise; lines of an unfenced writer, or older ones, carry no epoch (None).
 
 Any other name in the directory, or a ``log.jsonl`` without the header, raises ``NotALog``
 and nothing is changed.
@@ -67,6 +74,7 @@ from ..errors import CorruptLog, NotALog, StorageClosed, StorageError, StorageUn
 from ..fence_contract import Fence
 from . import commit_mark
 from .base import MemoryStorage, rebased
+from .epochs import EpochHistory
 from .log_path import stat_existing
 from .records import Batch, DocRecord, Snapshot, encode_json
 
@@ -88,11 +96,15 @@ def epoch_marker_name(epoch: int) -> str:
     return f"epoch-{epoch:08d}"
 
 
-def _encode(batch: Batch) -> tuple[bytes, Batch]:
-    """The line for ``batch``, and the batch exactly as a reader will decode it later (so the
-    in-memory state after a commit equals the state after a reopen)."""
+def _encode(batch: Batch, epoch: int | None) -> tuple[bytes, Batch]:
+    """The line for ``batch`` committed by a writer of ``epoch`` (None: unfenced), and the
+    batch exactly as a reader will decode it later (so the in-memory state after a commit
+    equals the state after a reopen)."""
+    record = batch.to_json()
+    if epoch is not None:
+        record["epoch"] = epoch
     try:
-        payload = encode_json(batch.to_json())
+        payload = encode_json(record)
     except (TypeError, ValueError) as exc:
         raise StorageError(
             f"the batch holds a value that cannot be stored as JSON ({exc}); store only "
@@ -103,17 +115,42 @@ def _encode(batch: Batch) -> tuple[bytes, Batch]:
     return line, Batch.from_json(json.loads(payload))
 
 
-def _decode(line: bytes) -> Batch | None:
-    """The batch of one line (without its newline), or ``None`` when it is not a valid record."""
+def _decode(line: bytes) -> tuple[Batch, int | None] | None:
+    """The batch of one line (without its newline) and its writer's epoch (None: unfenced),
+    or ``None`` when it is not a valid record."""
     checksum, sep, raw = line.partition(b" ")
     if sep != b" " or len(checksum) != 8:
         return None
     try:
         if int(checksum, 16) != zlib.crc32(raw):
             return None
-        return Batch.from_json(json.loads(raw))
+        record = json.loads(raw)
+        epoch = record.get("epoch")
+        if epoch is not None and (isinstance(epoch, bool) or not isinstance(epoch, int)):
+            return None
+        return Batch.from_json(record), epoch
     except (ValueError, TypeError, KeyError, AttributeError):
         return None
+
+
+def read_marker(path: Path) -> tuple[int, int] | None:
+    """(first entry id governed, unix ms raised) of an epoch marker; None when it is empty
+    (a crash between its creation and its write). ``CorruptLog`` when it holds anything else:
+    an audit must not trust a damaged record."""
+    data = path.read_bytes()
+    if not data:
+        return None
+    try:
+        raw = json.loads(data)
+        first, raised_ms = raw["first"], raw["raised_ms"]
+        if all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+               for v in (first, raised_ms)):
+            return first, raised_ms
+    except (ValueError, TypeError, KeyError):
+        pass
+    raise CorruptLog(f"the epoch marker {path} holds {data[:80]!r}, not the first entry its "
+                     "epoch governs: it was edited or the disk is failing; restore it from a "
+                     "copy (the floor it raises holds either way)")
 
 
 def _not_a_log(directory: Path, why: str) -> NotALog:
@@ -223,6 +260,8 @@ class JsonlStorage:
         self._lines = 0  # lines of log.jsonl replayed (the header included)
         self._lock_fd: int | None = None
         self._log_fd: int | None = None
+        #: entry id → the epoch of the writer that committed it (None: unfenced)
+        self._entry_epochs: dict[int, int | None] = {}
         _check_directory(self.directory)
         try:
             self._lock_fd = os.open(
@@ -256,14 +295,34 @@ class JsonlStorage:
             if self._fence is not None:
                 self._fence.check()
             self._catch_up()
-            line, replayed = _encode(rebased(batch, self._state.next_id))
+            epoch = None if self._fence is None else self._fence.epoch
+            line, replayed = _encode(rebased(batch, self._state.next_id), epoch)
             self._state.commit(replayed)
             self._append(line)
+            self._entry_epochs.update((e.id, epoch) for e in replayed.entries)
 
     def load_docs(self, conversation: int, kind: str) -> list[DocRecord]:
         with self.commit_lock():
             self._catch_up()
             return self._state.load_docs(conversation, kind)
+
+    def epoch_history(self) -> EpochHistory:
+        """Each floor raise (epoch, first entry id it governs, time) from the epoch markers,
+        and each entry's writer epoch from its line (see the module docstring)."""
+        with self.commit_lock():
+            self._catch_up()
+            raises = []
+            for name in sorted(os.listdir(self.directory)):
+                if (m := EPOCH_MARKER.fullmatch(name)) and \
+                        (raised := read_marker(self.directory / name)) is not None:
+                    raises.append((int(m[1]), *raised))
+            return EpochHistory(raises, dict(self._entry_epochs))
+
+    def pending_next_id(self) -> int:
+        """The id the next committed entry gets. Call it holding ``commit_lock()``: the
+        lines other processes appended are read first, and none can land until it is let go."""
+        self._catch_up()
+        return self._state.next_id
 
     def close(self) -> None:
         with self._lock:
@@ -345,8 +404,8 @@ class JsonlStorage:
         pos = 0
         while pos < len(data):
             end = data.find(b"\n", pos)
-            batch = None if end == -1 else _decode(data[pos:end])
-            if batch is None:
+            decoded = None if end == -1 else _decode(data[pos:end])
+            if decoded is None:
                 final = end == -1 or end + 1 == len(data)
                 tail = data[pos:] if end == -1 else data[pos:end]
                 if final and start + pos >= committed and _torn(tail, complete=end != -1):
@@ -361,6 +420,7 @@ class JsonlStorage:
                     f"JSON) and {why}: the file was edited or the disk is failing. Restore it "
                     "from a copy; nothing was changed"
                 )
+            batch, epoch = decoded
             try:
                 self._state.commit(batch)
             except StorageError as exc:
@@ -368,6 +428,7 @@ class JsonlStorage:
                     f"{self.path} line {self._lines + 1} does not follow from the lines before "
                     f"it ({exc}): the file was edited. Restore it from a copy; nothing was changed"
                 ) from exc
+            self._entry_epochs.update((e.id, epoch) for e in batch.entries)
             pos = end + 1
             self._offset = start + pos
             self._lines += 1

@@ -83,7 +83,7 @@ from typing import Any, TypeVar
 from ..errors import CorruptLog, NotALog, StorageClosed, StorageError, StorageUncertain
 from . import commit_mark
 from .base import rebased, validate_batch
-from .epochs import EpochGuard
+from .epochs import EpochGuard, EpochHistory
 from .log_path import stat_existing
 from .records import (
     Batch,
@@ -98,15 +98,6 @@ from .records import (
 
 T = TypeVar("T")
 
-
-@dataclass(frozen=True)
-class EpochHistory:
-    """Who wrote what, for auditing a fenced log (see the module docstring)."""
-
-    #: (epoch, first entry id it governs, unix ms), one per raise of the floor, by epoch.
-    raises: list[tuple[int, int, int]]
-    #: entry id → the epoch of the writer that committed it (None: unfenced or older log).
-    entry_epochs: dict[int, int | None]
 
 #: Stored in ``meta`` under ``magic``: what makes a SQLite file a durable log.
 MAGIC = "durable-log"

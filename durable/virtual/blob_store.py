@@ -28,9 +28,12 @@ class DamagedBlob(CorruptLog):
 
 
 def blob_dir(storage: Storage) -> Path | None:
-    """Where the blobs of the log on ``storage`` live (``<log file>.blobs``), or None for a
-    storage without a file (in memory), whose workspaces keep every content in the log."""
-    path = getattr(storage, "path", None)
+    """Where the blobs of the log on ``storage`` live, or None for a storage without a file
+    (in memory), whose workspaces keep every content in the log: beside a SQLite log's file
+    (``log.sqlite.blobs``), beside a JSONL log's directory (``log.blobs``: the directory
+    holds only the log's own files; blobs inside it made every later open refuse the log)."""
+    directory = getattr(storage, "directory", None)
+    path = directory if directory is not None else getattr(storage, "path", None)
     return None if path is None else Path(f"{path}.blobs")
 
 

@@ -30,6 +30,7 @@ from durable.session_driver import (
     SessionEnv,
     run_durable_session,
 )
+from durable.session_log import open_for_audit
 from durable.storage_fences import open_fenced_sqlite
 from durable.tools import ToolRegistry
 from tests.escapes import read_pid
@@ -229,3 +230,34 @@ def test_a_driver_with_an_impossible_heartbeat_exits_78(tmp_path: Path,
     code, out = _drive(tmp_path, local_spaces, environ)
     assert code == EXIT_PERMANENT, out
     assert len(out.strip().splitlines()) == 1 and "CUA_SESSION_HEARTBEAT_SECS" in out, out
+
+
+def test_a_driver_with_an_unknown_log_storage_exits_78(tmp_path: Path,
+                                                       local_spaces: LocalSpaces) -> None:
+    environ = {**_driver_env(tmp_path, "1"), "CUA_LOG_STORAGE": "postgres"}
+    code, out = _drive(tmp_path, local_spaces, environ)
+    assert code == EXIT_PERMANENT, out
+    assert out.strip().splitlines() == [
+        "CUA-EXIT 78 bad environment: CUA_LOG_STORAGE='postgres' names no log storage; use "
+        "one of sqlite, jsonl (default sqlite)"]
+    assert not (tmp_path / "state").exists()
+
+
+def test_a_driver_on_a_jsonl_log_runs_and_records_who_wrote_what(
+        tmp_path: Path, local_spaces: LocalSpaces) -> None:
+    """``CUA_LOG_STORAGE=jsonl``: the log is the directory ``log`` in the state directory,
+    fenced by epoch markers; a second driver resumes from it and the audit sees both."""
+    for epoch in ("1", "2"):
+        code, out = _drive(tmp_path, local_spaces,
+                           {**_driver_env(tmp_path, epoch), "CUA_LOG_STORAGE": "jsonl"})
+        assert code == 0, out
+    state = tmp_path / "state"
+    assert sorted(p.name for p in state.iterdir()) == ["log"]
+    storage = open_for_audit(state)
+    try:
+        history = storage.epoch_history()
+        assert [epoch for epoch, _first, _ms in history.raises] == [1, 2]
+        assert set(history.entry_epochs.values()) <= {1, 2}
+        assert 1 in history.entry_epochs.values()
+    finally:
+        storage.close()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from durable.errors import NotALog, StaleEpochError, StorageClosed
+from durable.errors import CorruptLog, NotALog, StaleEpochError, StorageClosed
 from durable.fence_contract import Fence
 from durable.storage import (
     Batch,
@@ -181,6 +181,38 @@ def test_jsonl_epoch_markers(tmp_path: Path) -> None:
         b.close()
 
 
+def test_jsonl_epoch_history_reads_back_as_written(tmp_path: Path) -> None:
+    """A JSONL log's audit record: each marker holds the first entry its epoch governs,
+    each line its writer's epoch; an unfenced writer's lines have none; a marker a crash
+    left empty raised the floor but records no raise; a damaged one is refused."""
+    path = tmp_path / "log"
+    plain = JsonlStorage(path)
+    plain.commit(Batch(base_id=1, next_id=2, conversations=[ConversationRecord(1, "main")]))
+    plain.commit(Batch(base_id=2, next_id=3, entries=[EntryRecord(2, 1, "note", {})]))
+    plain.close()
+    fs = FencedFileSystem(path)
+    three, _ = fs.open(3)
+    three.commit(Batch(base_id=3, next_id=5, entries=[EntryRecord(3, 1, "note", {}),
+                                                      EntryRecord(4, 1, "note", {})]))
+    three.close()
+    (path / "epoch-00000004").touch()  # created, then the process died before writing it
+    five, _ = fs.open(5)
+    five.commit(Batch(base_id=5, next_id=6, entries=[EntryRecord(5, 1, "note", {})]))
+    five.close()
+
+    audit = JsonlStorage(path)  # reopened: everything comes from the files
+    try:
+        history = audit.epoch_history()
+        assert [(e, first) for e, first, _ms in history.raises] == [(3, 3), (5, 5)]
+        assert all(ms > 0 for _e, _first, ms in history.raises)
+        assert history.entry_epochs == {2: None, 3: 3, 4: 3, 5: 5}
+        (path / "epoch-00000005").write_text("{not json")
+        with pytest.raises(CorruptLog, match="epoch-00000005"):
+            audit.epoch_history()
+    finally:
+        audit.close()
+
+
 # ---------------------------------------------------------------- the race, with processes
 
 STALE_EXIT = 3
@@ -256,6 +288,12 @@ def test_no_epoch_1_commit_lands_after_epoch_2_opened(tmp_path: Path, kind: str)
         assert epoch1 == reported  # every commit that returned landed, and nothing else
         assert max(epoch1) < first_after
         assert [(e.id, e.data["epoch"]) for e in entries[-1:]] == [(first_after, 2)]
+        # what an audit reads (check G4) tells the same story
+        history = storage.epoch_history()
+        assert [(epoch, first) for epoch, first, _ms in history.raises] == [(1, 2),
+                                                                            (2, first_after)]
+        assert {i: history.entry_epochs[i] for i in [*epoch1, first_after]} == \
+            {**dict.fromkeys(epoch1, 1), first_after: 2}
     finally:
         if child.poll() is None:
             child.kill()

@@ -30,7 +30,9 @@ from durable.models import (
     ToolCallRequest,
 )
 from durable.review.workspace_state import state_at, unified_diff
+from durable.session_log import open_log_at
 from durable.storage.base import MemoryStorage
+from durable.storage.jsonl import JsonlStorage
 from durable.storage.sqlite import SqliteStorage
 from durable.tools import ToolRegistry
 from durable.virtual import (
@@ -50,7 +52,8 @@ def play(log_path: Path | None, v: Virtual, calls: list[tuple[str, dict[str, Any
     """Run ``calls`` (one per model turn) through a harness with ``v`` (its tools, or those
     of ``registry``, e.g. ``workspace_tools(v)``); the results."""
     plan = [PlannedCall(i, name, args) for i, (name, args) in enumerate(calls)]
-    storage = MemoryStorage() if log_path is None else SqliteStorage(log_path)
+    storage = MemoryStorage() if log_path is None else (
+        SqliteStorage(log_path) if log_path.suffix == ".sqlite" else JsonlStorage(log_path))
     h = Harness.open(storage, models=ScriptedModel(plan),
                      extensions=[v] if registry is None else [],
                      registry=registry if registry is not None else ToolRegistry())
@@ -194,16 +197,19 @@ def test_more_than_500_files_is_refused_and_the_files_stay_as_they_were() -> Non
     assert len(files) == 500 and "g" in files and "f1" not in files
 
 
+@pytest.mark.parametrize("name", ["log.sqlite", "log"], ids=["sqlite", "jsonl"])
 def test_larger_files_are_blobs_beside_the_log_and_a_damaged_one_is_detected(
-        tmp_path: Path) -> None:
+        tmp_path: Path, name: str) -> None:
+    """Blobs live beside the log: a SQLite log's file, a JSONL log's directory (inside it,
+    found by the --log jsonl campaign, they made every reopen refuse the log: NotALog)."""
     big = "".join(f"line {i:05d}\n" for i in range(4000))  # 44 KB: over the inline size
     v = virtual()
-    h, _ = play(tmp_path / "log.sqlite", v, [("write", {"path": "big.txt", "content": big}),
-                                           ("write", {"path": "small.txt", "content": "s"})])
+    h, _ = play(tmp_path / name, v, [("write", {"path": "big.txt", "content": big}),
+                                     ("write", {"path": "small.txt", "content": "s"})])
     h.close()
-    blobs = [p for p in (tmp_path / "log.sqlite.blobs").rglob("*") if p.is_file()]
+    blobs = [p for p in (tmp_path / f"{name}.blobs").rglob("*") if p.is_file()]
     assert len(blobs) == 1
-    log = Log.open(SqliteStorage(tmp_path / "log.sqlite"))
+    log = Log.open(open_log_at(tmp_path / name))
     image_entries = [e for e in log.entries(1) if e.kind == "system" and IMAGE_KEY in e.data]
     assert big[:100] not in str([e.data for e in image_entries])  # not in the log itself
     assert virtual().snapshot(log, 1)["big.txt"].data == big.encode()

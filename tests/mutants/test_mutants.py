@@ -133,6 +133,13 @@ MUTANTS: tuple[Mutant, ...] = (
         "a commit no longer reads the floor in its transaction, so a stale driver's "
         "commits land after a newer driver took the log over",
         "stale", "G4", "stale: the older driver parked at call.returned"),
+    Mutant(
+        "jsonl-commit-skips-the-fence", "durable/storage/jsonl.py",
+        (("            if self._fence is not None:\n                self._fence.check()\n",
+          "            pass\n"),),
+        "a JSONL commit no longer checks the epoch markers under its lock, so a stale "
+        "driver's commits land after a newer driver took the log over",
+        "stale-jsonl", "G4", "stale on the JSONL log: the older driver parked at call.returned"),
     # ---------------------------------------------------------------- the harness
     Mutant(
         "request-id-ignored", "durable/harness.py",
