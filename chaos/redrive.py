@@ -75,8 +75,8 @@ STALL_S = 60.0
 SESSIONS_TIMEOUT_S = 180.0
 #: Failpoints a driver reaches inside a call (a kill or a Space loss lands mid-call there).
 CALL_POINTS = ("call.intent", "space.start_mark", "space.before_spawn", "space.running",
-               "space.exited", "space.file_op", "space.outcome", "checkpoint.before",
-               "checkpoint.after", "call.returned", "call.result")
+               "space.exited", "space.file_op", "space.file_written", "space.outcome",
+               "checkpoint.before", "checkpoint.after", "call.returned", "call.result")
 #: Where a Space removed under a live driver meets it in a call: its next request fails.
 LIVE_LOSS_POINTS = ("space.before_spawn", "space.running", "space.file_op",
                     "checkpoint.before")

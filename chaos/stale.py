@@ -74,7 +74,8 @@ def _race(run: Run, rv: Rendezvous, rng: random.Random,
     if at is None:
         points = reachable_points(run.scenario, run.spec.durable_mode)
         candidates = [p for p in ("call.intent", "space.start_mark", "space.running",
-                                  "space.exited", "call.returned", "space.file_op")
+                                  "space.exited", "call.returned", "space.file_op",
+                                  "space.file_written")
                       if p in points]
         point = rng.choice(candidates)
         at = (point, rng.randint(1, points[point]))
