@@ -22,6 +22,7 @@ from scenarios import workload
 from . import code_identity, live
 from .bytecode import compile_packages
 from .errors import BackendUnavailable
+from .exits import EXIT_INTERRUPTED
 from .faults import RECOVERY_POINTS, FaultPlan, exhaustive_plans
 from .plots import campaign_plots
 from .progress import Progress, faults_fired
@@ -36,7 +37,7 @@ DEFAULT_PRESET = {"auto": "auto", "exhaustive": "small"}
 DEFAULT_DURABLE = {"transactional": "transactional", "checkpoint": "checkpoint",
                    "auto": "auto", "stale": "auto", "exhaustive": "checkpoint",
                    "redrive": "checkpoint", "machine": "checkpoint"}
-EXIT = {"valid": 0, "invalid": 1, "unknown": 2, "interrupted": 130}
+EXIT = {"valid": 0, "invalid": 1, "unknown": 2, "interrupted": EXIT_INTERRUPTED}
 #: How long an interrupted campaign waits for its running runs to end their drivers and
 #: delete their Spaces.
 ABORT_WAIT_S = 20.0

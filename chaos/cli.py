@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import traceback
 from pathlib import Path
 from typing import NoReturn
 
@@ -34,20 +33,17 @@ from durable.session_log import LOG_NAMES
 from scenarios import PresetError, WorkloadError
 
 from . import progress
-from .campaign import EXIT, MODES, run_campaign
+from .campaign import MODES, run_campaign
 from .ci_subset import BY_NAME, run_slices
 from .clean import clean
 from .errors import BackendUnavailable, BadArguments, BadResults
+from .exits import EXIT_BAD_ARGS, guarded
 from .merge import merge
 from .redrive import KINDS as REDRIVE_KINDS
 from .repro import analyze, repro, shrink
 from .run_args import DURABLE_MODES, campaign_config
 from .space_providers import BACKENDS
 from .stale import KINDS
-
-EXIT_INTERRUPTED = EXIT["interrupted"]
-EXIT_BAD_ARGS = 254
-EXIT_CRASHED = 255
 
 
 class _Parser(argparse.ArgumentParser):
@@ -284,40 +280,33 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra and args.command != "worker":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    try:
-        if args.command == "worker":
-            _worker(args, extra)
-        if args.command == "run":
-            with progress.shown(args.display):
-                return run_campaign(campaign_config(args))
-        if args.command == "repro":
-            return repro(args)
-        if args.command == "shrink":
-            with progress.shown(args.display):
-                return shrink(args)
-        if args.command == "analyze":
-            return analyze(args)
-        if args.command == "ci":
-            return _ci(args)
-        if args.command == "image":
-            return _image(args)
-        if args.command == "merge":
-            return merge(args.shards, args.results)
-        if args.command == "workload":
-            return _workload(args)
-        return clean(args)
-    except (BadArguments, PresetError, WorkloadError, BackendUnavailable, BadResults,
-            FileNotFoundError, NotADirectoryError) as exc:
-        print(f"chaos: {exc}", file=sys.stderr)
-        return EXIT_BAD_ARGS
-    except KeyboardInterrupt:
-        print("chaos: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    except Exception:  # noqa: BLE001 - the harness crashed: exit 255, never a false pass
-        traceback.print_exc()
-        print("chaos: the harness itself crashed (exit 255); the traceback above says where",
-              file=sys.stderr)
-        return EXIT_CRASHED
+    return guarded("chaos", "the harness itself", lambda: _command(args, extra),
+                   (BadArguments, PresetError, WorkloadError, BackendUnavailable, BadResults,
+                    FileNotFoundError, NotADirectoryError))
+
+
+def _command(args: argparse.Namespace, extra: list[str]) -> int:
+    if args.command == "worker":
+        _worker(args, extra)
+    if args.command == "run":
+        with progress.shown(args.display):
+            return run_campaign(campaign_config(args))
+    if args.command == "repro":
+        return repro(args)
+    if args.command == "shrink":
+        with progress.shown(args.display):
+            return shrink(args)
+    if args.command == "analyze":
+        return analyze(args)
+    if args.command == "ci":
+        return _ci(args)
+    if args.command == "image":
+        return _image(args)
+    if args.command == "merge":
+        return merge(args.shards, args.results)
+    if args.command == "workload":
+        return _workload(args)
+    return clean(args)
 
 
 __all__ = ["main"]

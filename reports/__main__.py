@@ -17,21 +17,18 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
 from chaos import progress
 from chaos.errors import BackendUnavailable
+from chaos.exits import EXIT_BAD_ARGS, guarded
 from chaos.space_providers import BACKENDS
 
 from . import cost, cost_bench, html, latency, perf
 from .errors import ReportsError
 from .results import load_all
-
-EXIT_BAD_ARGS = 254
-EXIT_CRASHED = 255
 
 
 class _Parser(argparse.ArgumentParser):
@@ -125,19 +122,8 @@ def _run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return _run(args)
-    except (ReportsError, BackendUnavailable) as exc:
-        print(f"reports: {exc}", file=sys.stderr)
-        return EXIT_BAD_ARGS
-    except KeyboardInterrupt:
-        print("reports: interrupted", file=sys.stderr)
-        return EXIT_CRASHED
-    except Exception:  # noqa: BLE001 - a crash of the reports: exit 255, with its traceback
-        traceback.print_exc()
-        print("reports: the reports themselves crashed (exit 255); the traceback above says "
-              "where", file=sys.stderr)
-        return EXIT_CRASHED
+    return guarded("reports", "the reports themselves", lambda: _run(args),
+                   (ReportsError, BackendUnavailable))
 
 
 if __name__ == "__main__":

@@ -144,6 +144,27 @@ def test_bad_input_exits_254_with_what_was_expected(tmp_path: Path, capsys) -> N
         assert exc.value.code == EXIT_BAD_ARGS
 
 
+def test_ctrl_c_exits_130_and_a_crash_255_as_the_campaign_does(
+        monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """One handler ends both command lines (``chaos.exits``): Ctrl-C in a report exited 255,
+    as if the reports had crashed."""
+    import reports.__main__ as cli
+
+    def interrupted(_args: object) -> int:
+        raise KeyboardInterrupt
+
+    def crashed(_args: object) -> int:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(cli, "_run", interrupted)
+    assert main(["html", "anything"]) == 130
+    assert capsys.readouterr().err == "reports: interrupted\n"
+    monkeypatch.setattr(cli, "_run", crashed)
+    assert main(["html", "anything"]) == 255
+    err = capsys.readouterr().err
+    assert "RuntimeError: a bug" in err and "reports: the reports themselves crashed" in err
+
+
 def test_the_page_embeds_a_cost_report(tmp_path: Path) -> None:
     path = _campaign_dir(tmp_path / "results", [_record(0)])
     cost_dir = tmp_path / "cost"

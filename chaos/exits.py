@@ -1,0 +1,37 @@
+"""How a command line of the project ends: one exit code per kind of ending, and one
+handler that turns an exception into its code and a line that says what happened, shared by
+``python -m chaos`` and ``python -m reports``.
+
+``0``/``1``/``2``: the command's own answer (a campaign's verdict); ``130``: Ctrl-C;
+``254``: bad arguments or input, one line saying what, nothing run; ``255``: the tool
+itself crashed, with its traceback (never a false pass).
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from collections.abc import Callable
+
+EXIT_INTERRUPTED = 130
+EXIT_BAD_ARGS = 254
+EXIT_CRASHED = 255
+
+
+def guarded(prog: str, what: str, run: Callable[[], int],
+            bad_input: tuple[type[BaseException], ...]) -> int:
+    """``run()``'s exit code; ``bad_input`` exceptions exit 254 with their message, Ctrl-C
+    exits 130, anything else 255 with its traceback (``what`` names the tool that crashed)."""
+    try:
+        return run()
+    except bad_input as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return EXIT_BAD_ARGS
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception:  # noqa: BLE001 - a crash of the tool: exit 255, with its traceback
+        traceback.print_exc()
+        print(f"{prog}: {what} crashed (exit 255); the traceback above says where",
+              file=sys.stderr)
+        return EXIT_CRASHED
