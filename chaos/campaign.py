@@ -404,7 +404,7 @@ def publish(cfg: CampaignConfig, results: ResultsDir, records: list[dict[str, An
     summary = summarize(mode=cfg.mode, backend=cfg.backend,
                         seed_base=cfg.seeds[0] if cfg.seeds else cfg.seed_base,
                         records=records, seconds=seconds, covered=covered,
-                        durable_mode=cfg.adapter_mode)
+                        durable_mode=cfg.adapter_mode, log_storage=cfg.log_storage)
     missed = sorted(campaign_cells(cfg.backend, cfg.adapter_mode) - cells_hit(records))
     if missed:
         print(f"cells not reached ({len(missed)}; mode, decision, tool, cause):", file=out)

@@ -139,4 +139,5 @@ def _config(raw: dict[str, Any]) -> CampaignConfig:
     return CampaignConfig(mode=raw["mode"], backend=raw["backend"], seed_base=raw["seed_base"],
                           seeds=tuple(raw.get("seeds") or ()), preset=raw.get("preset"),
                           durable_mode=raw.get("durable_mode"),
-                          stale_kind=raw.get("stale_kind", "race"))
+                          stale_kind=raw.get("stale_kind", "race"),
+                          log_storage=raw.get("log_storage") or "sqlite")

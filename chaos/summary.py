@@ -3,7 +3,8 @@
 The line has a fixed core (mode, backend, seed_base, runs, ok, failed, unknown, the fault
 counts every campaign can have, seconds, verdict) and the groups that apply to the
 campaign's mode and backend (``printed_keys``): the adapter's recovery counts and cells
-where there is an adapter (not on a virtual workspace), ``covered`` in exhaustive,
+where there is an adapter (not on a virtual workspace), ``log`` when the drivers' log is
+not the default SQLite one (``--log jsonl``), ``covered`` in exhaustive,
 ``foreign`` in stale, the coordinator's keys in redrive, ``power_losses`` where power can
 be cut (microvm). A key's place never changes. ``summary.json`` keeps every key (0 where it
 does not apply), for tools that read them all. ``cells=K/N``: of the N cells of the
@@ -33,10 +34,11 @@ def cells_hit(records: list[dict[str, Any]]) -> set[Cell]:
 
 def summarize(*, mode: str, backend: str, seed_base: int, records: list[dict[str, Any]],
               seconds: float, covered: int | None = None,
-              durable_mode: str | None = None) -> dict[str, Any]:
+              durable_mode: str | None = None, log_storage: str = "sqlite") -> dict[str, Any]:
     valid = [r["verdict"]["valid"] for r in records]
     out: dict[str, Any] = {
-        "mode": mode, "backend": backend, "seed_base": seed_base, "runs": len(records),
+        "mode": mode, "backend": backend, "log": log_storage, "seed_base": seed_base,
+        "runs": len(records),
         "ok": sum(v is True for v in valid), "failed": sum(v is False for v in valid),
         "unknown": sum(v == "unknown" for v in valid),
     }
@@ -159,7 +161,7 @@ POWER_BACKENDS = frozenset({"microvm"})
 
 
 #: Every key of a summary, in the order a SUMMARY line prints them.
-KEYS = ("mode", "backend", "seed_base", "runs", "ok", "failed", "unknown", *FAULT_KEYS,
+KEYS = ("mode", "backend", "log", "seed_base", "runs", "ok", "failed", "unknown", *FAULT_KEYS,
         *RECOVERY_KINDS, "interrupted", "mode_switches", "covered", "process_kills", "foreign",
         "cells", *REDRIVE_KEYS, "power_losses", "seconds", "verdict")
 
@@ -168,7 +170,8 @@ def printed_keys(summary: dict[str, Any]) -> list[str]:
     """The keys the SUMMARY line of ``summary``'s mode and backend prints, in order (a
     summary read back from ``summary.json`` prints as the campaign did)."""
     mode, backend = summary["mode"], summary["backend"]
-    applies = {"adapter": backend != "virtual", "covered": mode == "exhaustive",
+    applies = {"log": summary.get("log", "sqlite") != "sqlite",
+               "adapter": backend != "virtual", "covered": mode == "exhaustive",
                "foreign": mode == "stale", "redrive": mode == "redrive",
                "power": backend in POWER_BACKENDS}
     keys = []
@@ -176,7 +179,7 @@ def printed_keys(summary: dict[str, Any]) -> list[str]:
         group = ("adapter" if key in (*RECOVERY_KINDS, "mode_switches", "cells") else
                  "redrive" if key in REDRIVE_KEYS else
                  "power" if key == "power_losses" else
-                 key if key in ("covered", "foreign") else None)
+                 key if key in ("log", "covered", "foreign") else None)
         if key in summary and (group is None or applies[group]):
             keys.append(key)
     return keys
