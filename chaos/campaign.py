@@ -23,7 +23,7 @@ from . import code_identity, live
 from .bytecode import compile_packages
 from .errors import BackendUnavailable
 from .exits import EXIT_INTERRUPTED
-from .faults import RECOVERY_POINTS, FaultPlan, exhaustive_plans
+from .faults import FaultPlan, exhaustive_plans, leads_exhaustive
 from .plots import campaign_plots
 from .progress import Progress, faults_fired
 from .records import ResultsDir
@@ -210,8 +210,7 @@ def _specs(cfg: CampaignConfig, work: Path, pool: RunPool
         plans = plans[: cfg.runs]
     specs = [replace(base, index=i + 1, plan=p) for i, p in enumerate(plans)
              if cfg.in_shard(i + 1)]
-    return iter(specs), len(specs), sum(n for p, n in counts.items()
-                                        if p not in RECOVERY_POINTS)
+    return iter(specs), len(specs), sum(n for p, n in counts.items() if leads_exhaustive(p))
 
 
 def run_campaign(cfg: CampaignConfig, out: TextIO = sys.stdout) -> int:

@@ -42,6 +42,11 @@ SPACE_ACTIONS: tuple[Action, ...] = ("kill_daemon", "restart_space", "delete_spa
 ALL_POINTS: dict[str, str] = {**DRIVER_POINTS, **SPACE_POINTS}
 #: Points reported by a command's shim (not a daemon, not a driver).
 SHIM_POINTS = ("spacesd.exec.exit_writing",)
+#: Points a stale race parks an older driver at, never a kill's (random and exhaustive plans
+#: leave them out): nothing happens between the point before and a commit taking the log's
+#: lock, so a kill there is a kill at the point before; a park there is a driver inside its
+#: commit while a newer one opens the log.
+PARK_ONLY_POINTS = ("log.commit",)
 #: Points reached only while an earlier fault is being recovered from.
 RECOVERY_POINTS = ("recovery.begin", "recovery.decided", "recovery.reimage", "recovery.restore",
                    "spacesd.restore.partial")
@@ -134,6 +139,13 @@ def reachable_points(scenario: Scenario, durable_mode: str) -> dict[str, int]:
                   "checkpoint.after", "spacesd.checkpoint.objects"):
             out[p] = len(space)
     return {p: n for p, n in out.items() if n > 0 and p in ALL_POINTS}
+
+
+def park_points(scenario: Scenario, durable_mode: str) -> dict[str, int]:
+    """``reachable_points`` and the points only a park aims at (``PARK_ONLY_POINTS``): where a
+    stale race may hold an older driver. Every call commits at least its intent and its
+    result, so a run reaches ``log.commit`` twice per step at least."""
+    return {**reachable_points(scenario, durable_mode), "log.commit": 2 * len(scenario.steps)}
 
 
 def _action_at(point: str, rng: random.Random, allow_delete: bool) -> Action:
@@ -256,6 +268,12 @@ FOLLOW_UPS: tuple[Fault, ...] = (
 )
 
 
+def leads_exhaustive(point: str) -> bool:
+    """Whether an exhaustive campaign puts a first fault at ``point``: not at a recovery
+    point (reached only after a fault) nor a park-only one."""
+    return point not in RECOVERY_POINTS and point not in PARK_ONLY_POINTS
+
+
 def exhaustive_plans(seed: int, counts: dict[str, int], *, pairs: bool = False
                      ) -> list[FaultPlan]:
     """One plan per (point, occurrence) measured in a fault-free run: a fault exactly there
@@ -265,7 +283,7 @@ def exhaustive_plans(seed: int, counts: dict[str, int], *, pairs: bool = False
     plans: list[FaultPlan] = []
     turn = 0
     for point in sorted(counts):
-        if point in RECOVERY_POINTS:
+        if not leads_exhaustive(point):
             continue
         first: Action = ("kill_process" if point in SHIM_POINTS else
                          "kill_daemon" if point.startswith("spacesd.") else "kill_driver")

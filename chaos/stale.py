@@ -4,12 +4,14 @@ Each kind drives the run's drivers itself and returns the exit code of the last 
 runner then finishes the session with a clean driver, observes and checks as usual); what
 went wrong with the *other* party goes to ``run.stale_error`` (checked by G4).
 
-- ``race``: an older driver parked at a seeded point is overtaken by a newer one and then
-  released; it must be fenced (exit 75) and change nothing. Two races, by seed: the older
-  resumes once the newer has *finished*, or just after the newer *opened* the log and
-  before it wrote anything (parked at its first failpoint): only the fences inside each
-  commit and each Space request can stop it there. The older driver's heartbeat (which also
-  checks the fence) is slowed down so that those fences, not the heartbeat, are tested.
+- ``race``: an older driver parked at a seeded point (``log.commit`` too: inside a commit,
+  before it takes the log's lock, so two drivers are inside the log at once) is overtaken
+  by a newer one and then released; it must be fenced (exit 75) and change nothing. Two
+  races, by seed: the older resumes once the newer has *finished*, or just after the newer
+  *opened* the log and before it wrote anything (parked at its first failpoint): only the
+  fences inside each commit and each Space request can stop it there. The older driver's
+  heartbeat (which also checks the fence) is slowed down so that those fences, not the
+  heartbeat, are tested.
 - ``detached``: the finished race, with the older driver parked while a ``detached`` step's
   command runs: a command that left a writer in a session of its own (``setsid``, with or
   without its environment). The newer driver's fence must kill the writer too; the run
@@ -34,7 +36,7 @@ from durable.session_driver import EXIT_FENCED, EXIT_OK
 from scenarios import load, scenario_of
 from scenarios.steps import DETACHED_GRACE_SECONDS
 
-from .faults import reachable_points
+from .faults import park_points
 from .holds import Hold, wait_parked
 from .launch import OtherSession
 from .observe import save_ledger
@@ -72,10 +74,10 @@ def _race(run: Run, rv: Rendezvous, rng: random.Random,
     """Every driver of the race is the run's scope's: whatever happens here (a timeout, a
     launch refused after Ctrl-C), none is left running or unreaped."""
     if at is None:
-        points = reachable_points(run.scenario, run.spec.durable_mode)
-        candidates = [p for p in ("call.intent", "space.start_mark", "space.running",
-                                  "space.exited", "call.returned", "space.file_op",
-                                  "space.file_written")
+        points = park_points(run.scenario, run.spec.durable_mode)
+        candidates = [p for p in ("log.commit", "call.intent", "space.start_mark",
+                                  "space.running", "space.exited", "call.returned",
+                                  "space.file_op", "space.file_written")
                       if p in points]
         point = rng.choice(candidates)
         at = (point, rng.randint(1, points[point]))

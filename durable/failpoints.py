@@ -25,6 +25,9 @@ from spacesd.failpoints import ENV_VAR, Channel
 
 #: Every named point, by the part of the system that reaches it.
 POINTS: dict[str, str] = {
+    # the log
+    "log.commit": "a commit is about to take the log's write lock (SQLite's transaction, "
+                  "the JSONL commit lock); nothing of it is written",
     # harness: one tool call
     "call.begin": "a call is about to commit its intent",
     "call.intent": "the intent (arguments, replay rule) is committed",

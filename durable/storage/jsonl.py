@@ -71,6 +71,7 @@ from pathlib import Path
 
 from ..atomic_file import fsync_dir
 from ..errors import CorruptLog, NotALog, StorageClosed, StorageError, StorageUncertain
+from ..failpoints import failpoint
 from ..fence_contract import Fence
 from . import commit_mark
 from .base import MemoryStorage, rebased
@@ -291,6 +292,7 @@ class JsonlStorage:
             return self._state.load()
 
     def commit(self, batch: Batch) -> None:
+        failpoint("log.commit")
         with self.commit_lock():
             if self._fence is not None:
                 self._fence.check()

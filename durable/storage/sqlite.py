@@ -81,6 +81,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import CorruptLog, NotALog, StorageClosed, StorageError, StorageUncertain
+from ..failpoints import failpoint
 from . import commit_mark
 from .base import rebased, validate_batch
 from .epochs import EpochGuard, EpochHistory
@@ -447,6 +448,7 @@ class SqliteStorage:
             return self._write(conn, batch, rows,
                                None if self.epoch_guard is None else self.epoch_guard.epoch)
 
+        failpoint("log.commit")
         with self._lock:
             digest = self._transaction(_WRITE, write)
             self._raise_mark(digest)

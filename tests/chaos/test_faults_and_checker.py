@@ -32,9 +32,9 @@ def test_plans_are_seeded() -> None:
 
 
 def test_exhaustive_enumerates_every_pair() -> None:
-    counts = {"call.begin": 3, "space.running": 2, "recovery.begin": 4,
+    counts = {"call.begin": 3, "space.running": 2, "recovery.begin": 4, "log.commit": 9,
               "spacesd.exec.exit_writing": 1, "spacesd.exec.recorded": 1}
-    plans = exhaustive_plans(1, counts)
+    plans = exhaustive_plans(1, counts)  # no lead at a recovery or a park-only point
     leads = [(p.faults[0].action, p.faults[0].point, p.faults[0].occurrence) for p in plans]
     assert leads == [("kill_driver", "call.begin", 1), ("kill_driver", "call.begin", 2),
                      ("kill_driver", "call.begin", 3), ("kill_driver", "space.running", 1),

@@ -140,6 +140,29 @@ MUTANTS: tuple[Mutant, ...] = (
         "a JSONL commit no longer checks the epoch markers under its lock, so a stale "
         "driver's commits land after a newer driver took the log over",
         "stale-jsonl", "G4", "stale on the JSONL log: the older driver parked at call.returned"),
+    Mutant(
+        "floor-read-before-the-commit", "durable/storage/sqlite.py",
+        (("            if self.epoch_guard is not None:\n"
+          "                self._admit_epoch(conn)\n", "            pass\n"),
+         ("        failpoint(\"log.commit\")\n",
+          "        if self.epoch_guard is not None:\n"
+          "            self.epoch_guard.admit(self.read_floor())\n"
+          "        failpoint(\"log.commit\")\n")),
+        "a commit reads the floor when it begins, outside its transaction, so a stale "
+        "driver held between that read and its write lands its commit after a newer "
+        "driver took the log over",
+        "stale", "G4", "stale: the older driver parked inside its commit (log.commit)"),
+    Mutant(
+        "jsonl-fence-before-the-lock", "durable/storage/jsonl.py",
+        (("        failpoint(\"log.commit\")\n        with self.commit_lock():\n"
+          "            if self._fence is not None:\n                self._fence.check()\n",
+          "        if self._fence is not None:\n            self._fence.check()\n"
+          "        failpoint(\"log.commit\")\n        with self.commit_lock():\n"),),
+        "a JSONL commit checks the epoch markers before it takes the commit lock, so a "
+        "stale driver held between the check and the append lands its line after a newer "
+        "driver took the log over",
+        "stale-jsonl", "G4", "stale on the JSONL log: the older driver parked inside its "
+        "commit (log.commit)"),
     # ---------------------------------------------------------------- the harness
     Mutant(
         "request-id-ignored", "durable/harness.py",
