@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
+from durable.session_log import DEFAULT_LOG_STORAGE
 from scenarios import workload
 
 from . import code_identity, live
@@ -105,7 +106,7 @@ class CampaignConfig:
     #: PostgreSQL store, else 1).
     coordinators: int | None = None
     #: The drivers' log storage, each with its fence: ``sqlite`` or ``jsonl``.
-    log_storage: str = "sqlite"
+    log_storage: str = DEFAULT_LOG_STORAGE
 
     @property
     def coordinator_count(self) -> int:

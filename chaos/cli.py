@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from durable.session_log import LOG_NAMES
+from durable.session_log import DEFAULT_LOG_STORAGE, LOG_NAMES
 from scenarios import PresetError, WorkloadError
 
 from . import progress
@@ -67,8 +67,8 @@ def _one_run(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--redrive-kind", choices=REDRIVE_KINDS, default=None)
     p.add_argument("--store", default=None, metavar="URL",
                    help="redrive: a PostgreSQL server for the coordinator store")
-    p.add_argument("--log", choices=tuple(LOG_NAMES), dest="log_storage", default="sqlite",
-                   help="with --seed: the drivers' log storage")
+    p.add_argument("--log", choices=tuple(LOG_NAMES), dest="log_storage",
+                   default=DEFAULT_LOG_STORAGE, help="with --seed: the drivers' log storage")
     p.add_argument("--any-code", action="store_true",
                    help="replay a run made by other code than this checkout's (refused "
                    "otherwise: it would drive a different system)")
@@ -124,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="redrive mode: coordinators sharing each run's store (default: 2 "
                           "with --store, else 1)")
     run.add_argument("--log", choices=tuple(LOG_NAMES), dest="log_storage",
-                     default=os.environ.get("CRASH_LOG") or "sqlite",
+                     default=os.environ.get("CRASH_LOG") or DEFAULT_LOG_STORAGE,
                      help="the drivers' log: SQLite with its exact fence (default), or JSONL "
                           "with the file fence")
     run.add_argument("--stop-on-failure", action="store_true",

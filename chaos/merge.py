@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from durable.session_log import DEFAULT_LOG_STORAGE
+
 from .campaign import CampaignConfig, publish
 from .errors import BadResults
 from .records import ResultsDir
@@ -140,4 +142,4 @@ def _config(raw: dict[str, Any]) -> CampaignConfig:
                           seeds=tuple(raw.get("seeds") or ()), preset=raw.get("preset"),
                           durable_mode=raw.get("durable_mode"),
                           stale_kind=raw.get("stale_kind", "race"),
-                          log_storage=raw.get("log_storage") or "sqlite")
+                          log_storage=raw.get("log_storage") or DEFAULT_LOG_STORAGE)

@@ -14,6 +14,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from durable.session_log import DEFAULT_LOG_STORAGE
 from scenarios import scenario_of
 
 from . import code_identity
@@ -58,7 +59,7 @@ def stored_spec(results_dir: Path, index: int | None, store_url: str | None = No
                    stale_kind=record.get("stale_kind") or "race",
                    redrive_kind=campaign.get("redrive_kind"), redrive_store=store,
                    coordinators=campaign.get("coordinators") or 1 if store else 1,
-                   log_storage=campaign.get("log_storage") or "sqlite")
+                   log_storage=campaign.get("log_storage") or DEFAULT_LOG_STORAGE)
 
 
 def drawn_spec(args: argparse.Namespace) -> RunSpec:

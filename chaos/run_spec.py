@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from durable.session_log import DEFAULT_LOG_STORAGE
+
 from .faults import FaultPlan
 
 
@@ -43,7 +45,7 @@ class RunSpec:
     #: Exhaustive: why earlier tries of this run missed their lead fault (retried then).
     lead_misses: tuple[str, ...] = ()
     #: The drivers' log storage (``durable.session_log``): ``sqlite`` or ``jsonl``.
-    log_storage: str = "sqlite"
+    log_storage: str = DEFAULT_LOG_STORAGE
     #: A workload's golden run (``chaos.golden``): no faults, no checks; its observation is
     #: the oracle of the faulted runs.
     golden: bool = False

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from durable.atomic_file import write_atomic
+from durable.session_log import DEFAULT_LOG_STORAGE
 from scenarios import scenario_of
 from scenarios.steps import SIMPLE_KIND
 
@@ -352,7 +353,7 @@ def spec_of_shrunk(path: Path, work: Path, *, any_code: bool = False) -> RunSpec
                        stale_kind=doc.get("stale_kind") or "race",
                        keep_steps=tuple(doc["keep_steps"]) if doc.get("keep_steps") else None,
                        simple_steps=tuple(doc.get("simple_steps") or ()),
-                       log_storage=doc.get("log_storage") or "sqlite")
+                       log_storage=doc.get("log_storage") or DEFAULT_LOG_STORAGE)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise BadArguments(f"--plan {path}: not a shrunk plan ({type(exc).__name__}: {exc}); "
                            f"pass the {SHRUNK_NAME} that chaos shrink wrote") from None

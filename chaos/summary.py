@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from durable.adapter.decide import Cell, cell_of, reachable_cells
+from durable.session_log import DEFAULT_LOG_STORAGE
 
 from .checker import VERDICT_NAMES, merge
 
@@ -34,7 +35,8 @@ def cells_hit(records: list[dict[str, Any]]) -> set[Cell]:
 
 def summarize(*, mode: str, backend: str, seed_base: int, records: list[dict[str, Any]],
               seconds: float, covered: int | None = None,
-              durable_mode: str | None = None, log_storage: str = "sqlite") -> dict[str, Any]:
+              durable_mode: str | None = None,
+              log_storage: str = DEFAULT_LOG_STORAGE) -> dict[str, Any]:
     valid = [r["verdict"]["valid"] for r in records]
     out: dict[str, Any] = {
         "mode": mode, "backend": backend, "log": log_storage, "seed_base": seed_base,
@@ -170,7 +172,7 @@ def printed_keys(summary: dict[str, Any]) -> list[str]:
     """The keys the SUMMARY line of ``summary``'s mode and backend prints, in order (a
     summary read back from ``summary.json`` prints as the campaign did)."""
     mode, backend = summary["mode"], summary["backend"]
-    applies = {"log": summary.get("log", "sqlite") != "sqlite",
+    applies = {"log": summary.get("log", DEFAULT_LOG_STORAGE) != DEFAULT_LOG_STORAGE,
                "adapter": backend != "virtual", "covered": mode == "exhaustive",
                "foreign": mode == "stale", "redrive": mode == "redrive",
                "power": backend in POWER_BACKENDS}

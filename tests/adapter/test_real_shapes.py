@@ -18,7 +18,6 @@ and every restore stripped them from files it did not need to touch.
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 import subprocess
 from collections.abc import Callable
@@ -181,8 +180,6 @@ def test_each_bug_real_programs_showed_stays_fixed(bug: Bug, tmp_path: Path,
     """Each numbered bug of the real-programs issue, alone, as it was first reproduced;
     every one failed before the workspace state contract (the combined test above finds
     only the first)."""
-    if "git " in bug.make and shutil.which("git") is None:
-        pytest.skip("git is not installed")
     first = (Driver(Stop("space.file_op", 1)) if bug.fault == "cut"
              else Driver(Stop("call.result", 1), then_lose_space=True))
     case = Case(bug.id, bug.mode, (("bash", {"command": bug.make}), LATER, *bug.plan_after),
