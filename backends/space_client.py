@@ -316,8 +316,9 @@ class HttpSpaceClient:
     def describe(self) -> dict[str, Any]:
         return self._call("describe")
 
-    def advance_epoch(self, epoch: int, *, owner: str | None = None) -> dict[str, Any]:
-        return self._call("advance_epoch", epoch=epoch, owner=owner or PROCESS_OWNER)
+    def advance_epoch(self, epoch: int, *, owner: str | None = None,
+                      own: bool = False) -> dict[str, Any]:
+        return self._call("advance_epoch", epoch=epoch, owner=owner or PROCESS_OWNER, own=own)
 
     # ---------------------------------------------------------------- exec ledger
 

@@ -10,8 +10,8 @@ in ``chaos/checks/``, one module each:
   committed log implies, and in transactional mode the log's image equals it too;
 - ``G2`` never twice: no shell command that started was started again by recovery (the
   Space's exec ledgers, earlier generations included);
-- ``G3`` fenced before restore: no process of an older epoch was alive when a restore or
-  revert changed the workspace;
+- ``G3`` fenced before restore: no process started before a restore or revert (of an older
+  epoch, or the restoring driver's own) was alive when it changed the workspace;
 - ``G4`` stale writers: no entry landed from a driver after a newer epoch took the log
   over, and no refusal of a stale driver became a tool result;
 - ``G5`` once and faithful: every call took effect once, in order, with the result its step

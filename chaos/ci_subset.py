@@ -156,6 +156,11 @@ TARGETED = (
     _plan(COMMANDS_SEED, Fault("kill_process", "failpoint", "spacesd.exec.exit_writing", 1,
                 kill_driver=False),
           Fault("restart_space", "failpoint", "spacesd.restore.partial", 1)),
+    # the long command's shim dies before its exit is recorded (outcome unknown) while the
+    # first command's background job runs on: the driver restores in the middle of its run,
+    # at its own epoch, and must end its own job before the restore (G3)
+    _plan(1, Fault("kill_process", "failpoint", "spacesd.exec.exit_writing", 2,
+                   kill_driver=False), preset="ci-long-auto"),
 )
 
 #: Power cuts while the ci-power agent's command sleeps, its append fsynced: once the

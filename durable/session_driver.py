@@ -66,6 +66,9 @@ class Workspaces(Protocol):
     def env(self) -> Any:
         """The harness's execution env (or factory), None when the tools need none."""
 
+    def raise_epochs(self) -> None:
+        """Fence the session's workspaces that exist at this epoch (before ``start``)."""
+
     def ensure_space(self, harness: Harness, conversation: int) -> Any:
         """Bring the conversation's workspace under this epoch and the log's state."""
         ...
@@ -221,6 +224,9 @@ def _attempt(senv: SessionEnv, durable: Callable[[Fence, SessionEnv], Workspaces
     session: Session | None = None
     try:
         adapter = durable(fence, senv)
+        # The order the design gives: the log is open at this epoch; now the Space, before
+        # ``start`` resumes anything; only then the app.
+        adapter.raise_epochs()
         session = Session(senv, storage, fence, adapter)
         submission = start(session)
         assert session.harness is not None

@@ -37,11 +37,14 @@ class SpaceClient(Protocol):
         its name has another."""
         ...
 
-    def advance_epoch(self, epoch: int, *, owner: str | None = None) -> dict[str, Any]:
+    def advance_epoch(self, epoch: int, *, owner: str | None = None,
+                      own: bool = False) -> dict[str, Any]:
         """Raise the Space's floor to ``epoch``; kill every process started under an older
-        epoch. Returns ``{"floor": int, "killed": [keys]}``. ``owner`` is an opaque token
-        of the caller (default: one per process): advancing to the floor itself is
-        idempotent for its owner and refused to anyone else with ``EpochTaken``."""
+        epoch (``own``: under ``epoch`` too: what a driver does before it restores or
+        reverts the workspace in the middle of its run). Returns ``{"floor": int, "killed":
+        [keys]}``. ``owner`` is an opaque token of the caller (default: one per process):
+        advancing to the floor itself is idempotent for its owner and refused to anyone
+        else with ``EpochTaken``."""
         ...
 
     # ---------------------------------------------------------------- exec ledger

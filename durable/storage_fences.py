@@ -89,8 +89,17 @@ def open_fenced_sqlite(
 
     Raises ``StaleEpochError`` (nothing changed) when a newer epoch already opened it; an
     equal epoch is admitted (a restarted process of the same epoch)."""
-    storage = SqliteStorage(path, epoch=epoch, busy_timeout=busy_timeout)
+    storage = open_fenced_sqlite_storage(path, epoch, busy_timeout=busy_timeout)
     return storage, SqliteFence(storage)
+
+
+def open_fenced_sqlite_storage(
+    path: str | Path, epoch: int, *, busy_timeout: float = 10.0
+) -> SqliteStorage:
+    """The storage alone of ``open_fenced_sqlite``, for callers that need no ``Fence`` view
+    (the storage enforces the epoch at every commit either way; ``SqliteFence(storage)``
+    gives the view later)."""
+    return SqliteStorage(path, epoch=epoch, busy_timeout=busy_timeout)
 
 
 # ---------------------------------------------------------------- files (best-effort)

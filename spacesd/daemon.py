@@ -111,8 +111,9 @@ class Daemon:
         self.ops: dict[str, Op] = {
             "capabilities": Op(self._capabilities, {}, "check"),
             "describe": Op(self._describe, {}, "none"),
-            "advance_epoch": Op(self._advance_epoch, {"owner": STR.with_default("")}, "advance",
-                                with_epoch=True),
+            "advance_epoch": Op(self._advance_epoch, {"owner": STR.with_default(""),
+                                                      "own": BOOL.with_default(False)},
+                                "advance", with_epoch=True),
             "exec_start": Op(self._exec_start, {"key": STR, "command": STR,
                                                 "cwd": STR.optional(), "env": STR_MAP.optional()},
                              "admit", with_epoch=True),
@@ -211,14 +212,17 @@ class Daemon:
         return {"space_id": self.space_id, "floor": self.fence.floor,
                 "protocol": protocol.PROTOCOL_VERSION}
 
-    def _advance_epoch(self, epoch: int, owner: str) -> dict[str, Any]:
+    def _advance_epoch(self, epoch: int, owner: str, own: bool) -> dict[str, Any]:
+        """``own``: also kill what ``epoch`` itself started (its owner's own fence, taken
+        before it restores or reverts the workspace in the middle of its run)."""
         with self.fence.advancing(epoch, check_owner(owner)) as floor_before:
             if epoch > floor_before:
                 self.failpoints.report("spacesd.advance.persisted",
                                        {"epoch": epoch, "floor_before": floor_before})
-            killed = self.ledger.fence(epoch)
+            killed = self.ledger.fence(epoch, own=own)
             self.fences.append(Advance(epoch, floor_before, epoch > floor_before, killed,
-                                       self.ledger.alive_below(epoch)))
+                                       self.ledger.alive_below(epoch + 1 if own else epoch),
+                                       own))
         return {"floor": self.fence.floor, "killed": killed}
 
     @staticmethod
@@ -313,7 +317,7 @@ class Daemon:
     def _checkpoint_restore(self, id: str, epoch: int,  # noqa: A002 - protocol name
                             exclude: list[str] | None) -> dict[str, Any]:
         floor = self.fence.floor
-        self.fences.append(Restore(id, epoch, floor, self.ledger.alive_below(floor)))
+        self.fences.append(Restore(id, epoch, floor, self.ledger.alive_below(epoch + 1)))
         return self.checkpoints.restore(id, exclude=exclude).to_json()
 
     def _checkpoint_list(self) -> dict[str, Any]:

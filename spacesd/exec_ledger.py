@@ -352,11 +352,13 @@ class ExecLedger:
                 self._kill([rec], fenced_by=None)
         return self.status(key)
 
-    def fence(self, epoch: int) -> list[str]:
-        """Kill the tree of every key started under an epoch below ``epoch``, and every
-        stray (a process of the Space whose command is unknown); returns the keys."""
+    def fence(self, epoch: int, *, own: bool = False) -> list[str]:
+        """Kill the tree of every key started under an epoch below ``epoch`` (``own``: at
+        or below it, a restore's fence), and every stray (a process of the Space whose
+        command is unknown); returns the keys."""
+        top = epoch + 1 if own else epoch
         with self._lock:
-            killed = self._kill([r for r in self._records.values() if r.epoch < epoch],
+            killed = self._kill([r for r in self._records.values() if r.epoch < top],
                                 fenced_by=epoch)
             self._containment.kill_strays(self._trees(self._records.values()),
                                           spare=self._helpers())

@@ -6,10 +6,12 @@ outside reads the journal later (``audit.read_state``), even from a copy of a Sp
 taken after the Space died. One fsynced record per event:
 
 - ``advance``: every ``advance_epoch`` that passed the fence: the floor before, whether it
-  was raised, the keys it killed and those of an older epoch still alive afterwards;
+  was raised, the keys it killed and those of an older epoch still alive afterwards (with
+  ``own``, those of its own epoch too);
 - ``restore``: every ``checkpoint_restore``, written before it touches the workspace (so a
-  restore cut short is recorded too): the request's epoch, the floor, and the keys below the
-  floor still alive;
+  restore cut short is recorded too): the request's epoch, the floor, and the keys started
+  at or below the request's epoch still alive: the restorer's own earlier commands count,
+  since a driver that restores in the middle of its run fences its own first (``own``);
 - ``sweep``: every daemon start, which kills what an advance cut short by a crash left
   alive.
 
@@ -39,6 +41,8 @@ class Advance:
     raised: bool
     killed: list[str]
     alive_after: list[str]
+    #: Its owner's own fence: the keys of ``epoch`` itself were killed too.
+    own: bool = False
     ms: int = field(default_factory=_now_ms)
 
 
@@ -49,8 +53,9 @@ class Restore:
     #: The epoch of the restore request.
     epoch: int
     floor: int
-    #: Keys started under an epoch below ``floor`` whose process group had a live member.
-    alive_older: list[str]
+    #: Keys started at or below ``epoch`` whose tree had a live member (journals of older
+    #: daemons hold ``alive_older``: keys below ``floor``).
+    alive_after: list[str]
     ms: int = field(default_factory=_now_ms)
 
 

@@ -1,12 +1,14 @@
 """G3 fenced before restore: before a restore or revert changes any file, no process started
-under an older epoch is alive.
+before it is alive: none of an older epoch, and none of the restoring driver's own (a
+command an in-process recovery gave up on, a background job of an earlier call).
 
 spacesd records, at each ``advance_epoch`` (and its start-up sweep), what it killed and what
 of an older epoch it still found alive afterwards, and at each checkpoint restore the
-request's epoch, the floor, and what of an older epoch was alive (``fences.jsonl``). Checked:
-nothing older alive after any advance, sweep or restore; every restore comes from the owner
-of the floor (a restore by a higher epoch did not advance first); and every restore or
-revert the adapter recorded at epoch ``e`` follows an ``advance_epoch(e)`` of the Space."""
+request's epoch, the floor, what it killed and what started at or below the request's epoch
+it still found alive (``fences.jsonl``). Checked: nothing alive after any advance, sweep or
+restore; every restore comes from the owner of the floor (a restore by a higher epoch did
+not advance first); and every restore or revert the adapter recorded at epoch ``e`` follows
+an ``advance_epoch(e)`` of the Space."""
 
 from __future__ import annotations
 
@@ -31,8 +33,10 @@ def check(inp: CheckInput) -> list[str]:
         for r in ledger["audit"]["fences"]:
             alive = r.get("alive_after", r.get("alive_older", []))
             if alive:
+                own = r.get("own") or (r["t"] == "restore" and "alive_after" in r)
+                started = "started at or below its epoch" if own else "of an older epoch"
                 errors.append(f"{r['t']} at epoch {r.get('epoch', r.get('floor'))} left "
-                              f"{len(alive)} process(es) of an older epoch alive: {alive[:3]}")
+                              f"{len(alive)} process(es) {started} alive: {alive[:3]}")
             if r["t"] == "advance":
                 advances[r["epoch"]] = min(advances.get(r["epoch"], r["ms"]), r["ms"])
             if r["t"] == "restore" and r["epoch"] != r["floor"]:

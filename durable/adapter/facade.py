@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import HaltError, SpaceNotFound, SpaceUnavailable, StaleEpochError
 from ..fence_contract import Fence
-from ..log import Log
+from ..log import ROOT_CONVERSATION, Log
 from ..spaces import SpaceClient, Spaces
 from ..tools import CallContext, Tool, ToolResult
 from .checkpoint_keeper import CheckpointKeeper
@@ -112,6 +112,27 @@ class DurableSpaces:
     def env(self, log: Log, conversation: int) -> SpaceEnv:
         """The harness's env factory: the conversation's Space as an ``ExecutionEnv``."""
         return SpaceEnv(lambda: self.space.ensure(log, conversation).client, self.cwd)
+
+    def raise_epoch(self, name: str) -> dict[str, Any]:
+        """Raise the Space ``name`` to this driver's epoch before its first use: every
+        process an older epoch started there is killed first, and older epochs are refused
+        from then on. Returns spacesd's answer (``{"floor": int, "killed": [keys]}``);
+        raises ``StaleEpochError`` (after telling ``on_stale``) when a newer epoch holds the
+        Space, ``SpaceNotFound`` when there is none of that name."""
+        try:
+            return self.space.raise_epoch(name)
+        except StaleEpochError as exc:
+            self.space.stale(exc)
+            raise
+
+    def raise_epochs(self) -> None:
+        """Raise the session's first Space to this epoch if it exists yet: what the session
+        driver does before ``start`` resumes anything, so that no command of an older
+        driver runs on while this one reads the log. (The Space of a later conversation is
+        raised when the log first leads to it, before any of its calls runs.)"""
+        name = self.space.name(ROOT_CONVERSATION)
+        if self.space.spaces.exists(name):
+            self.raise_epoch(name)
 
     def ensure_space(self, harness: Harness, conversation: int) -> SpaceClient:
         """Make sure the conversation's Space exists, is fenced at this epoch and holds the

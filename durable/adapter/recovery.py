@@ -15,6 +15,10 @@ The rules, in order (``decide.decide`` is their table):
    shell command that started is never started a second time: the call ends interrupted,
    telling the model the sandbox was restored.
 
+Before a revert or a restore, the driver fences its own earlier processes too (a command
+it gave up on, a background job of an earlier call): recovery in the middle of a run keeps
+its epoch, and nothing started before the workspace is put back may outlive that.
+
 Every decision is recorded as ``RecoveryEvent``s with its cause and this driver's epoch.
 """
 
@@ -200,10 +204,12 @@ class Recovery:
         return self.runner.run(call.tool, call.args, call.ctx, n=call.next_n)
 
     def _revert(self, call: Interrupted, decision: Decision) -> ToolResult:
+        self.space.refence(call.handle.client, own=True)
         self.image.reimage(call.ctx.log, call.ctx.conversation, call.handle.client)
         return self._run(call, decision)
 
     def _restore(self, call: Interrupted, decision: Decision) -> ToolResult:
+        self.space.refence(call.handle.client, own=True)
         if decision.restore_from == "checkpoint":
             assert call.checkpoint is not None
             failpoint("recovery.restore", call=call.ctx.call_id, checkpoint=call.checkpoint.id)

@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from spacesd.protocol import CAP_EPOCH, CAP_EXEC_LEDGER
 
@@ -137,6 +138,12 @@ class SpaceKeeper:
     # ------------------------------------------------------------------ connecting
 
     def _connect(self, name: str) -> SpaceHandle:
+        client = self._up(name)
+        caps, _answer = self._advance(client)
+        return SpaceHandle(name, client, caps, _space_id(client))
+
+    def _up(self, name: str) -> SpaceClient:
+        """A client of the existing Space ``name`` whose daemon answers."""
         client = self.spaces.connect(name, epoch=self.epoch)
         try:
             client.health()
@@ -145,16 +152,27 @@ class SpaceKeeper:
             # ``create`` is idempotent and brings an existing Space up.
             self.spaces.create(name)
             client = self.spaces.connect(name, epoch=self.epoch)
-        caps = self._advance(client)
-        return SpaceHandle(name, client, caps, _space_id(client))
+        return client
 
-    def refence(self, client: SpaceClient) -> None:
-        """Fence the Space behind ``client`` at this epoch again (after a machine restore
-        brought back an older floor and older processes)."""
-        self._advance(client)
+    def raise_epoch(self, name: str) -> dict[str, Any]:
+        """Fence the Space ``name`` at this epoch before anything uses it: every process an
+        older epoch started there dies, and it refuses older epochs from now on. spacesd's
+        answer (``{"floor", "killed"}``); ``StaleEpochError`` when a newer epoch holds it,
+        ``SpaceNotFound`` when there is no such Space."""
+        return self._advance(self._up(name))[1]
 
-    def _advance(self, client: SpaceClient) -> frozenset[str]:
-        """Fence the Space at this epoch (kills older commands); its capabilities."""
+    def refence(self, client: SpaceClient, *, own: bool = False) -> None:
+        """Fence the Space behind ``client`` at this epoch again: after a machine restore
+        brought back an older floor and older processes; with ``own``, this driver's own
+        earlier processes too, before it restores or reverts the workspace in the middle of
+        its run (the design restores under a new epoch: nothing started before the restore
+        may outlive it, or write after it)."""
+        self._advance(client, own=own)
+
+    def _advance(self, client: SpaceClient, *, own: bool = False
+                 ) -> tuple[frozenset[str], dict[str, Any]]:
+        """Fence the Space at this epoch (kills older commands; ``own``: this epoch's
+        too); its capabilities and spacesd's answer."""
         try:
             caps = client.capabilities()
         except StaleEpochError:
@@ -168,14 +186,14 @@ class SpaceKeeper:
                 f"Space {client.name} lacks {sorted(missing)}; it cannot be fenced. Use a "
                 "Space image whose daemon supports epochs", permanent=True))
         try:
-            client.advance_epoch(self.epoch, owner=self.owner)
+            answer = client.advance_epoch(self.epoch, owner=self.owner, own=own)
         except StaleEpochError as exc:
             self.stale(exc)
             raise
         except SpaceError as exc:
             raise self._halt(HaltError(f"Space {client.name} refused advance_epoch({self.epoch}):"
                                        f" {exc}", permanent=False)) from exc
-        return frozenset(caps)
+        return frozenset(caps), answer
 
     def _halt(self, exc: HaltError) -> HaltError:
         if self.on_halt is not None:

@@ -73,6 +73,9 @@ class Virtual:
     #: The tools find their files themselves; the harness gives them no env.
     env = None
 
+    def raise_epochs(self) -> None:
+        """Nothing to fence: the files live in the log, whose own fence is the epoch's."""
+
     def ensure_space(self, harness: Harness, conversation: int) -> None:
         """Commit the initial files before the first turn (durable workspaces)."""
         if isinstance(self.files, LogWorkspaces):

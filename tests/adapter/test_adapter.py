@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
+import psutil
 import pytest
 
 import durable.failpoints
@@ -28,7 +31,11 @@ from durable.harness import Harness
 from durable.models import PlannedCall, ScriptedModel
 from durable.storage_fences import open_fenced_sqlite
 from durable.tools import ToolRegistry
-from spacesd.protocol import workspace_hash
+from spacesd import journal
+from spacesd.audit import read_state
+from spacesd.exec_files import Claim, read_claim
+from spacesd.exec_ledger import replay
+from spacesd.protocol import STATE_EXEC_DIR, STATE_LEDGER, workspace_hash
 
 
 @dataclass
@@ -343,3 +350,80 @@ def test_a_call_whose_space_was_lost(tmp_path: Path, spaces: LocalSpaces,
     assert {(e.cause, e.epoch) for e in got} == {("space_lost", 2)}
     assert all(cell_of(asdict(e)) in reachable_cells(mode) for e in got)
     s.harness.close()
+
+
+#: A bash call that leaves a process of its own behind (in a session of its own, so only the
+#: Space's fence can end it) and prints its pid.
+BACKGROUND = ("bash", {"command": "setsid sleep 300 >/dev/null 2>&1 </dev/null & echo $!"})
+
+
+class KillShimAt:
+    """A failpoint channel that SIGKILLs the shim of the command reported at the ``nth`` hit
+    of ``space.running`` (the command itself lives on, orphaned): the driver finds its key
+    lost and recovers the call in-process, at its own epoch."""
+
+    enabled = True
+
+    def __init__(self, spaces: LocalSpaces, nth: int) -> None:
+        self.spaces, self.nth = spaces, nth
+        self.hits = 0
+
+    def report(self, point: str, info: dict[str, Any]) -> None:
+        if point == "space.running":
+            self.hits += 1
+            if self.hits == self.nth:
+                self.spaces.kill_process(SPACE, _shim_pid(self.spaces, info["key"]))
+
+
+@pytest.mark.parametrize(("mode", "kind"), [("transactional", "reverted"),
+                                            ("checkpoint", "restored")])
+def test_an_in_process_restore_first_ends_the_drivers_own_earlier_processes(
+        tmp_path: Path, spaces: LocalSpaces, monkeypatch: pytest.MonkeyPatch, mode: str,
+        kind: str) -> None:
+    """A command's shim is killed while the command runs on, orphaned, and a process the
+    same driver started in an earlier call runs too. The driver finds the command's key lost
+    and recovers the call at once, at its own epoch: it reverts (or restores) the workspace.
+    No process started before that may survive it (the design restores "under a new
+    epoch"): the driver fences its own epoch first (both die), which the daemon's fence
+    journal records from a fresh look at /proc. Without that, the orphan appends to
+    ``log.txt`` after the workspace was reverted (even when the revert had no file to
+    change), and a background job outlives the restore."""
+    s = open_session(tmp_path, spaces, steps(BACKGROUND, WRITE, LONG), epoch=1, mode=mode)
+    monkeypatch.setattr(durable.failpoints, "_channel", KillShimAt(spaces, 2))
+    run(s)
+    monkeypatch.undo()
+    got = [(e.kind, e.cause, e.epoch) for e in s.adapter.events if e.kind not in ("mode",)]
+    assert (kind, "daemon_lost", 1) in got, got
+    background_pid = int(results(s)[0]["content"].split()[0])
+    assert not _alive(background_pid), "a process of an earlier call outlived the restore"
+    state = read_state(str(spaces.get(SPACE).state))
+    own = [f for f in state.fences if f["t"] == "advance" and f.get("own")]
+    assert len(own) == 1, state.fences
+    background_key, long_key = (k.key for k in state.keys[:2])  # (then its rerun)
+    assert own[0]["killed"] == sorted([background_key, long_key]), own[0]
+    assert own[0]["alive_after"] == [], own[0]
+    assert all(f["alive_after"] == [] for f in state.fences if f["t"] == "restore")
+    # the workspace holds what the log says: the rerun's line (transactional) or none
+    log_txt = spaces.get(SPACE).dir / "work" / "log.txt"
+    assert (log_txt.read_text() if log_txt.exists() else None) == (
+        "long\n" if mode == "transactional" else None)
+    s.harness.close()
+def _shim_pid(spaces: LocalSpaces, key: str) -> int:
+    """The pid of ``key``'s shim, from its claim (written as the shim starts: waited for)."""
+    state = spaces.get(SPACE).state
+    (rec,) = [r for r in replay(journal.load(str(state / STATE_LEDGER)).records).values()
+              if r.key == key]
+    deadline = time.monotonic() + 120
+    while not isinstance(claim := read_claim(rec.file(str(state / STATE_EXEC_DIR), ".claim")),
+                         Claim):
+        assert time.monotonic() < deadline, f"the shim of {key} never wrote its claim"
+        time.sleep(0.01)
+    return claim.pid
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie is not: it runs nothing)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -19,7 +19,7 @@ from backends.space_client import HttpSpaceClient
 from durable.adapter import DurableSpaces, WorkspaceSnapshots, durable_spaces
 from durable.adapter.space_names import session_token, space_name
 from durable.coding_tools import coding_tools
-from durable.errors import EpochTaken, StaleEpochError
+from durable.errors import EpochTaken, SpaceNotFound, StaleEpochError
 from durable.fence_contract import Fence
 from durable.harness import Harness, Submission
 from durable.models import PlannedCall, ScriptedModel
@@ -261,3 +261,69 @@ def test_a_driver_on_a_jsonl_log_runs_and_records_who_wrote_what(
         assert 1 in history.entry_epochs.values()
     finally:
         storage.close()
+
+
+def test_raise_epoch_fences_a_space_by_name_before_its_first_use(
+        tmp_path: Path, local_spaces: LocalSpaces) -> None:
+    """``DurableSpaces.raise_epoch(name)``: an older epoch's command dies and that epoch is
+    refused from then on; a driver of an older epoch than the Space's is refused itself
+    (``on_stale`` told once), and a Space that does not exist is ``SpaceNotFound``."""
+    name = "cua-s-c1"
+    local_spaces.create(name)
+    old = local_spaces.connect(name, epoch=1)
+    old.advance_epoch(1, owner="an-older-driver")
+    old.exec_start("s:1:0.0:1@1", "sleep 300")
+    stale: list[StaleEpochError] = []
+    _harness, adapter = open_harness(tmp_path / "two", local_spaces, "s", epoch=2,
+                                     on_stale=stale.append)
+    try:
+        assert adapter.raise_epoch(name) == {"floor": 2, "killed": ["s:1:0.0:1@1"]}
+        assert old.with_epoch(2).exec_status("s:1:0.0:1@1").fenced_by == 2
+        with pytest.raises(StaleEpochError):
+            old.write_file("late.txt", b"too late")
+        assert adapter.raise_epoch(name) == {"floor": 2, "killed": []}  # again: a no-op
+        with pytest.raises(SpaceNotFound):
+            adapter.raise_epoch("cua-s-c9")
+    finally:
+        _harness.close()
+    older_harness, older = open_harness(tmp_path / "one", local_spaces, "s", epoch=1,
+                                        on_stale=stale.append)
+    try:
+        with pytest.raises(StaleEpochError):
+            older.raise_epoch(name)
+        assert len(stale) == 1
+    finally:
+        older_harness.close()
+
+
+def test_the_driver_raises_the_spaces_epoch_before_start(
+        tmp_path: Path, local_spaces: LocalSpaces) -> None:
+    """The design's order: the driver opens the log, raises the Space's epoch, and only
+    then calls ``start``: when ``start`` runs, the command an older driver left running in
+    the session's Space is dead and the Space's floor is this driver's epoch."""
+    name = "cua-s-c1"
+    local_spaces.create(name)
+    old = local_spaces.connect(name, epoch=1)
+    old.advance_epoch(1, owner="an-older-driver")
+    old.exec_start("s:1:0.0:1@1", "sleep 300")
+    seen: list[tuple[int, str]] = []
+
+    def build(fence: Fence, senv: SessionEnv) -> DurableSpaces:
+        return durable_spaces(session=senv.name, spaces=local_spaces,
+                              snapshots=WorkspaceSnapshots(local_spaces, "", None),
+                              mode="checkpoint", fence=fence, epoch=senv.epoch)
+
+    def start(session: Session) -> Submission:
+        probe = local_spaces.connect(name, epoch=2)
+        seen.append((probe.describe()["floor"], probe.exec_status("s:1:0.0:1@1").state))
+        harness = session.open_harness(models=ScriptedModel(PLAN),
+                                       registry=ToolRegistry(coding_tools()))
+        return harness.root("a").submit(content="go", request_id="r1")
+
+    out = io.StringIO()
+    with redirect_stdout(out), redirect_stderr(out):
+        code = run_durable_session(durable=build, start=start,
+                                   environ=_driver_env(tmp_path, "2"))
+    assert code == EXIT_OK, out.getvalue()
+    assert seen == [(2, "exited")]
+    assert old.with_epoch(2).exec_status("s:1:0.0:1@1").fenced_by == 2

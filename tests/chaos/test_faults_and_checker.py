@@ -186,6 +186,22 @@ def test_g3_catches_an_older_process_alive_and_an_unfenced_restore() -> None:
         "was 2" in text and "not preceded by advance_epoch(4)" in text
 
 
+def test_g3_catches_the_restoring_drivers_own_process_alive_at_its_restore() -> None:
+    """A driver restores in the middle of its run (its epoch unchanged) while a process it
+    started earlier runs on: spacesd's restore record names it (issue 30.2)."""
+    s = _scenario()
+    obs = _clean_run(s)
+    assert obs.ledgers is not None
+    fences = obs.ledgers[0]["audit"]["fences"]
+    floor = max(f.get("epoch", 0) for f in fences)
+    fences.append({"t": "restore", "id": "c1", "epoch": floor, "floor": floor,
+                   "alive_after": [f"run-1:1:3.0:1@{floor}"], "ms": 6})
+    checks, text = _verdict(obs, s, "checkpoint")
+    assert checks == ["G3"], text
+    assert f"restore at epoch {floor} left 1 process(es) started at or below its epoch " \
+        f"alive: ['run-1:1:3.0:1@{floor}']" in text, text
+
+
 def test_g4_catches_a_stale_entry_and_a_refusal_as_a_result() -> None:
     s = _scenario()
     obs = _clean_run(s)

@@ -28,6 +28,7 @@ from durable.storage_fences import (
     FileFence,
     SqliteFence,
     open_fenced_sqlite,
+    open_fenced_sqlite_storage,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -142,6 +143,26 @@ def test_sqlite_commit_raises_a_lowered_floor_in_the_same_transaction(tmp_path: 
         assert fence.floor() == 7
     finally:
         storage.close()
+
+
+def test_the_storage_only_opener_fences_as_the_pair_does(tmp_path: Path) -> None:
+    """``open_fenced_sqlite_storage(path, epoch)``: no ``Fence`` returned, the same fence
+    enforced: it raises the floor, an older epoch's commit lands nothing, and an older
+    epoch cannot open the log at all."""
+    path = tmp_path / "log.sqlite"
+    old = open_fenced_sqlite_storage(path, 1)
+    new = open_fenced_sqlite_storage(path, 2)
+    try:
+        assert isinstance(new, SqliteStorage) and new.read_floor() == 2
+        with pytest.raises(StaleEpochError):
+            old.commit(mixed_batch(1))
+        new.commit(mixed_batch(1))
+        assert SqliteFence(new).floor() == 2
+        with pytest.raises(StaleEpochError):
+            open_fenced_sqlite_storage(path, 1)
+    finally:
+        old.close()
+        new.close()
 
 
 def test_sqlite_unfenced_storage_leaves_the_floor_alone(tmp_path: Path) -> None:

@@ -106,9 +106,20 @@ MUTANTS: tuple[Mutant, ...] = (
         "exhaustive-calls", "G5", "replayed bash exited (the 80 KB command)"),
     Mutant(
         "advance-kills-nothing", "spacesd/daemon.py",
-        (("            killed = self.ledger.fence(epoch)\n", "            killed = []\n"),),
+        (("            killed = self.ledger.fence(epoch, own=own)\n",
+          "            killed = []\n"),),
         "advance_epoch raises the floor but leaves the older epoch's commands running",
         "transactional", "G3", "reverted bash fenced (the ci-long command across a kill)"),
+    Mutant(
+        "recovery-spares-its-own-processes", "durable/adapter/recovery.py",
+        tuple((f"    def {name}(self, call: Interrupted, decision: Decision) -> ToolResult:\n"
+               "        self.space.refence(call.handle.client, own=True)\n",
+               f"    def {name}(self, call: Interrupted, decision: Decision) -> ToolResult:\n")
+              for name in ("_revert", "_restore")),
+        "a driver that reverts or restores the workspace in the middle of its run (a "
+        "command's shim died) keeps its epoch and does not fence its own earlier processes, "
+        "so a background job of an earlier call outlives the restore",
+        "targeted", "G3", "restored bash daemon_lost in-process, a background job alive"),
     Mutant(
         "floor-not-persisted", "spacesd/epoch_fence.py",
         (("                self._persist(epoch, owner)\n", "                pass\n"),),

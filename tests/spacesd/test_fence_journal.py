@@ -36,14 +36,19 @@ def test_advances_and_restores_are_recorded(spaces: LocalSpaces, space: LocalSpa
     assert client.with_epoch(2).advance_epoch(2) == {"floor": 2, "killed": []}
     with pytest.raises(StaleEpochError):
         client.advance_epoch(1)
+    # its owner's own fence: what epoch 2 itself started dies too
+    client.with_epoch(2).exec_start("k2", "sleep 300")
+    assert client.with_epoch(2).advance_epoch(2, own=True) == {"floor": 2, "killed": ["k2"]}
     client.with_epoch(3).checkpoint_restore("cp")
     assert fences(space.state) == [
         {"t": "sweep", "floor": 0, "killed": [], "alive_after": []},
         {"t": "advance", "epoch": 2, "floor_before": 0, "raised": True, "killed": ["k"],
-         "alive_after": []},
+         "alive_after": [], "own": False},
         {"t": "advance", "epoch": 2, "floor_before": 2, "raised": False, "killed": [],
-         "alive_after": []},
-        {"t": "restore", "id": "cp", "epoch": 3, "floor": 2, "alive_older": []},
+         "alive_after": [], "own": False},
+        {"t": "advance", "epoch": 2, "floor_before": 2, "raised": False, "killed": ["k2"],
+         "alive_after": [], "own": True},
+        {"t": "restore", "id": "cp", "epoch": 3, "floor": 2, "alive_after": []},
     ]
     assert all(f["ms"] >= before for f in audit.read_state(str(space.state)).fences[1:])
     spaces.restart(space.name)
@@ -106,7 +111,8 @@ def test_a_key_of_an_earlier_life_names_no_process_of_this_one(tmp_path: Path) -
             assert daemon.call("exec_status", {"epoch": 1, "key": "old"})["state"] == "lost"
             assert daemon.call("advance_epoch", {"epoch": 2})["killed"] == []
             assert fences(state)[-1] == {"t": "advance", "epoch": 2, "floor_before": 0,
-                                         "raised": True, "killed": [], "alive_after": []}
+                                         "raised": True, "killed": [], "alive_after": [],
+                                         "own": False}
         finally:
             daemon.close()
         assert innocent.poll() is None, "the fence killed a process of this life"
