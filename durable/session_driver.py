@@ -20,6 +20,8 @@ Environment (all required unless a default is given):
   named from the session, ``adapter.space_names``).
 - ``CUA_DIE_WITH_PID`` (optional): the coordinator's pid; the driver is SIGKILLed when it
   dies (``durable.lifetime``).
+- ``CUA_SESSION_INPUT`` (optional): the session's input, as submitted to the coordinator
+  (``SessionEnv.input``; what the app submits is its own choice).
 
 Exit codes: ``0`` finished, ``78`` permanent failure (``PermanentFailure``, a bad
 environment, a missing capability, an unanswered submission), ``75`` fenced (a newer epoch
@@ -98,6 +100,8 @@ class SessionEnv:
     space: str | None = None
     #: The log's storage (``CUA_LOG_STORAGE``): ``sqlite`` or ``jsonl``.
     log_storage: str = DEFAULT_LOG_STORAGE
+    #: The session's input (``CUA_SESSION_INPUT``), "" when none was given.
+    input: str = ""
 
     @classmethod
     def from_environ(cls, environ: dict[str, str] | None = None) -> SessionEnv:
@@ -133,7 +137,7 @@ class SessionEnv:
         except ValueError as exc:
             raise PermanentFailure(str(exc)) from None
         return cls(env["CUA_SESSION_NAME"], int(raw_epoch), state_dir, hb,
-                   env.get("CUA_SPACE_NAME") or None, storage)
+                   env.get("CUA_SPACE_NAME") or None, storage, env.get("CUA_SESSION_INPUT", ""))
 
 
 @dataclass
@@ -192,7 +196,7 @@ def run_durable_session(
     try:
         senv = SessionEnv.from_environ(environ)
     except PermanentFailure as exc:
-        return _exit(EXIT_PERMANENT, f"bad environment: {exc}")
+        return exit_line(EXIT_PERMANENT, f"bad environment: {exc}")
     if open_log is None:
         kind = senv.log_storage
 
@@ -203,11 +207,11 @@ def run_durable_session(
             return _attempt(senv, durable, start, open_log)
         except EpochTaken as exc:
             if exc.floor >= MAX_EPOCH:
-                return _exit(EXIT_PERMANENT, f"no epoch above the floor {exc.floor}: {exc}")
+                return exit_line(EXIT_PERMANENT, f"no epoch above the floor {exc.floor}: {exc}")
             # Nothing ran at the taken epoch in that Space: start over, one above its floor.
             senv = replace(senv, epoch=exc.floor + 1)
             print(f"CUA-EPOCH {senv.epoch} {exc}", flush=True)
-    return _exit(EXIT_FENCED, f"another owner took the Space's epoch {MAX_EPOCH_MOVES + 1} "
+    return exit_line(EXIT_FENCED, f"another owner took the Space's epoch {MAX_EPOCH_MOVES + 1} "
                               "times in a row: two drivers of this session are running")
 
 
@@ -218,7 +222,7 @@ def _attempt(senv: SessionEnv, durable: Callable[[Fence, SessionEnv], Workspaces
     try:
         storage, fence = open_log(senv.state_dir, senv.epoch)
     except StaleEpochError as exc:
-        return _exit(EXIT_FENCED, f"fenced at open: {exc}")
+        return exit_line(EXIT_FENCED, f"fenced at open: {exc}")
     heartbeat = _Heartbeat(senv.epoch, senv.heartbeat_secs, fence)
     heartbeat.start()
     session: Session | None = None
@@ -236,24 +240,24 @@ def _attempt(senv: SessionEnv, durable: Callable[[Fence, SessionEnv], Workspaces
         adapter.ensure_space(session.harness, submission.conversation)
         if outcome.done:
             failpoint("session.end", epoch=senv.epoch)
-            return _exit(EXIT_OK, "finished")
-        return _exit(EXIT_PERMANENT, f"unanswered: {outcome.reason}")
+            return exit_line(EXIT_OK, "finished")
+        return exit_line(EXIT_PERMANENT, f"unanswered: {outcome.reason}")
     except EpochTaken as exc:
         fence.halt(f"moving above epoch {senv.epoch}: {exc}")
         raise
     except StaleEpochError as exc:
         fence.halt(f"fenced: {exc}")
-        return _exit(EXIT_FENCED, f"fenced: {exc}")
+        return exit_line(EXIT_FENCED, f"fenced: {exc}")
     except HaltError as exc:
         fence.halt(f"halted: {exc}")
         code = EXIT_PERMANENT if exc.permanent else EXIT_CRASHED
-        return _exit(code, f"halted: {exc}")
+        return exit_line(code, f"halted: {exc}")
     except PermanentFailure as exc:
         fence.halt(f"permanent failure: {exc}")
-        return _exit(EXIT_PERMANENT, f"permanent failure: {exc}")
+        return exit_line(EXIT_PERMANENT, f"permanent failure: {exc}")
     except Exception as exc:  # noqa: BLE001 - any other error: the driver crashed, said so
         traceback.print_exc()
-        return _exit(EXIT_CRASHED, f"crashed: {type(exc).__name__}: {exc}")
+        return exit_line(EXIT_CRASHED, f"crashed: {type(exc).__name__}: {exc}")
     finally:
         heartbeat.stopped.set()
         if session is not None and session.harness is not None:
@@ -262,6 +266,7 @@ def _attempt(senv: SessionEnv, durable: Callable[[Fence, SessionEnv], Workspaces
             storage.close()
 
 
-def _exit(code: int, reason: str) -> int:
+def exit_line(code: int, reason: str) -> int:
+    """Print the driver's last line (``CUA-EXIT <code> <reason>``); ``code``."""
     print(f"CUA-EXIT {code} {reason}", file=sys.stderr, flush=True)
     return code

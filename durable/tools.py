@@ -270,19 +270,35 @@ class ToolRegistry:
         return list(self._tools)
 
 
+@dataclass(frozen=True)
+class HostIO:
+    """What a host tool's function gets beside its arguments: the conversation's log (to
+    read; the call's result is what it commits), which conversation and call it runs in,
+    and ``write`` to stream output, kept in the log as the call's progress (a driver that
+    crashes mid-call leaves it for the next one and for people watching)."""
+
+    log: Log
+    conversation: int
+    call_id: str
+    #: True when recovery runs the call again after a crash (a ``replay="safe"`` tool).
+    recovering: bool
+    write: Callable[[str], None]
+
+
 def host_tool(
-    fn: Callable[[dict[str, Any]], Any],
+    fn: Callable[[dict[str, Any], HostIO], Any],
     *,
     name: str,
     schema: dict[str, Any],
     description: str = "",
     replay: Replay = "never",
 ) -> Tool:
-    """A tool from any Python callable taking the arguments dict. Its return value becomes
-    the result text (``str`` as is, anything else as JSON)."""
+    """A tool from any Python callable taking the arguments dict and a ``HostIO``. Its
+    return value becomes the result text (``str`` as is, anything else as JSON)."""
 
     def run(args: dict[str, Any], ctx: CallContext) -> ToolResult:
-        out = fn(args)
+        out = fn(args, HostIO(ctx.log, ctx.conversation, ctx.call_id, ctx.recovering,
+                              ctx.progress))
         if isinstance(out, ToolResult):
             return out
         return ToolResult(out if isinstance(out, str) else json.dumps(out))

@@ -15,7 +15,8 @@ Each drive of a claimed session:
    that already is at or above it;
 4. launches the driver with ``CUA_SESSION_NAME``, ``CUA_SESSION_EPOCH``, ``CUA_STATE_DIR``,
    ``CUA_SESSION_HEARTBEAT_SECS`` (``stall_secs / 4`` by default), ``CUA_SPACE_NAME``,
-   ``CUA_SPACE_PROVIDER`` and ``CUA_SESSION_INPUT``; it dies with the coordinator
+   ``CUA_SPACE_PROVIDER``, ``CUA_SESSION_INPUT``, ``CUA_SESSION_MODE`` and
+   ``CUA_SESSION_CHECKPOINT_STORE``; it dies with the coordinator
    (``durable.lifetime``);
 5. watches it (``drive``): silent for ``stall_secs`` -> ended and replaced;
 6. by its exit: ``0`` done; ``78`` failed (permanent); ``75`` fenced (a newer epoch exists:
@@ -387,7 +388,9 @@ class Coordinator:
                 "CUA_STATE_DIR": spec.state_dir,
                 "CUA_SESSION_HEARTBEAT_SECS": repr(self.config.heartbeat),
                 "CUA_SPACE_NAME": spec.space, "CUA_SPACE_PROVIDER": self.provider,
-                "CUA_SESSION_INPUT": spec.input, DIE_WITH_ENV: str(os.getpid())}
+                "CUA_SESSION_INPUT": spec.input, "CUA_SESSION_MODE": spec.mode,
+                "CUA_SESSION_CHECKPOINT_STORE": "1" if spec.checkpoint_store else "0",
+                DIE_WITH_ENV: str(os.getpid())}
 
     @staticmethod
     def _log_path(rec: SessionRecord, epoch: int) -> Path:

@@ -23,7 +23,8 @@ MODES = ("auto", "transactional", "checkpoint")
 #: What the coordinator sets in every driver's environment: never a session's own.
 DRIVER_ENV = ("CUA_SESSION_NAME", "CUA_SESSION_EPOCH", "CUA_STATE_DIR",
               "CUA_SESSION_HEARTBEAT_SECS", "CUA_SPACE_NAME", "CUA_SPACE_PROVIDER",
-              "CUA_SESSION_INPUT", "CUA_DIE_WITH_PID")
+              "CUA_SESSION_INPUT", "CUA_SESSION_MODE", "CUA_SESSION_CHECKPOINT_STORE",
+              "CUA_DIE_WITH_PID")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/-]{0,199}")
 #: A Space's name is a directory and a container name on every backend.
 _SPACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
@@ -71,7 +72,8 @@ class SessionSpec:
 
     ``command`` is the driver's argv (for campaigns ``python -m chaos.driver ...``), run once
     per attempt with ``CUA_SESSION_NAME``, ``CUA_SESSION_EPOCH``, ``CUA_STATE_DIR``,
-    ``CUA_SESSION_HEARTBEAT_SECS``, ``CUA_SPACE_NAME`` and ``CUA_SESSION_INPUT`` set.
+    ``CUA_SESSION_HEARTBEAT_SECS``, ``CUA_SPACE_NAME``, ``CUA_SESSION_INPUT``,
+    ``CUA_SESSION_MODE`` and ``CUA_SESSION_CHECKPOINT_STORE`` (``1`` or ``0``) set.
     ``mode`` and ``checkpoint_store`` say whether a lost Space can be rebuilt: in checkpoint
     mode without a ``CheckpointStore`` its checkpoints were inside it.
     """

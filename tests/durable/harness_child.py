@@ -23,7 +23,7 @@ effects = state / "effects"
 
 
 def effect(name: str):
-    def run(args: dict) -> str:
+    def run(args: dict, _io: object) -> str:
         with open(effects, "a") as f:
             f.write(f"{name}:{args['marker']}\n")
         time.sleep(args.get("sleep", 0))

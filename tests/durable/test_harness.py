@@ -27,6 +27,7 @@ from durable.storage import SqliteStorage
 from durable.storage.records import Batch, EntryRecord
 from durable.tools import (
     CallContext,
+    HostIO,
     Tool,
     ToolRegistry,
     ToolResult,
@@ -114,11 +115,39 @@ class TwoCalls:
         return AssistantMessage("both", [ToolCallRequest("safe", {}), ToolCallRequest("never", {})])
 
 
+def test_a_host_tool_gets_the_conversations_log_and_streams_output(tmp_path: Path) -> None:
+    """``host_tool``'s function gets a ``HostIO``: the conversation's log (here: the input
+    it answers), its call, and ``write``, whose output the log keeps as the call's progress
+    while it runs."""
+    seen: list[tuple[int, str, bool, str, str]] = []
+
+    def fetch(args: dict[str, Any], io: HostIO) -> str:
+        io.write("fetching...\n")
+        slot = io.log.slot(io.conversation, io.call_id)
+        assert slot is not None
+        inputs = [e.data["content"] for e in io.log.entries(io.conversation)
+                  if e.kind == "input"]
+        seen.append((io.conversation, io.call_id, io.recovering, slot.progress, inputs[0]))
+        return "fetched"
+
+    tool = host_tool(fetch, name="fetch", schema={"type": "object"})
+    h = harness_for(tmp_path, [PlannedCall(0, "fetch", {})], [tool])
+    try:
+        assert h.root("a").submit(content="go fetch", request_id="r").wait().done
+        ((conversation, call_id, recovering, progress, first_input),) = seen
+        assert (conversation, recovering, progress, first_input) == \
+            (1, False, "fetching...\n", "go fetch")
+        results = [e.data for e in h.log.entries(1) if e.kind == "tool_result"]
+        assert [(r["content"], r["call_id"]) for r in results] == [("fetched", call_id)]
+    finally:
+        h.close()
+
+
 def test_resume_applies_replay_rules(tmp_path: Path) -> None:
     runs: list[str] = []
-    safe = host_tool(lambda a: runs.append("safe") or "ok", name="safe", replay="safe",
+    safe = host_tool(lambda a, io: runs.append("safe") or "ok", name="safe", replay="safe",
                      schema={"type": "object"})
-    never = host_tool(lambda a: runs.append("never") or "ok", name="never",
+    never = host_tool(lambda a, io: runs.append("never") or "ok", name="never",
                       schema={"type": "object"})
 
     def open_harness() -> Harness:

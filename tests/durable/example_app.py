@@ -1,0 +1,27 @@
+"""An app for ``python -m durable run``: only a ``start`` function, no driver module of its
+own. Its scripted model appends the session's input to ``notes.txt`` with bash, then writes
+``done.txt``."""
+
+from __future__ import annotations
+
+import shlex
+
+from durable.coding_tools import coding_tools
+from durable.harness import Submission
+from durable.models import PlannedCall, ScriptedModel
+from durable.session_driver import Session
+from durable.tools import ToolRegistry
+
+REQUEST_ID = "example-app-input"
+
+
+def start(session: Session) -> Submission:
+    text = session.env.input
+    plan = [PlannedCall(0, "bash", {"command": f"printf '%s\\n' {shlex.quote(text)} >> notes.txt"}),
+            PlannedCall(1, "write", {"path": "done.txt", "content": "done\n"})]
+    harness = session.open_harness(models=ScriptedModel(plan),
+                                   registry=ToolRegistry(coding_tools()))
+    return harness.root("example").submit(content=text, request_id=REQUEST_ID)
+
+
+not_a_function = 42
