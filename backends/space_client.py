@@ -318,7 +318,9 @@ class HttpSpaceClient:
 
     def advance_epoch(self, epoch: int, *, owner: str | None = None,
                       own: bool = False) -> dict[str, Any]:
-        return self._call("advance_epoch", epoch=epoch, owner=owner or PROCESS_OWNER, own=own)
+        # ``own`` only when set: a daemon older than it refuses a field it does not know
+        extra = {"own": True} if own else {}
+        return self._call("advance_epoch", epoch=epoch, owner=owner or PROCESS_OWNER, **extra)
 
     # ---------------------------------------------------------------- exec ledger
 

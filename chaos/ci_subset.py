@@ -210,6 +210,9 @@ SLICES: tuple[Slice, ...] = (
     Slice("stale-jsonl", "the same on the JSONL log and its file fence: a parked older "
           "driver's commits are refused once a newer one opened the log",
           {"mode": "stale", "steps": 5, "seeds": (7, 6, 8, 21, 3, 1), "log_storage": "jsonl"}),
+    Slice("stale-paused", "an older driver paused (SIGSTOP) wherever it is a few milliseconds "
+          "past a seeded point, overtaken by a newer one that finishes, then woken: it must "
+          "be fenced and change nothing", {"mode": "stale", "stale_kind": "paused", "runs": 10}),
     Slice("stale-foreign", "a second session on the same Spaces provider: another one beside "
           "the run's, or a new log of this session on the Space an earlier log left a command "
           "running in at the same epoch", {"mode": "stale", "stale_kind": "foreign", "steps": 5,
@@ -218,8 +221,9 @@ SLICES: tuple[Slice, ...] = (
           "session of its own: the newer driver's fence must kill the writer too",
           {"mode": "stale", "stale_kind": "detached", "runs": 20}, waits=4),
     Slice("redrive", "the coordinator drives the session through driver kills, Spaces lost "
-          "after a kill and under a live driver, its own SIGKILL in a backoff, and a race of "
-          "two sessions for one Space", {"mode": "redrive", "runs": 10}),
+          "after a kill and under a live driver, its own SIGKILL in a backoff, a race of "
+          "two sessions for one Space, and a driver frozen mid-call that it must replace",
+          {"mode": "redrive", "runs": 12}),
     Slice("microvm-power", "power cuts of a microVM Space while a command that fsynced its "
           "append runs: the next driver must learn from the ledger that it ran",
           {"mode": "transactional", "backend": "microvm", "plans": POWER_CUTS},

@@ -4,10 +4,11 @@
 only; its commands survive), ``RestartSpace`` (the daemon and every process, the disk
 kept), ``LoseSpace`` (the Space is lost at one instant; its ledger is saved, for G2 and
 G3), ``KillProcess`` (the one process of the Space that reported the failpoint: a
-command's shim) and ``PowerLoss`` (a microVM's power cut: unsynced writes lost, the machine
-booted again). ``FaultNemesis`` holds them all, by action. Each ends an operation in one
-completion (``chaos.nemesis`` has the contract): ``info`` when it struck, ``fail`` with the
-reason when it could not.
+command's shim), ``PowerLoss`` (a microVM's power cut: unsynced writes lost, the machine
+booted again) and ``PauseDriver`` (SIGSTOP of the driver's process group).
+``FaultNemesis`` holds them all, by action. Each ends an operation in one completion
+(``chaos.nemesis`` has the contract): ``info`` when it struck, ``fail`` with the reason when
+it could not.
 """
 
 from __future__ import annotations
@@ -72,6 +73,19 @@ class KillDriver(_Kind):
             return Completion("fail", self.action,
                               f"skipped {op.fault.describe()}: no driver was running")
         op.driver.kill_group()
+        return Completion("info", self.action, op.fault.describe())
+
+
+class PauseDriver(_Kind):
+    """The driver frozen (SIGSTOP of its process group) where it stands: its heartbeat falls
+    silent, and only its coordinator's stall detection can replace it."""
+
+    action = "pause_driver"
+
+    def invoke(self, op: Operation) -> Completion:
+        if op.driver is None or not op.driver.pause_group():
+            return Completion("fail", self.action,
+                              f"skipped {op.fault.describe()}: no driver was running")
         return Completion("info", self.action, op.fault.describe())
 
 
@@ -161,7 +175,7 @@ class KillProcess(_SpaceKind):
 
 
 KINDS: tuple[type[_Kind], ...] = (KillDriver, KillDaemon, RestartSpace, LoseSpace, KillProcess,
-                                  PowerLoss)
+                                  PowerLoss, PauseDriver)
 
 
 class FaultNemesis:

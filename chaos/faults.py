@@ -15,8 +15,10 @@ Actions: ``kill_driver`` (SIGKILL of the driver's process group), ``kill_daemon`
 Space's daemon; its commands survive), ``restart_space`` (daemon and every process gone,
 disk kept), ``delete_space`` (the Space is lost), ``kill_process`` (SIGKILL of the one
 process that reported the failpoint: a command's shim), ``power_loss`` (a microVM only: the
-machine loses power, with its unsynced writes, and is booted again). A Space fault may also kill the
-driver (``kill_driver=True``) or let it run into the fault itself.
+machine loses power, with its unsynced writes, and is booted again), ``pause_driver`` (SIGSTOP
+of the driver's process group: it is frozen, its heartbeat silent, until its coordinator
+replaces it; redrive only). A Space fault may also kill the driver (``kill_driver=True``)
+or let it run into the fault itself.
 
 Combined faults: a plan's later faults often aim at the recovery of an earlier one (a Space
 fault during the next driver's recovery, or a kill in the middle of a restore).
@@ -36,7 +38,7 @@ from scenarios.plan import Scenario
 from spacesd.failpoints import POINTS as SPACE_POINTS
 
 Action = Literal["kill_driver", "kill_daemon", "restart_space", "delete_space", "kill_process",
-                 "power_loss"]
+                 "power_loss", "pause_driver"]
 SPACE_ACTIONS: tuple[Action, ...] = ("kill_daemon", "restart_space", "delete_space")
 #: Every failpoint a plan may name: the drivers' and the Space's.
 ALL_POINTS: dict[str, str] = {**DRIVER_POINTS, **SPACE_POINTS}
@@ -93,6 +95,9 @@ class Fault:
                 raise ValueError(f"delay {self.delay!r} is not seconds from 0 to a day")
         else:
             raise ValueError(f"trigger {self.trigger!r} is neither 'failpoint' nor 'time'")
+        if self.action == "pause_driver" and self.kill_driver:
+            raise ValueError("a pause_driver fault freezes the driver and must not also kill "
+                             "it: give it kill_driver=False")
 
     def describe(self) -> str:
         where = (f"{self.point}#{self.occurrence}" if self.trigger == "failpoint"

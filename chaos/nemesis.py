@@ -81,7 +81,8 @@ class Nemesis(Protocol):
 #: The run's count an ``info`` completion of each action adds one to.
 COUNTERS: dict[str, str] = {"kill_driver": "kills", "kill_daemon": "daemon_kills",
                             "restart_space": "space_restarts", "delete_space": "lost_spaces",
-                            "kill_process": "process_kills", "power_loss": "power_losses"}
+                            "kill_process": "process_kills", "power_loss": "power_losses",
+                            "pause_driver": "pauses"}
 
 
 class NoopNemesis:

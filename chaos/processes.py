@@ -27,6 +27,10 @@ class Driver(Protocol):
 
     def kill_group(self) -> None: ...
 
+    def pause_group(self) -> bool:
+        """SIGSTOP its process group; False when it had already exited."""
+        ...
+
 
 class Owned(ABC):
     """A driver the runner owns, in a session of its own (its pid is its process group):
@@ -61,12 +65,35 @@ class Owned(ABC):
             except ProcessLookupError:
                 pass
 
+    def pause_group(self) -> bool:
+        """SIGSTOP the whole process group wherever each process is (a pause, not an end:
+        ``resume_group`` wakes it); False when the driver has already exited."""
+        return self._signal_live(signal.SIGSTOP)
+
+    def resume_group(self) -> None:
+        """SIGCONT the process group ``pause_group`` stopped."""
+        self._signal_live(signal.SIGCONT)
+
+    def _signal_live(self, signum: int) -> bool:
+        """Send ``signum`` to the group while its leader is not reaped (so the id is still
+        this driver's); whether it was sent."""
+        with self._lock:
+            if self.poll() is not None:
+                return False
+            try:
+                os.killpg(self.pid, signum)
+            except ProcessLookupError:
+                return False
+            return True
+
     def _end(self, grace: float) -> None:
-        """The Trio way: SIGTERM to the group, ``grace`` seconds, then SIGKILL with a
-        warning; a group whose leader is gone (a tool's background child) is SIGKILLed."""
+        """The Trio way: SIGTERM to the group (and SIGCONT, so that a paused one can act
+        on it), ``grace`` seconds, then SIGKILL with a warning; a group whose leader is gone
+        (a tool's background child) is SIGKILLed."""
         if self.poll() is None:
             try:
                 os.killpg(self.pid, signal.SIGTERM)
+                os.killpg(self.pid, signal.SIGCONT)
             except ProcessLookupError:
                 pass
             try:

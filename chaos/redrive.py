@@ -1,7 +1,7 @@
 """Redrive mode: the coordinator (``durable.coordinator``, a real process) drives the run's
 session while the nemesis attacks the drivers, the Space and the coordinator itself.
 
-Five kinds of runs, by seed (``KINDS``; ``--redrive-kind`` picks one):
+Six kinds of runs, by seed (``KINDS``; ``--redrive-kind`` picks one):
 
 - ``driver_kill``: one to three SIGKILLs of the driver at seeded failpoints;
 - ``lost_after_kill``: the driver killed and its Space removed right after: the coordinator
@@ -11,6 +11,9 @@ Five kinds of runs, by seed (``KINDS``; ``--redrive-kind`` picks one):
 - ``coordinator_kill``: a driver kill, then the coordinator SIGKILLed during the backoff that
   follows and started again (same id): it resumes from its store without a second driver
   for any epoch;
+- ``frozen``: the driver frozen mid-call (SIGSTOP of its process group at a seeded
+  failpoint): its heartbeat falls silent, the coordinator must notice the stall within
+  ``--stall-secs``, kill the frozen driver and drive the session on at a newer epoch;
 - ``race``: two sessions submitted at once for one Space: the second must wait ("held by
   session:<first>"), start promptly when the first ends, with the next lease token and
   epochs above the first's; the first's superseded token is then refused.
@@ -56,7 +59,7 @@ from .rendezvous import Answer, Hit, Rendezvous
 if TYPE_CHECKING:
     from .runner import Run
 
-KINDS = ("driver_kill", "lost_after_kill", "lost_live", "coordinator_kill", "race")
+KINDS = ("driver_kill", "lost_after_kill", "lost_live", "coordinator_kill", "race", "frozen")
 #: The race's second session: its agent (no edits: the first session changed doc.txt), its
 #: seed (added to the run's) and the index of its first step (its markers never meet the
 #: first session's).
@@ -71,6 +74,9 @@ DEFAULT_BACKOFF_S = 0.2
 CLAIM_S = 3.0
 HEARTBEAT_S = 0.5
 STALL_S = 60.0
+#: ... but short where a frozen driver must be noticed (its heartbeat is every 0.5 s: ten
+#: silent beats, which a live driver on a loaded machine does not miss).
+STALL_S_BY_KIND = {"frozen": 5.0}
 #: How long a run waits for its sessions to end.
 SESSIONS_TIMEOUT_S = 180.0
 #: Failpoints a driver reaches inside a call (a kill or a Space loss lands mid-call there).
@@ -106,6 +112,8 @@ def draw_redrive_plan(seed: int, kind: str, points: dict[str, int]) -> FaultPlan
     elif kind == "lost_live":
         live_points = {p: n for p, n in calls.items() if p in LIVE_LOSS_POINTS} or calls
         faults.append(Fault("delete_space", "failpoint", *at(live_points), kill_driver=False))
+    elif kind == "frozen":
+        faults.append(Fault("pause_driver", "failpoint", *at(calls), kill_driver=False))
     elif kind in ("coordinator_kill", "race"):
         faults.append(Fault("kill_driver", "failpoint", *at(calls)))
     else:
@@ -134,6 +142,13 @@ class LaunchedDriver:
             os.killpg(self.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+    def pause_group(self) -> bool:
+        try:
+            os.killpg(self.pid, signal.SIGSTOP)
+        except ProcessLookupError:
+            return False
+        return True
 
 
 class DriverTracker:
@@ -212,7 +227,8 @@ class Redrive:
             "--spaces-arg", f"run_dir={run.dir}", "--spaces-arg", f"failpoints={self.rv.address}",
             "--id", ident, "--backoff", str(BACKOFF_S.get(self.kind, DEFAULT_BACKOFF_S)),
             "--backoff-cap", "2", "--poll-secs", str(POLL_S), "--claim-secs", str(CLAIM_S),
-            "--stall-secs", str(STALL_S), "--heartbeat-secs", str(HEARTBEAT_S),
+            "--stall-secs", str(STALL_S_BY_KIND.get(self.kind, STALL_S)),
+            "--heartbeat-secs", str(HEARTBEAT_S),
             "--max-attempts", str(run.plan.max_attempts), "--until-idle")
         log = run.dir / f"coordinator-{ident}-{len(self.coordinator_kills)}.log"
         self.coordinators[ident] = run.scope.launch(argv, self.coordinator_env(), log)
@@ -310,14 +326,17 @@ class Redrive:
     def facts(self, recs: dict[str, SessionRecord]) -> dict[str, Any]:
         """What the coordinator check (G6) reads."""
         run = self.run
-        losses = [run.state.t0 + op["time"] for op in run.state.history()
-                  if op["process"] == "nemesis" and op["f"] == "delete_space"
-                  and op["type"] == "info"]
+        def struck(action: str) -> list[float]:
+            return [run.state.t0 + op["time"] for op in run.state.history()
+                    if op["process"] == "nemesis" and op["f"] == action
+                    and op["type"] == "info"]
+        losses = struck("delete_space")
         return {"kind": self.kind, "session": run.session,
                 "second": self.second_name if self.kind == "race" else None,
                 "records": [r.to_json() for r in recs.values()],
                 "events": [e.to_json() for e in self.store.events()],
-                "losses": losses, "coordinator_kills": self.coordinator_kills,
+                "losses": losses, "pauses": struck("pause_driver"),
+                "coordinator_kills": self.coordinator_kills,
                 "probes": self.probes, "errors": self.errors,
                 "coordinators": sorted(self.coordinators)}
 

@@ -12,6 +12,16 @@ went wrong with the *other* party goes to ``run.stale_error`` (checked by G4).
   fences inside each commit and each Space request can stop it there. The older driver's
   heartbeat (which also checks the fence) is slowed down so that those fences, not the
   heartbeat, are tested.
+- ``paused``: the older driver is paused (SIGSTOP of its whole process group) a seeded
+  instant (0-20 ms) after a seeded point, so it stops wherever it then is, which no
+  failpoint names: between a Space request and its answer, inside a commit holding the
+  log's write lock, in the middle of a restore. A newer driver then runs to its end, and
+  only then is the older one woken (SIGCONT): once a newer driver finished, the older must
+  be fenced (exit 75) and change nothing, wherever it woke (G4, G1). A paused driver that
+  holds a lock the newer one needs (SQLite's write lock, a JSONL log's commit lock) stops
+  it: the newer fails (SQLite's busy timeout) or waits, and the older is woken after
+  ``PAUSE_MAX_S`` all the same; the two then race, and only the checks judge. Counted as
+  ``pauses``.
 - ``detached``: the finished race, with the older driver parked while a ``detached`` step's
   command runs: a command that left a writer in a session of its own (``setsid``, with or
   without its environment). The newer driver's fence must kill the writer too; the run
@@ -29,6 +39,7 @@ went wrong with the *other* party goes to ``run.stale_error`` (checked by G4).
 from __future__ import annotations
 
 import random
+import subprocess
 import time
 from typing import TYPE_CHECKING
 
@@ -46,7 +57,7 @@ from .run_spaces import seed_space
 if TYPE_CHECKING:
     from .runner import Run
 
-KINDS = ("race", "detached", "foreign")
+KINDS = ("race", "detached", "foreign", "paused")
 #: The preset of the earlier log in a foreign run: one command that sleeps, then appends.
 FOREIGN_PRESET = "foreign"
 #: Added to the run's seed for the other session's scenario (its content differs).
@@ -58,6 +69,16 @@ SETTLE_S = 0.3
 #: The heartbeat of a race's older driver: long, so the fences in its commits and Space
 #: requests stop it, not its heartbeat's own fence check.
 STALE_HEARTBEAT_S = 3600.0
+#: Where an older driver is held (or paused just after): points of the driver's own that
+#: its run reaches as often as ``park_points`` counts them.
+RACE_POINTS = ("log.commit", "call.intent", "space.start_mark", "space.running",
+               "space.exited", "call.returned", "space.file_op", "space.file_written")
+#: A paused driver stops up to this long after the point it passed (seeded): past the
+#: failpoint, into the code no failpoint names.
+PAUSE_SPREAD_S = 0.02
+#: The longest pause: past it the older driver is woken even though the newer one has not
+#: ended (it waits on a lock the paused one holds).
+PAUSE_MAX_S = 20.0
 
 
 def run_kind(run: Run, rv: Rendezvous) -> int | None:
@@ -66,6 +87,8 @@ def run_kind(run: Run, rv: Rendezvous) -> int | None:
         return _foreign(run, rv)
     if kind == "detached":
         return _detached(run, rv)
+    if kind == "paused":
+        return _paused(run, rv, random.Random(f"paused:{run.spec.seed}"))
     return _race(run, rv, random.Random(f"stale:{run.spec.seed}"))
 
 
@@ -74,13 +97,7 @@ def _race(run: Run, rv: Rendezvous, rng: random.Random,
     """Every driver of the race is the run's scope's: whatever happens here (a timeout, a
     launch refused after Ctrl-C), none is left running or unreaped."""
     if at is None:
-        points = park_points(run.scenario, run.spec.durable_mode)
-        candidates = [p for p in ("log.commit", "call.intent", "space.start_mark",
-                                  "space.running", "space.exited", "call.returned",
-                                  "space.file_op", "space.file_written")
-                      if p in points]
-        point = rng.choice(candidates)
-        at = (point, rng.randint(1, points[point]))
+        at = _seeded_point(run, rng)
     race = race or rng.choice(("finished", "opened"))
     old_hold = Hold(f"the older driver ({race} race)",
                     lambda hit: (hit.point, hit.occurrence) == at)
@@ -111,6 +128,59 @@ def _race(run: Run, rv: Rendezvous, rng: random.Random,
         run.stale_error = (f"the older driver (epoch {old_epoch}) exited {old_code} after a "
                            f"newer one took over ({race} race); it must be fenced "
                            f"({EXIT_FENCED})")
+    return code
+
+
+def _seeded_point(run: Run, rng: random.Random) -> tuple[str, int]:
+    """A (point, occurrence) of ``RACE_POINTS`` the run's first driver reaches."""
+    points = park_points(run.scenario, run.spec.durable_mode)
+    point = rng.choice([p for p in RACE_POINTS if p in points])
+    return point, rng.randint(1, points[point])
+
+
+def _paused(run: Run, rv: Rendezvous, rng: random.Random) -> int | None:
+    """The older driver paused past a seeded point, a newer one run to its end, the older
+    woken. Its drivers are the run's scope's, as in ``_race``."""
+    at = _seeded_point(run, rng)
+    after_s = rng.uniform(0.0, PAUSE_SPREAD_S)
+    hold = Hold(f"the older driver, to be paused just after {at[0]}#{at[1]}",
+                lambda hit: (hit.point, hit.occurrence) == at
+                and hit.info.get("process") is None)
+    run.holds.add(hold)
+    old = run.launch(1, rv.address, heartbeat=STALE_HEARTBEAT_S)
+    old_epoch = run.epoch
+    if not wait_parked(hold, old):
+        run.stale_error = f"the older driver never reached {at[0]}#{at[1]}"
+        return run.await_driver(old, 1)
+    hold.release.set()
+    time.sleep(after_s)  # the fault's seeded instant, not a wait for an event
+    if not old.pause_group():  # it finished within those milliseconds: nothing to race
+        run.state.op("nemesis", "info", "pause", f"the older driver ended within "
+                     f"{after_s * 1000:.1f} ms of {at[0]}#{at[1]}, before its pause")
+        return run.await_driver(old, 1)
+    run.state.count("pauses")
+    run.state.op("nemesis", "info", "pause", f"older driver (epoch {old_epoch}) paused "
+                 f"{after_s * 1000:.1f} ms after {at[0]}#{at[1]}")
+    run.settle_at = max(run.settle_at, time.time())
+    try:
+        new = run.launch(2, None)
+        try:
+            new.wait(PAUSE_MAX_S)
+            woken_early = False
+        except subprocess.TimeoutExpired:  # it waits on a lock the paused one holds
+            woken_early = True
+            run.state.op("nemesis", "info", "resume", f"the older driver woken after "
+                         f"{PAUSE_MAX_S:g} s: the newer one had not ended")
+    finally:
+        old.resume_group()
+    code = run.await_driver(new, 2)
+    old_code = run.await_driver(old, 1, epoch=old_epoch)
+    if old_code == EXIT_FENCED:
+        run.state.count("fenced")
+    elif code == EXIT_OK and not woken_early:
+        run.stale_error = (f"the older driver (epoch {old_epoch}), paused after {at[0]}#"
+                           f"{at[1]}, exited {old_code} when woken after a newer one had "
+                           f"finished the session; it must be fenced ({EXIT_FENCED})")
     return code
 
 

@@ -54,6 +54,7 @@ def summarize(*, mode: str, backend: str, seed_base: int, records: list[dict[str
     out["covered"] = covered or 0
     out["process_kills"] = sum(r["counts"].get("process_kills", 0) for r in records)
     out["foreign"] = sum(r["counts"].get("foreign", 0) for r in records)
+    out["pauses"] = sum(r["counts"].get("pauses", 0) for r in records)
     reachable = campaign_cells(backend, durable_mode or mode)
     out["cells"] = f"{len(cells_hit(records) & reachable)}/{len(reachable)}"
     out.update(redrive_summary(records))
@@ -165,7 +166,7 @@ POWER_BACKENDS = frozenset({"microvm"})
 #: Every key of a summary, in the order a SUMMARY line prints them.
 KEYS = ("mode", "backend", "log", "seed_base", "runs", "ok", "failed", "unknown", *FAULT_KEYS,
         *RECOVERY_KINDS, "interrupted", "mode_switches", "covered", "process_kills", "foreign",
-        "cells", *REDRIVE_KEYS, "power_losses", "seconds", "verdict")
+        "pauses", "cells", *REDRIVE_KEYS, "power_losses", "seconds", "verdict")
 
 
 def printed_keys(summary: dict[str, Any]) -> list[str]:
@@ -174,14 +175,16 @@ def printed_keys(summary: dict[str, Any]) -> list[str]:
     mode, backend = summary["mode"], summary["backend"]
     applies = {"log": summary.get("log", DEFAULT_LOG_STORAGE) != DEFAULT_LOG_STORAGE,
                "adapter": backend != "virtual", "covered": mode == "exhaustive",
-               "foreign": mode == "stale", "redrive": mode == "redrive",
+               "stale": mode == "stale", "redrive": mode == "redrive",
+               "pauses": mode in ("stale", "redrive"),
                "power": backend in POWER_BACKENDS}
     keys = []
     for key in KEYS:
         group = ("adapter" if key in (*RECOVERY_KINDS, "mode_switches", "cells") else
                  "redrive" if key in REDRIVE_KEYS else
                  "power" if key == "power_losses" else
-                 key if key in ("log", "covered", "foreign") else None)
+                 key if key in ("log", "covered", "pauses") else
+                 "stale" if key == "foreign" else None)
         if key in summary and (group is None or applies[group]):
             keys.append(key)
     return keys

@@ -27,7 +27,7 @@ import json
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from .adapter import DirectoryCheckpointStore, DurableSpaces, WorkspaceSnapshots, durable_spaces
 from .coordinator.records import MODES
@@ -50,8 +50,16 @@ class BadApp(ValueError):
     """The app or the driver's options cannot be used; the message says what to pass."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad options are a permanent failure (78), never argparse's exit 2, which a
+    coordinator would take for a crash and retry."""
+
+    def error(self, message: str) -> NoReturn:
+        raise BadApp(f"{message} (python -m durable run --help)")
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="python -m durable run", description="The session driver for an app's start "
         "function: run one attempt of the session the environment names (a coordinator "
         "sets it; see durable.session_driver).")
@@ -80,6 +88,9 @@ def load_start(target: str) -> Start:
     except (ImportError, AttributeError) as exc:
         raise BadApp(f"cannot load {target}: {type(exc).__name__}: {exc}; is the app's "
                      "package on PYTHONPATH?") from None
+    except Exception as exc:  # noqa: BLE001 - the app's module failed as it loaded: its bug
+        raise BadApp(f"importing {module_name} failed: {type(exc).__name__}: {exc}; fix "
+                     "the app's module (every attempt would fail the same way)") from None
     if not callable(fn):
         raise BadApp(f"{target} is a {type(fn).__name__}, not a function start(session)")
     return fn  # type: ignore[no-any-return]  # a user's callable: its type is its promise
@@ -108,8 +119,8 @@ def provider(args: argparse.Namespace, environ: dict[str, str]) -> Spaces:
 
 def main(argv: Sequence[str], environ: dict[str, str] | None = None) -> int:
     env = dict(os.environ if environ is None else environ)
-    args = parser().parse_args(list(argv))
     try:
+        args = parser().parse_args(list(argv))
         start = load_start(args.start)
         spaces = provider(args, env)
         mode = args.mode or env.get(MODE_ENV) or "auto"

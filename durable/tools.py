@@ -22,6 +22,7 @@ command's start mark that way, before it spawns the command).
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 import threading
 import time
@@ -274,8 +275,8 @@ class ToolRegistry:
 class HostIO:
     """What a host tool's function gets beside its arguments: the conversation's log (to
     read; the call's result is what it commits), which conversation and call it runs in,
-    and ``write`` to stream output, kept in the log as the call's progress (a driver that
-    crashes mid-call leaves it for the next one and for people watching)."""
+    and ``write`` to stream output, kept as the call's progress (committed to the log at
+    most every ``PROGRESS_INTERVAL_S``, so a crash loses at most that much of it)."""
 
     log: Log
     conversation: int
@@ -295,6 +296,14 @@ def host_tool(
 ) -> Tool:
     """A tool from any Python callable taking the arguments dict and a ``HostIO``. Its
     return value becomes the result text (``str`` as is, anything else as JSON)."""
+    try:
+        inspect.signature(fn).bind({}, None)
+    except TypeError:
+        raise ToolError(f"host tool {name!r}: its function must take (args, io): the "
+                        "arguments dict and a HostIO (the conversation's log, the call, "
+                        "write for output); write it as def fn(args, io)") from None
+    except ValueError:
+        pass  # no signature to read (a builtin): it is called as given
 
     def run(args: dict[str, Any], ctx: CallContext) -> ToolResult:
         out = fn(args, HostIO(ctx.log, ctx.conversation, ctx.call_id, ctx.recovering,

@@ -39,8 +39,8 @@ from .shim import SHIM_ENV_VAR, SYNC_ENV
 from .space_identity import load_space_id
 from .workspace_scan import Scanner
 
-CAPABILITIES = (protocol.CAP_EXEC_LEDGER, protocol.CAP_EPOCH, protocol.CAP_FS,
-                protocol.CAP_SCAN, protocol.CAP_CHECKPOINT)
+CAPABILITIES = (protocol.CAP_EXEC_LEDGER, protocol.CAP_EPOCH, protocol.CAP_EPOCH_OWN,
+                protocol.CAP_FS, protocol.CAP_SCAN, protocol.CAP_CHECKPOINT)
 _MAX_KEY = 1024
 _MAX_WAIT = 30.0
 #: Variables the daemon sets or keeps for itself: never taken from a request, never given

@@ -20,6 +20,8 @@ PROTOCOL_VERSION = 1
 #: Capabilities a daemon may announce.
 CAP_EXEC_LEDGER = "process.exec_ledger"
 CAP_EPOCH = "process.epoch"
+#: ``advance_epoch`` takes ``own`` (its owner fences what its own epoch started too).
+CAP_EPOCH_OWN = "process.epoch.own"
 CAP_FS = "fs"
 CAP_SCAN = "workspace.scan"
 CAP_CHECKPOINT = "workspace.checkpoint"

@@ -11,6 +11,8 @@ from ``durable.coordinator``: a rule restated here is checked, not trusted.
   before it, and no epoch was launched twice;
 - a Space lost during a drive is noticed before the next drive (a ``space_gone`` event
   between the loss and that drive), never found out by a failing driver;
+- a driver frozen (SIGSTOP) mid-call is noticed: its drive ends ``stalled`` and the
+  session is driven on by a new driver;
 - in a race, the second session waited for the first (``held``), took the next lease token
   and started promptly after the first ended; the first session's superseded token was
   refused.
@@ -42,6 +44,7 @@ def check(inp: CheckInput) -> list[str]:
     errors += _epochs(events, order)
     errors += _one_driver_at_a_time(events, order)
     errors += _losses_noticed(events, facts["losses"])
+    errors += _stalls_noticed(events, facts.get("pauses", []))
     if facts.get("second"):
         errors += _race(events, records, facts["session"], facts["second"], facts["probes"])
     return errors
@@ -99,6 +102,29 @@ def _one_driver_at_a_time(events: list[dict[str, Any]], order: list[str]) -> lis
                           f"(pid {a['data']['pid']}) had not ended when session "
                           f"{b['session']} was launched at epoch {b['data']['epoch']}: two "
                           "drivers of one Space at once")
+    return errors
+
+
+def _stalls_noticed(events: list[dict[str, Any]], pauses: list[float]) -> list[str]:
+    """Each driver frozen at ``t`` is the one driven then (its ``drive`` event is saved
+    before it starts): its drive must end stalled, and another drive must follow."""
+    errors = []
+    drives = [e for e in events if e["kind"] == "drive"]
+    for t in pauses:
+        frozen = [e for e in drives if e["at"] <= t][-1:]
+        if not frozen:
+            errors.append(f"a driver was frozen at {t:.3f} before any was driven")
+            continue
+        session, epoch = frozen[0]["session"], frozen[0]["data"]["epoch"]
+        stalled = [e for e in events if e["kind"] == "stalled" and e["session"] == session
+                   and e["data"]["epoch"] == epoch]
+        later = [e for e in drives if e["session"] == session and e["at"] > t]
+        if not stalled:
+            errors.append(f"the driver of session {session} at epoch {epoch}, frozen at "
+                          f"{t:.3f}, was never noticed as stalled by its coordinator")
+        elif not later:
+            errors.append(f"the driver of session {session} at epoch {epoch} stalled and no "
+                          "new driver was launched after it")
     return errors
 
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from spacesd.protocol import CAP_EPOCH, CAP_EXEC_LEDGER
+from spacesd.protocol import CAP_EPOCH, CAP_EPOCH_OWN, CAP_EXEC_LEDGER
 
 from ..errors import (
     HaltError,
@@ -180,11 +180,12 @@ class SpaceKeeper:
         except SpaceError as exc:
             raise self._halt(HaltError(f"Space {client.name} cannot be probed: {exc}",
                                        permanent=False)) from exc
-        missing = {CAP_EPOCH, CAP_EXEC_LEDGER} - caps
+        missing = {CAP_EPOCH, CAP_EXEC_LEDGER, *((CAP_EPOCH_OWN,) if own else ())} - caps
         if missing:
             raise self._halt(HaltError(
                 f"Space {client.name} lacks {sorted(missing)}; it cannot be fenced. Use a "
-                "Space image whose daemon supports epochs", permanent=True))
+                "Space image whose daemon supports them (rebuild it from this checkout's "
+                "spacesd)", permanent=True))
         try:
             answer = client.advance_epoch(self.epoch, owner=self.owner, own=own)
         except StaleEpochError as exc:

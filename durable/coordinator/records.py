@@ -113,7 +113,10 @@ class SessionSpec:
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> SessionSpec:
-        return cls(**{**raw, "command": tuple(raw["command"])})
+        # A session stored before a name became the coordinator's own (``DRIVER_ENV``)
+        # loads with that value left out: the coordinator sets it for every driver now.
+        env = {k: v for k, v in (raw.get("env") or {}).items() if k not in DRIVER_ENV}
+        return cls(**{**raw, "command": tuple(raw["command"]), "env": env})
 
 
 @dataclass(frozen=True)

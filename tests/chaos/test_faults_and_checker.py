@@ -288,7 +288,7 @@ def test_merge_and_summary_line() -> None:
     assert parsed["interrupted"] == "1" and parsed["reattached"] == "0"
     assert line.startswith("SUMMARY mode=checkpoint backend=local") and "\n" not in line
     # only the groups that apply: no coordinator, exhaustive, stale or power-loss keys here
-    assert not {"drives", "resume_p50_ms", "covered", "foreign", "power_losses",
+    assert not {"drives", "resume_p50_ms", "covered", "foreign", "pauses", "power_losses",
                 "log"} & set(parsed)
     jsonl = summary_line(summarize(mode="stale", backend="local", seed_base=1, records=[record],
                                    seconds=1.0, durable_mode="transactional",

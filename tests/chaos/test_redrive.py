@@ -17,7 +17,7 @@ from tests.chaos.test_campaign import campaign
 
 def test_a_run_of_each_kind_keeps_the_invariant_and_the_coordinators_rules(
         tmp_path: Path) -> None:
-    seeds = {kind_of(seed, None): seed for seed in range(1, 6)}
+    seeds = {kind_of(seed, None): seed for seed in range(1, len(KINDS) + 1)}
     assert sorted(seeds) == sorted(KINDS)
     code, summary, text = campaign(tmp_path, mode="redrive", seeds=tuple(seeds.values()))
     assert code == 0, text
@@ -38,11 +38,14 @@ def test_a_run_of_each_kind_keeps_the_invariant_and_the_coordinators_rules(
         if kind == "race":
             assert records[seed]["observation"]["second"] is not None
             assert "held" in kinds
+        if kind == "frozen":  # noticed by its silence, killed, replaced
+            assert "stalled" in kinds and facts["pauses"], (kinds, facts["pauses"])
 
 
 def _facts() -> dict[str, Any]:
-    """A recorded history that keeps every rule: a kill, a Space lost and noticed, then the
-    race's second session, waiting, on the next token."""
+    """A recorded history that keeps every rule: a driver frozen, noticed as stalled and
+    killed, a Space lost and noticed, then the race's second session, waiting, on the next
+    token."""
     def ev(seq: int, session: str, at: float, kind: str, **data: Any) -> dict[str, Any]:
         return {"seq": seq, "session": session, "at": at, "kind": kind, "data": data}
 
@@ -63,9 +66,11 @@ def _facts() -> dict[str, Any]:
         ev(10, "b", 3.1, "drive", attempt=1, epoch=3, previous=0, token=2, floor=2),
         ev(11, "b", 3.2, "launched", epoch=3, pid=12),
         ev(12, "b", 4.0, "exited", epoch=3, exit=0),
+        ev(13, "a", 2.0, "stalled", epoch=1, silent_secs=0.4),
     ]
     return {"kind": "race", "session": "a", "second": "b", "records": [rec("a", 1), rec("b", 2)],
-            "events": events, "losses": [2.1], "coordinator_kills": [], "errors": [],
+            "events": events, "losses": [2.1], "pauses": [1.5], "coordinator_kills": [],
+            "errors": [],
             "probes": [{"op": "renew", "token": 1, "refused": True}]}
 
 
@@ -103,6 +108,7 @@ BROKEN = {
                                     "was accepted"),
     "a session that failed": (lambda f: f["records"][0].update(state="failed"),
                               "session a ended failed"),
+    "a freeze not noticed": (lambda f: f["events"].pop(), "never noticed as stalled"),
     "the coordinator crashed": (lambda f: f["errors"].append("coordinator c1 exited 1"),
                                 "coordinator c1 exited 1"),
 }

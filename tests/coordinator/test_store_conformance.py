@@ -157,3 +157,13 @@ def test_two_stores_on_one_database_never_claim_one_session_twice(url: str) -> N
     assert sorted(names) == sorted(f"s{i}" for i in range(20)) and len(set(names)) == 20
     assert {r.owner for r in setup.sessions()} == {c for _, c in claims}
     setup.close()
+
+
+def test_a_spec_stored_before_a_name_became_the_coordinators_still_loads() -> None:
+    """``CUA_SESSION_MODE`` was a session's own ``--env`` name before the coordinator set it
+    for every driver: a session stored then loads, that value left out, the rest kept."""
+    raw = SessionSpec("s1", "ws1", ("python", "-m", "app"), "/tmp/s1",
+                      env={"KEEP": "1"}).to_json()
+    raw["env"]["CUA_SESSION_MODE"] = "checkpoint"
+    spec = SessionSpec.from_json(raw)
+    assert spec.env == {"KEEP": "1"} and spec.command == ("python", "-m", "app")

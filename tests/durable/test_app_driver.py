@@ -60,6 +60,10 @@ def test_bad_options_are_permanent_and_say_what_to_pass(tmp_path: Path,
         ([APP], {}, "pass --spaces MODULE:FACTORY"),
         ([APP], {"CUA_SPACE_PROVIDER": "{]"}, "is not a provider's description"),
         ([APP, *spaces], {"CUA_SESSION_MODE": "fast"}, "expected one of auto"),
+        ([APP, *spaces, "--mode", "fast"], {}, "invalid choice: 'fast'"),
+        ([APP, "--no-such-flag"], {}, "unrecognized arguments"),
+        (["tests.durable.broken_app:start", *spaces], {}, "RuntimeError: the app's module is "
+                                                          "broken; fix the app's module"),
     ]
     for args, extra, message in checks:
         got = run_driver(*args, env={**env, **extra})

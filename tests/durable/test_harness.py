@@ -131,6 +131,8 @@ def test_a_host_tool_gets_the_conversations_log_and_streams_output(tmp_path: Pat
         return "fetched"
 
     tool = host_tool(fetch, name="fetch", schema={"type": "object"})
+    with pytest.raises(ToolError, match=r"must take \(args, io\)"):  # refused when made
+        host_tool(lambda args: "no io", name="old", schema={"type": "object"})
     h = harness_for(tmp_path, [PlannedCall(0, "fetch", {})], [tool])
     try:
         assert h.root("a").submit(content="go fetch", request_id="r").wait().done

@@ -65,7 +65,7 @@ PATH, TEXT, KEY, INT, NUM, BOOL, STRS, ENV, CID, B64, CMD = (
 
 SCHEMA: dict[str, dict[str, str]] = {
     "capabilities": {},
-    "advance_epoch": {"owner": TEXT},
+    "advance_epoch": {"owner": TEXT, "own": BOOL},
     "exec_start": {"key": KEY, "command": CMD, "cwd": PATH, "env": ENV},
     "exec_status": {"key": KEY},
     "exec_wait": {"key": KEY, "offset": INT, "wait": NUM},
