@@ -142,7 +142,8 @@ class SessionEnv:
 
 @dataclass
 class Session:
-    """What ``start`` gets: the opened log, its fence and the adapter."""
+    """What ``start`` gets: the session (``env``: its name, epoch and input), the opened log
+    (``storage``), its fence, the adapter, and ``on_stale``."""
 
     env: SessionEnv
     storage: Storage
@@ -150,6 +151,16 @@ class Session:
     durable: Workspaces
     harness: Harness | None = None
     conversations: list[int] = field(default_factory=list)
+    #: The refusal ``on_stale`` was told of, if any.
+    stale: StaleEpochError | None = None
+
+    def on_stale(self, exc: StaleEpochError) -> None:
+        """Tell the driver that a newer epoch refused this one somewhere the app caught it
+        (its own thread, a host tool's store): the log's fence halts at once, so nothing
+        more is committed, and the attempt ends fenced (75) as soon as ``start`` or the
+        run returns."""
+        self.fence.halt(f"fenced: {exc}")
+        self.stale = self.stale or exc
 
     def open_harness(self, *, models: dict[str, Model] | Model, registry: ToolRegistry) -> Harness:
         """A harness over this session's log with the adapter plugged in, after resuming
@@ -233,10 +244,14 @@ def _attempt(senv: SessionEnv, durable: Callable[[Fence, SessionEnv], Workspaces
         adapter.raise_epochs()
         session = Session(senv, storage, fence, adapter)
         submission = start(session)
+        if session.stale is not None:
+            raise session.stale
         assert session.harness is not None
         # Bring the Space under this epoch and the log's state before the run goes on.
         adapter.ensure_space(session.harness, submission.conversation)
         outcome = submission.wait()
+        if session.stale is not None:
+            raise session.stale
         adapter.ensure_space(session.harness, submission.conversation)
         if outcome.done:
             failpoint("session.end", epoch=senv.epoch)

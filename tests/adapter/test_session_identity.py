@@ -24,6 +24,7 @@ from durable.fence_contract import Fence
 from durable.harness import Harness, Submission
 from durable.models import PlannedCall, ScriptedModel
 from durable.session_driver import (
+    EXIT_FENCED,
     EXIT_OK,
     EXIT_PERMANENT,
     Session,
@@ -327,3 +328,37 @@ def test_the_driver_raises_the_spaces_epoch_before_start(
     assert code == EXIT_OK, out.getvalue()
     assert seen == [(2, "exited")]
     assert old.with_epoch(2).exec_status("s:1:0.0:1@1").fenced_by == 2
+
+
+def test_start_gets_the_session_its_log_fence_and_on_stale(
+        tmp_path: Path, local_spaces: LocalSpaces) -> None:
+    """``start(session)``: the session's name, epoch and input, the opened log and its
+    fence; ``session.on_stale`` (a refusal the app caught itself) halts the log's fence at
+    once and ends the attempt fenced (75), whatever ``start`` returns."""
+    got: list[tuple[str, int, str, bool]] = []
+
+    def build(fence: Fence, senv: SessionEnv) -> DurableSpaces:
+        return durable_spaces(session=senv.name, spaces=local_spaces,
+                              snapshots=WorkspaceSnapshots(local_spaces, "", None),
+                              mode="checkpoint", fence=fence, epoch=senv.epoch)
+
+    def start(session: Session) -> Submission:
+        got.append((session.env.name, session.env.epoch, session.env.input,
+                    session.fence.floor() == session.env.epoch))
+        harness = session.open_harness(models=ScriptedModel(PLAN),
+                                       registry=ToolRegistry(coding_tools()))
+        submission = harness.root("a").submit(content=session.env.input, request_id="r1")
+        session.on_stale(StaleEpochError("epoch 2 is below the floor 3 of the app's store"))
+        assert session.harness is not None
+        with pytest.raises(StaleEpochError, match="app's store"), \
+                session.harness.log.transaction() as tx:  # halted at once
+            tx.append(1, "system", {"content": "too late"})
+        return submission
+
+    out = io.StringIO()
+    with redirect_stdout(out), redirect_stderr(out):
+        code = run_durable_session(durable=build, start=start, environ={
+            **_driver_env(tmp_path, "2"), "CUA_SESSION_INPUT": "do the thing"})
+    assert code == EXIT_FENCED, out.getvalue()
+    assert got == [("s", 2, "do the thing", True)]
+    assert "CUA-EXIT 75 fenced: epoch 2 is below the floor 3 of the app's store" in out.getvalue()
