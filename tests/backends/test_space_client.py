@@ -21,8 +21,9 @@ def test_is_a_space_client_bound_to_an_epoch(client: HttpSpaceClient) -> None:
     assert isinstance(client, SpaceClientProtocol)
     other = client.with_epoch(2)
     assert (client.epoch, other.epoch, other.name) == (1, 2, "s")
-    assert client.capabilities() == {"process.exec_ledger", "process.epoch", "fs",
-                                     "workspace.scan", "workspace.checkpoint"}
+    assert client.capabilities() == {"process.exec_ledger", "process.epoch",
+                                     "process.epoch.own", "fs", "workspace.scan",
+                                     "workspace.checkpoint"}
 
 
 def test_the_client_follows_a_restarted_daemon(spaces: LocalSpaces,
