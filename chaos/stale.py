@@ -55,6 +55,7 @@ from .rendezvous import Rendezvous
 from .run_spaces import seed_space
 
 if TYPE_CHECKING:
+    from .processes import Owned
     from .runner import Run
 
 KINDS = ("race", "detached", "foreign", "paused")
@@ -99,13 +100,9 @@ def _race(run: Run, rv: Rendezvous, rng: random.Random,
     if at is None:
         at = _seeded_point(run, rng)
     race = race or rng.choice(("finished", "opened"))
-    old_hold = Hold(f"the older driver ({race} race)",
-                    lambda hit: (hit.point, hit.occurrence) == at)
-    run.holds.add(old_hold)
-    old = run.launch(1, rv.address, heartbeat=STALE_HEARTBEAT_S)
-    old_epoch = run.epoch
-    if not wait_parked(old_hold, old):
-        run.stale_error = f"the older driver never reached {at[0]}#{at[1]}"
+    old, old_epoch, old_hold, parked = _park_older(run, rv, at, f"the older driver ({race} "
+                                                   "race)")
+    if not parked:
         return run.await_driver(old, 1)
     run.settle_at = max(run.settle_at, time.time())
     if race == "finished":
@@ -131,6 +128,20 @@ def _race(run: Run, rv: Rendezvous, rng: random.Random,
     return code
 
 
+def _park_older(run: Run, rv: Rendezvous, at: tuple[str, int],
+                name: str) -> tuple[Owned, int, Hold, bool]:
+    """The older driver (its heartbeat slowed, so that the fences in its commits and Space
+    requests stop it, not its heartbeat's check) launched to park at ``at``: it, its epoch,
+    the hold, and whether it parked (``stale_error`` says why not)."""
+    hold = Hold(name, lambda hit: (hit.point, hit.occurrence) == at)
+    run.holds.add(hold)
+    old = run.launch(1, rv.address, heartbeat=STALE_HEARTBEAT_S)
+    parked = wait_parked(hold, old)
+    if not parked:
+        run.stale_error = f"the older driver never reached {at[0]}#{at[1]}"
+    return old, run.epoch, hold, parked
+
+
 def _seeded_point(run: Run, rng: random.Random) -> tuple[str, int]:
     """A (point, occurrence) of ``RACE_POINTS`` the run's first driver reaches."""
     points = park_points(run.scenario, run.spec.durable_mode)
@@ -143,14 +154,9 @@ def _paused(run: Run, rv: Rendezvous, rng: random.Random) -> int | None:
     woken. Its drivers are the run's scope's, as in ``_race``."""
     at = _seeded_point(run, rng)
     after_s = rng.uniform(0.0, PAUSE_SPREAD_S)
-    hold = Hold(f"the older driver, to be paused just after {at[0]}#{at[1]}",
-                lambda hit: (hit.point, hit.occurrence) == at
-                and hit.info.get("process") is None)
-    run.holds.add(hold)
-    old = run.launch(1, rv.address, heartbeat=STALE_HEARTBEAT_S)
-    old_epoch = run.epoch
-    if not wait_parked(hold, old):
-        run.stale_error = f"the older driver never reached {at[0]}#{at[1]}"
+    old, old_epoch, hold, parked = _park_older(
+        run, rv, at, f"the older driver, to be paused just after {at[0]}#{at[1]}")
+    if not parked:
         return run.await_driver(old, 1)
     hold.release.set()
     time.sleep(after_s)  # the fault's seeded instant, not a wait for an event
