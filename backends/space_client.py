@@ -53,6 +53,9 @@ _CHUNK = 1024 * 1024
 #: A kept connection idle longer than this is not reused (the daemon drops idle ones after
 #: ``spacesd.server.Handler.timeout``, 120 s).
 KEEP_IDLE_S = 30.0
+#: How long a client waits for a daemon's answer (a request that gets none has an unknown
+#: outcome: ``SpaceUnavailable``); checkpoints and transfers wait ``long_timeout``.
+REQUEST_TIMEOUT_S = 60.0
 #: The ``advance_epoch`` owner of every client of this process that names none.
 PROCESS_OWNER = uuid.uuid4().hex
 
@@ -136,7 +139,8 @@ class _KeptConnection:
 
 
 class HttpSpaceClient:
-    def __init__(self, name: str, epoch: int, resolver: Resolver, *, timeout: float = 60.0,
+    def __init__(self, name: str, epoch: int, resolver: Resolver, *,
+                 timeout: float = REQUEST_TIMEOUT_S,
                  retry_for: float = 5.0, long_timeout: float = 900.0,
                  busy_for: float = 120.0) -> None:
         self.name = name

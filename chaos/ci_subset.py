@@ -183,6 +183,18 @@ SHAPES_PLANS = tuple(
         (Fault("delete_space", "failpoint", "call.result", 9),
          Fault("kill_daemon", "failpoint", "spacesd.restore.partial", 1, kill_driver=False)),
     ))
+#: A Space frozen past the drivers' request timeout (2 s; a request is sent twice, so 5 s
+#: leaves it unanswered): a write whose outcome is unknown lands after the driver gave up on
+#: it, a daemon frozen inside a start, a command frozen mid-run, then (checkpoint) a
+#: checkpoint frozen half-taken.
+PAUSES = (
+    _plan(1, Fault("pause_space", "failpoint", "space.file_op", 1, kill_driver=False,
+                   hold=5.0)),
+    _plan(1, Fault("pause_space", "failpoint", "spacesd.exec.recorded", 1, kill_driver=False,
+                   hold=5.0)),
+    _plan(1, Fault("pause_space", "failpoint", "space.running", 1, kill_driver=False,
+                   hold=5.0), preset="ci-long"),
+)
 #: The bundled workload every machine can run (no program beyond bash and coreutils).
 ODD_OBJECTS = str(Path(__file__).resolve().parents[1] / "scenarios" / "workloads" /
                   "odd-objects.yaml")
@@ -224,6 +236,11 @@ SLICES: tuple[Slice, ...] = (
           "after a kill and under a live driver, its own SIGKILL in a backoff, a race of "
           "two sessions for one Space, and a driver frozen mid-call that it must replace",
           {"mode": "redrive", "runs": 12}),
+    Slice("pause-spaces", "a Space frozen (every process stopped) past the drivers' request "
+          "timeout, at seeded points and where a request is left unanswered: what it does "
+          "once thawed must match what the log says",
+          {"mode": "transactional", "space_pauses": True, "seeds": (1, 2, 3, 5, 6, 8),
+           "plans": PAUSES}),
     Slice("microvm-power", "power cuts of a microVM Space while a command that fsynced its "
           "append runs: the next driver must learn from the ledger that it ran",
           {"mode": "transactional", "backend": "microvm", "plans": POWER_CUTS},

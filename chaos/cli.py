@@ -127,6 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
                      default=os.environ.get("CRASH_LOG") or DEFAULT_LOG_STORAGE,
                      help="the drivers' log: SQLite with its exact fence (default), or JSONL "
                           "with the file fence")
+    run.add_argument("--pause-spaces", action="store_true",
+                     default=os.environ.get("CRASH_PAUSE_SPACES", "") == "1",
+                     help="also freeze each run's Space once or twice (SIGSTOP of its "
+                          "processes, docker pause, QMP stop) at seeded points for seeded "
+                          "times, about half of them past the drivers' request timeout, "
+                          "which drops to 2 s (transactional, checkpoint and auto modes)")
     run.add_argument("--stop-on-failure", action="store_true",
                      help="start no more runs once one failed")
     run.add_argument("--shard", default=os.environ.get("CRASH_SHARD") or None,

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from backends.space_client import REQUEST_TIMEOUT_S
 from durable.adapter import (
     DirectoryCheckpointStore,
     DurableSpaces,
@@ -64,6 +65,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--snapshots", choices=("auto", "workspace", "machine"), default="auto",
                    help="checkpoints as workspace snapshots or whole-machine ones (microvm); "
                         "auto: machine on microvm, else workspace")
+    p.add_argument("--request-timeout", type=float, default=REQUEST_TIMEOUT_S,
+                   help="seconds a request to a Space waits for its answer before its "
+                        "outcome is unknown")
     p.add_argument("--no-store", action="store_true",
                    help="checkpoint mode without a CheckpointStore (lost Spaces are fatal)")
     return p.parse_args(argv)
@@ -83,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.backend == VIRTUAL:
         return _virtual_session(args, scenario)
     spaces = make_spaces(args.backend, args.spaces_dir or args.run_dir,
-                         failpoints=os.environ.get(SPACE_FAILPOINTS_ENV) or None)
+                         failpoints=os.environ.get(SPACE_FAILPOINTS_ENV) or None,
+                         request_timeout=args.request_timeout)
     store = None if args.no_store else DirectoryCheckpointStore(args.run_dir / "store")
     if snapshot_kind(args.backend, args.snapshots) == "machine":
         from backends.microvm import MicroVMSpaces, SandboxSnapshots

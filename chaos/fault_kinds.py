@@ -5,8 +5,9 @@ only; its commands survive), ``RestartSpace`` (the daemon and every process, the
 kept), ``LoseSpace`` (the Space is lost at one instant; its ledger is saved, for G2 and
 G3), ``KillProcess`` (the one process of the Space that reported the failpoint: a
 command's shim), ``PowerLoss`` (a microVM's power cut: unsynced writes lost, the machine
-booted again) and ``PauseDriver`` (SIGSTOP of the driver's process group).
-``FaultNemesis`` holds them all, by action. Each ends an operation in one completion
+booted again), ``PauseDriver`` (SIGSTOP of the driver's process group) and ``PauseSpace``
+(the whole Space frozen for the fault's ``hold``, then thawed). ``FaultNemesis`` holds them
+all, by action. Each ends an operation in one completion
 (``chaos.nemesis`` has the contract): ``info`` when it struck, ``fail`` with the reason when
 it could not.
 """
@@ -22,6 +23,7 @@ from durable.errors import SpaceError, SpaceNotFound
 from .faults import Action
 from .nemesis import Completion, Operation, Target
 from .observe import read_ledger, unread_ledger
+from .space_providers import Pausable
 
 if TYPE_CHECKING:
     from .space_providers import CampaignSpaces
@@ -174,8 +176,56 @@ class KillProcess(_SpaceKind):
         self.spaces.kill_process(self.target.space, op.hit.pid)
 
 
+class PauseSpace(_SpaceKind):
+    """The Space frozen where it stands (``Pausable.pause``) and thawed ``hold`` seconds
+    later by a timer of its own; any other Space fault thaws it first (``thaw``: a killed,
+    restarted or lost machine is not frozen any more), and so does ``teardown``, before the
+    run's clean driver and checks. Shared by the threads that fire faults (its lock guards
+    the timers)."""
+
+    action = "pause_space"
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._timers: list[threading.Timer] = []
+
+    def strike(self, op: Operation) -> None:
+        spaces = self.spaces
+        if not isinstance(spaces, Pausable):
+            raise SpaceError(f"the {spaces.kind} backend cannot freeze a Space; pauses need "
+                             "local, docker or microvm")
+        assert op.fault.hold is not None  # a pause_space fault has one (Fault checks)
+        with self._lock:
+            spaces.pause(self.target.space)
+            timer = threading.Timer(op.fault.hold, self.thaw)
+            timer.daemon = True
+            self._timers.append(timer)
+            timer.start()
+
+    def thaw(self) -> None:
+        """Thaw the Space now if a pause holds it (its timers then have nothing left to do);
+        a Space gone meanwhile has nothing to thaw."""
+        with self._lock:
+            if not self._timers:
+                return
+            for timer in self._timers:
+                timer.cancel()
+            self._timers.clear()
+            spaces = self.spaces
+            assert isinstance(spaces, Pausable)
+            try:
+                spaces.resume(self.target.space)
+            except SpaceNotFound:
+                pass
+            except Exception as exc:  # noqa: BLE001 - a timer's thread: never lost
+                self.target.state.fault_error("thawing the Space", exc)
+
+    def teardown(self) -> None:
+        self.thaw()
+
+
 KINDS: tuple[type[_Kind], ...] = (KillDriver, KillDaemon, RestartSpace, LoseSpace, KillProcess,
-                                  PowerLoss, PauseDriver)
+                                  PowerLoss, PauseDriver, PauseSpace)
 
 
 class FaultNemesis:
@@ -183,12 +233,17 @@ class FaultNemesis:
 
     def __init__(self) -> None:
         self.kinds = {kind.action: kind() for kind in KINDS}
+        pause = self.kinds["pause_space"]
+        assert isinstance(pause, PauseSpace)
+        self._pause = pause
 
     def setup(self, target: Target) -> None:
         for kind in self.kinds.values():
             kind.setup(target)
 
     def invoke(self, op: Operation) -> Completion:
+        if isinstance(self.kinds[op.action], _SpaceKind) and op.action != "pause_space":
+            self._pause.thaw()
         return self.kinds[op.action].invoke(op)
 
     def teardown(self) -> None:

@@ -17,8 +17,11 @@ disk kept), ``delete_space`` (the Space is lost), ``kill_process`` (SIGKILL of t
 process that reported the failpoint: a command's shim), ``power_loss`` (a microVM only: the
 machine loses power, with its unsynced writes, and is booted again), ``pause_driver`` (SIGSTOP
 of the driver's process group: it is frozen, its heartbeat silent, until its coordinator
-replaces it; redrive only). A Space fault may also kill the driver (``kill_driver=True``)
-or let it run into the fault itself.
+replaces it; redrive only), ``pause_space`` (the whole Space frozen where it stands for
+``hold`` seconds, often longer than the driver's request timeout, then thawed: SIGSTOP and
+SIGCONT of every process of a local Space, ``docker pause``, QMP ``stop``; campaigns with
+``--pause-spaces``). A Space fault may also kill the driver (``kill_driver=True``) or let it
+run into the fault itself.
 
 Combined faults: a plan's later faults often aim at the recovery of an earlier one (a Space
 fault during the next driver's recovery, or a kill in the middle of a restore).
@@ -38,7 +41,7 @@ from scenarios.plan import Scenario
 from spacesd.failpoints import POINTS as SPACE_POINTS
 
 Action = Literal["kill_driver", "kill_daemon", "restart_space", "delete_space", "kill_process",
-                 "power_loss", "pause_driver"]
+                 "power_loss", "pause_driver", "pause_space"]
 SPACE_ACTIONS: tuple[Action, ...] = ("kill_daemon", "restart_space", "delete_space")
 #: Every failpoint a plan may name: the drivers' and the Space's.
 ALL_POINTS: dict[str, str] = {**DRIVER_POINTS, **SPACE_POINTS}
@@ -49,6 +52,8 @@ SHIM_POINTS = ("spacesd.exec.exit_writing",)
 #: lock, so a kill there is a kill at the point before; a park there is a driver inside its
 #: commit while a newer one opens the log.
 PARK_ONLY_POINTS = ("log.commit",)
+#: The longest a ``pause_space`` fault may hold a Space frozen.
+MAX_HOLD_S = 600.0
 #: Points reached only while an earlier fault is being recovered from.
 RECOVERY_POINTS = ("recovery.begin", "recovery.decided", "recovery.reimage", "recovery.restore",
                    "spacesd.restore.partial")
@@ -76,6 +81,8 @@ class Fault:
     #: so that a fault meant for a command's later moment waits for it however slow the
     #: machine is, instead of guessing a delay).
     after_output: bool = False
+    #: ``pause_space`` only: how long the Space stays frozen, in seconds.
+    hold: float | None = None
 
     def __post_init__(self) -> None:
         """A plan read back (a results directory, a shrunk.json) is input: refuse what no
@@ -98,6 +105,13 @@ class Fault:
         if self.action == "pause_driver" and self.kill_driver:
             raise ValueError("a pause_driver fault freezes the driver and must not also kill "
                              "it: give it kill_driver=False")
+        if (self.action == "pause_space") != (self.hold is not None):
+            raise ValueError(f"{self.action}: a pause_space fault needs hold (the seconds the "
+                             "Space stays frozen), and only it has one")
+        if self.hold is not None and (isinstance(self.hold, bool) or
+                                      not isinstance(self.hold, int | float) or
+                                      not 0 < self.hold <= MAX_HOLD_S):
+            raise ValueError(f"hold {self.hold!r} is not seconds above 0, at most {MAX_HOLD_S}")
 
     def describe(self) -> str:
         where = (f"{self.point}#{self.occurrence}" if self.trigger == "failpoint"
@@ -105,7 +119,13 @@ class Fault:
         if self.after_output:
             where += " once its command printed"
         extra = " +kill driver" if self.action != "kill_driver" and self.kill_driver else ""
-        return f"{self.action}{extra} at {where}"
+        held = f" for {self.hold:g}s" if self.hold is not None else ""
+        return f"{self.action}{held}{extra} at {where}"
+
+    def to_json(self) -> dict[str, Any]:
+        """As a plan file holds it (``hold`` only where there is one: older plans read the
+        same)."""
+        return {k: v for k, v in asdict(self).items() if k != "hold" or v is not None}
 
 
 @dataclass(frozen=True)
@@ -116,7 +136,7 @@ class FaultPlan:
     max_attempts: int = 8
 
     def to_json(self) -> dict[str, Any]:
-        return {"seed": self.seed, "faults": [asdict(f) for f in self.faults],
+        return {"seed": self.seed, "faults": [f.to_json() for f in self.faults],
                 "backoff": self.backoff, "max_attempts": self.max_attempts}
 
     @classmethod
@@ -235,6 +255,54 @@ def on_machine(plan: FaultPlan, *, durable_checkpoints: bool) -> FaultPlan:
         faults.append(Fault("power_loss", "failpoint", point, 1,
                             kill_driver=rng.random() < 0.5))
     return replace(plan, faults=tuple(faults), max_attempts=len(faults) + 4)
+
+
+#: The request timeout of a campaign's drivers when it pauses Spaces: short, so that about
+#: half the pauses outlast it and leave a request with no answer (an unknown outcome).
+PAUSE_REQUEST_TIMEOUT_S = 2.0
+#: Where a ``pause_space`` freezes the Space: wherever the driver is about to need it, or
+#: is using it, and (with another fault in the plan) during a recovery.
+PAUSE_POINTS = ("call.intent", "space.start_mark", "space.before_spawn", "space.running",
+                "space.exited", "space.file_op", "space.file_written", "space.outcome",
+                "checkpoint.before", "checkpoint.during", "spacesd.exec.recorded",
+                "spacesd.exec.spawned", "spacesd.exec.exit_writing",
+                "spacesd.checkpoint.objects", "spacesd.advance.persisted")
+
+
+def with_space_pauses(plan: FaultPlan, scenario: Scenario, durable_mode: str, *,
+                      guest: bool = False, long_seconds: float = 1.0) -> FaultPlan:
+    """``plan`` with one or two ``pause_space`` faults more (pure: from the plan's seed, and
+    drawn apart from it, so the plan's own faults are unchanged). Each holds the Space
+    frozen either briefly or past ``PAUSE_REQUEST_TIMEOUT_S``, at a point of
+    ``PAUSE_POINTS``, at a recovery's point, or at a seeded time. ``guest``: a microVM,
+    whose daemon's points land at the driver's (``GUEST_POINT``)."""
+    rng = random.Random(f"pauses:{durable_mode}:{plan.seed}")
+    points = reachable_points(scenario, durable_mode)
+    names = [p for p in PAUSE_POINTS if p in points]
+    recovery = MODE_RECOVERY_POINTS.get(durable_mode, RECOVERY_POINTS) if plan.faults else ()
+    pauses: list[Fault] = []
+    for _ in range(rng.choice((1, 1, 1, 2))):
+        hold = round(rng.uniform(0.2, 1.5) if rng.random() < 0.5 else
+                     rng.uniform(PAUSE_REQUEST_TIMEOUT_S + 0.5, PAUSE_REQUEST_TIMEOUT_S + 4), 3)
+        kill = rng.random() < 0.2
+        roll = rng.random()
+        if roll < 0.6 and names:
+            point = rng.choice(names)
+            fault = Fault("pause_space", "failpoint", point, rng.randint(1, points[point]),
+                          kill_driver=kill, hold=hold)
+        elif roll < 0.8 and recovery:
+            fault = Fault("pause_space", "failpoint", rng.choice(recovery), 1,
+                          kill_driver=kill, hold=hold)
+        else:
+            budget = max(1.0, len(scenario.steps) * 0.15 + long_seconds)
+            fault = Fault("pause_space", "time", attempt=rng.choice((1, 1, 2)),
+                          delay=round(rng.uniform(0.05, budget), 3), kill_driver=kill,
+                          hold=hold)
+        if guest:
+            fault = replace(fault, point=GUEST_POINT.get(fault.point or "", fault.point))
+        pauses.append(fault)
+    return replace(plan, faults=plan.faults + tuple(pauses),
+                   max_attempts=plan.max_attempts + len(pauses))
 
 
 #: Where a fault aimed at a Space (which a virtual workspace has none of) lands: the

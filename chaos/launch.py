@@ -32,8 +32,10 @@ class OtherSession:
     epoch: int = 1
 
 
-def driver_argv(spec: RunSpec, run_dir: Path, other: OtherSession | None) -> list[str]:
-    """argv of a driver of the run in ``run_dir`` (``spec``'s session, or ``other``)."""
+def driver_argv(spec: RunSpec, run_dir: Path, other: OtherSession | None, *,
+                request_timeout: float | None = None) -> list[str]:
+    """argv of a driver of the run in ``run_dir`` (``spec``'s session, or ``other``);
+    ``request_timeout``: its clients' (None: the default)."""
     program = ([sys.executable, spec.driver] if spec.driver.endswith(".py")
                else python_argv(spec.driver))
     argv = program + ["--run-dir", str(other.run_dir if other else run_dir),
@@ -50,6 +52,8 @@ def driver_argv(spec: RunSpec, run_dir: Path, other: OtherSession | None) -> lis
         argv += ["--snapshots", spec.snapshots]
     if spec.simple_steps and other is None:
         argv += ["--simple-steps", ",".join(map(str, spec.simple_steps))]
+    if request_timeout is not None:
+        argv += ["--request-timeout", str(request_timeout)]
     return argv
 
 

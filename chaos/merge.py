@@ -142,4 +142,5 @@ def _config(raw: dict[str, Any]) -> CampaignConfig:
                           seeds=tuple(raw.get("seeds") or ()), preset=raw.get("preset"),
                           durable_mode=raw.get("durable_mode"),
                           stale_kind=raw.get("stale_kind", "race"),
-                          log_storage=raw.get("log_storage") or DEFAULT_LOG_STORAGE)
+                          log_storage=raw.get("log_storage") or DEFAULT_LOG_STORAGE,
+                          space_pauses=bool(raw.get("space_pauses")))

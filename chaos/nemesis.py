@@ -82,7 +82,7 @@ class Nemesis(Protocol):
 COUNTERS: dict[str, str] = {"kill_driver": "kills", "kill_daemon": "daemon_kills",
                             "restart_space": "space_restarts", "delete_space": "lost_spaces",
                             "kill_process": "process_kills", "power_loss": "power_losses",
-                            "pause_driver": "pauses"}
+                            "pause_driver": "pauses", "pause_space": "space_pauses"}
 
 
 class NoopNemesis:

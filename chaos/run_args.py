@@ -28,6 +28,8 @@ from .stale import KINDS
 #: The most runs one campaign takes (more is a typo, or a job for ``--shard``/a cluster).
 MAX_RUNS = 1_000_000
 DURABLE_MODES = ("auto", "transactional", "checkpoint")
+#: The campaign modes whose drawn plans may freeze a Space (``--pause-spaces``).
+PAUSE_MODES = ("transactional", "checkpoint", "auto")
 
 
 def _env_int(name: str) -> int | None:
@@ -88,6 +90,14 @@ def _snapshots(args: argparse.Namespace) -> str:
 def _log_storage(args: argparse.Namespace) -> str:
     _env_choice("--log", args.log_storage, "CRASH_LOG", tuple(LOG_NAMES))
     return str(args.log_storage)
+
+
+def _space_pauses(args: argparse.Namespace) -> bool:
+    if args.pause_spaces and (args.mode not in PAUSE_MODES or args.backend == VIRTUAL):
+        raise BadArguments(f"--pause-spaces freezes a Space in --mode {', '.join(PAUSE_MODES)} "
+                           f"on a backend with Spaces, not --mode {args.mode} --backend "
+                           f"{args.backend}")
+    return bool(args.pause_spaces)
 
 
 def _store(args: argparse.Namespace) -> str | None:
@@ -158,6 +168,7 @@ def campaign_config(args: argparse.Namespace) -> CampaignConfig:
                          snapshots=_snapshots(args),
                          coordinators=args.coordinators,
                          log_storage=_log_storage(args),
+                         space_pauses=_space_pauses(args),
                          cluster=None if args.cluster is None else check_address(args.cluster))
     unknown = sorted(set(cfg.points) - set(ALL_POINTS))
     if unknown:

@@ -49,3 +49,5 @@ class RunSpec:
     #: A workload's golden run (``chaos.golden``): no faults, no checks; its observation is
     #: the oracle of the faulted runs.
     golden: bool = False
+    #: A drawn plan also freezes the Space (``faults.with_space_pauses``).
+    space_pauses: bool = False

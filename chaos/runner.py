@@ -39,7 +39,15 @@ from .checker import Observation, Verdict, check
 from .driver import SPACE_PREFIX, initial_tree
 from .fault_kinds import FaultNemesis
 from .fault_schedule import FaultSchedule
-from .faults import FaultPlan, draw_plan, on_machine, on_virtual, reachable_points
+from .faults import (
+    PAUSE_REQUEST_TIMEOUT_S,
+    FaultPlan,
+    draw_plan,
+    on_machine,
+    on_virtual,
+    reachable_points,
+    with_space_pauses,
+)
 from .golden import Golden, GoldenFailed, golden_for
 from .holds import Holds
 from .launch import OtherSession, driver_argv, driver_env
@@ -121,6 +129,10 @@ class Run:
             durable = spec.durable_mode == "transactional" or \
                 snapshot_kind(spec.backend, spec.snapshots) == "workspace"
             plan = on_machine(plan, durable_checkpoints=durable)
+        if spec.space_pauses:
+            plan = with_space_pauses(plan, self.scenario, spec.durable_mode,
+                                     guest=spec.backend == "microvm",
+                                     long_seconds=self.preset.long_seconds)
         return plan
 
     def note_launch(self) -> None:
@@ -150,7 +162,11 @@ class Run:
         env = driver_env(session=other.name if other else self.session, epoch=epoch,
                          state_dir=run_dir / "state", heartbeat=heartbeat,
                          failpoints=failpoints, log_storage=self.spec.log_storage)
-        driver = self.scope.launch(driver_argv(self.spec, self.dir, other), env,
+        # A plan that freezes the Space gives its drivers a request timeout a pause outlasts.
+        pauses = any(f.action == "pause_space" for f in self.plan.faults)
+        argv = driver_argv(self.spec, self.dir, other,
+                           request_timeout=PAUSE_REQUEST_TIMEOUT_S if pauses else None)
+        driver = self.scope.launch(argv, env,
                                    run_dir / f"driver-{attempt:02d}-e{epoch}.log")
         if other is None:
             self.epoch = epoch

@@ -8,8 +8,9 @@ never share one.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
+from backends.space_client import REQUEST_TIMEOUT_S
 from durable.spaces import Spaces
 
 from .errors import BackendUnavailable
@@ -53,14 +54,26 @@ class CampaignSpaces(Spaces, Protocol):
         ...
 
 
-def make_spaces(backend: str, run_dir: Path, *,
-                failpoints: str | None = None) -> CampaignSpaces:
+@runtime_checkable
+class Pausable(Protocol):
+    """A provider that can freeze a Space where it stands, every process alive and holding
+    what it holds, and thaw it (the nemesis's ``pause_space``)."""
+
+    def pause(self, name: str) -> None: ...
+
+    def resume(self, name: str) -> None: ...
+
+
+def make_spaces(backend: str, run_dir: Path, *, failpoints: str | None = None,
+                request_timeout: float = REQUEST_TIMEOUT_S) -> CampaignSpaces:
     """The run's Spaces provider. ``failpoints``: the channel the Spaces' daemons report
-    their failpoints to (a unix socket; docker containers get its directory mounted)."""
+    their failpoints to (a unix socket; docker containers get its directory mounted).
+    ``request_timeout``: how long its clients wait for a daemon's answer."""
     if backend == "local":
         from backends.local import LocalSpaces
 
-        return LocalSpaces(run_dir / "spaces", failpoints=failpoints)
+        return LocalSpaces(run_dir / "spaces", failpoints=failpoints,
+                           request_timeout=request_timeout)
     if backend == "docker":
         try:
             from backends.docker import DockerSpaces, DockerUnavailable
@@ -76,7 +89,8 @@ def make_spaces(backend: str, run_dir: Path, *,
         digest = hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:10]
         readable = re.sub(r"[^A-Za-z0-9-]", "-", run_dir.name).strip("-")[:40] or "run"
         try:
-            return DockerSpaces(label_scope=f"{readable}-{digest}", failpoints=failpoints)
+            return DockerSpaces(label_scope=f"{readable}-{digest}", failpoints=failpoints,
+                                request_timeout=request_timeout)
         except DockerUnavailable as exc:
             raise BackendUnavailable(str(exc)) from None
     if backend == "microvm":
@@ -91,7 +105,8 @@ def make_spaces(backend: str, run_dir: Path, *,
             ensure()  # built once (as root); a clear reason here when it cannot be
         except ArtifactsUnavailable as exc:
             raise BackendUnavailable(f"the microvm backend cannot run here: {exc}") from None
-        return MicroVMSpaces(run_dir / "spaces", failpoints=failpoints)
+        return MicroVMSpaces(run_dir / "spaces", failpoints=failpoints,
+                             request_timeout=request_timeout)
     if backend == VIRTUAL:
         raise BackendUnavailable("the virtual backend has no Spaces: its workspace is in the "
                                  "session's log (durable.virtual)")

@@ -36,7 +36,8 @@ def cells_hit(records: list[dict[str, Any]]) -> set[Cell]:
 def summarize(*, mode: str, backend: str, seed_base: int, records: list[dict[str, Any]],
               seconds: float, covered: int | None = None,
               durable_mode: str | None = None,
-              log_storage: str = DEFAULT_LOG_STORAGE) -> dict[str, Any]:
+              log_storage: str = DEFAULT_LOG_STORAGE,
+              space_pauses: bool = False) -> dict[str, Any]:
     valid = [r["verdict"]["valid"] for r in records]
     out: dict[str, Any] = {
         "mode": mode, "backend": backend, "log": log_storage, "seed_base": seed_base,
@@ -55,6 +56,8 @@ def summarize(*, mode: str, backend: str, seed_base: int, records: list[dict[str
     out["process_kills"] = sum(r["counts"].get("process_kills", 0) for r in records)
     out["foreign"] = sum(r["counts"].get("foreign", 0) for r in records)
     out["pauses"] = sum(r["counts"].get("pauses", 0) for r in records)
+    out["space_pauses"] = sum(r["counts"].get("space_pauses", 0) for r in records)
+    out["pause_spaces"] = space_pauses  # the campaign's flag: not a key of the line
     reachable = campaign_cells(backend, durable_mode or mode)
     out["cells"] = f"{len(cells_hit(records) & reachable)}/{len(reachable)}"
     out.update(redrive_summary(records))
@@ -166,7 +169,7 @@ POWER_BACKENDS = frozenset({"microvm"})
 #: Every key of a summary, in the order a SUMMARY line prints them.
 KEYS = ("mode", "backend", "log", "seed_base", "runs", "ok", "failed", "unknown", *FAULT_KEYS,
         *RECOVERY_KINDS, "interrupted", "mode_switches", "covered", "process_kills", "foreign",
-        "pauses", "cells", *REDRIVE_KEYS, "power_losses", "seconds", "verdict")
+        "pauses", "space_pauses", "cells", *REDRIVE_KEYS, "power_losses", "seconds", "verdict")
 
 
 def printed_keys(summary: dict[str, Any]) -> list[str]:
@@ -177,13 +180,14 @@ def printed_keys(summary: dict[str, Any]) -> list[str]:
                "adapter": backend != "virtual", "covered": mode == "exhaustive",
                "stale": mode == "stale", "redrive": mode == "redrive",
                "pauses": mode in ("stale", "redrive"),
+               "space_pauses": bool(summary.get("pause_spaces")),
                "power": backend in POWER_BACKENDS}
     keys = []
     for key in KEYS:
         group = ("adapter" if key in (*RECOVERY_KINDS, "mode_switches", "cells") else
                  "redrive" if key in REDRIVE_KEYS else
                  "power" if key == "power_losses" else
-                 key if key in ("log", "covered", "pauses") else
+                 key if key in ("log", "covered", "pauses", "space_pauses") else
                  "stale" if key == "foreign" else None)
         if key in summary and (group is None or applies[group]):
             keys.append(key)

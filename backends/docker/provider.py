@@ -62,7 +62,7 @@ from docker.types import LogConfig
 
 from backends.docker.errors import DockerUnavailable
 from backends.local.provider import _NAME  # one rule for Space names on every backend
-from backends.space_client import Endpoint, HttpSpaceClient
+from backends.space_client import REQUEST_TIMEOUT_S, Endpoint, HttpSpaceClient
 from durable.chunk_reader import ChunkReader
 from durable.errors import SpaceError, SpaceNotFound, SpaceUnavailable
 from spacesd.failpoints import ENV_VAR as FAILPOINTS_ENV
@@ -186,7 +186,8 @@ class DockerSpaces:
 
     def __init__(self, *, label_scope: str = "default", image: str = IMAGE,
                  limits: Limits | None = None, start_timeout: float = 60.0,
-                 api_timeout: float = 60.0, failpoints: str | None = None) -> None:
+                 api_timeout: float = 60.0, failpoints: str | None = None,
+                 request_timeout: float = REQUEST_TIMEOUT_S) -> None:
         if not isinstance(label_scope, str) or not _SCOPE.fullmatch(label_scope):
             raise ValueError(f"Expected a label_scope of 1-63 of A-Z a-z 0-9 - (starting with "
                              f"a letter or digit) but got label_scope={label_scope!r}")
@@ -200,6 +201,8 @@ class DockerSpaces:
         self.image = image
         self.limits = limits or Limits()
         self.start_timeout = start_timeout
+        #: How long its clients wait for an answer before the outcome is unknown.
+        self.request_timeout = request_timeout
         self._docker = _connect_engine(api_timeout)
         self._api = self._docker.api
         try:
@@ -423,6 +426,24 @@ class DockerSpaces:
                                    f"\n{self._log_tail(self.container_name(name))}")
         self._wait_healthy(name)
 
+    def pause(self, name: str) -> None:
+        """``docker pause``: every process of the Space frozen where it stands (the cgroup
+        freezer); ``resume`` thaws them. A paused or stopped Space is left as it is."""
+        self._freeze(name, pause=True)
+
+    def resume(self, name: str) -> None:
+        """``docker unpause``; a Space that is not paused is left as it is."""
+        self._freeze(name, pause=False)
+
+    def _freeze(self, name: str, *, pause: bool) -> None:
+        cname, how = self.container_name(name), "pause" if pause else "unpause"
+        state = self._inspect(name)["State"]
+        if not state.get("Running") or bool(state.get("Paused")) == pause:
+            return  # the engine refuses either (409 or 500): nothing to change
+        with _engine(f"Space {name!r}: docker {how} failed",
+                     gone=f"Space {name!r} was removed during docker {how}"):
+            (self._api.pause if pause else self._api.unpause)(cname)
+
     def kill_process(self, name: str, pid: int) -> None:
         """SIGKILL one process of the Space by its pid *inside the container* (a command's
         shim, say): ``docker exec kill -9``; ``SpaceError`` when there is no such process."""
@@ -476,7 +497,8 @@ class DockerSpaces:
 
     def connect(self, name: str, *, epoch: int) -> HttpSpaceClient:
         self._inspect(name)
-        return HttpSpaceClient(name, epoch, lambda: self._resolver(name))
+        return HttpSpaceClient(name, epoch, lambda: self._resolver(name),
+                               timeout=self.request_timeout)
 
     def names(self) -> list[str]:
         return sorted(c["Labels"][LABEL_NAME] for c in self._containers(self.scope))

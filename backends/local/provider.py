@@ -23,16 +23,17 @@ import os
 import re
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
 import spacesd.protocol
 from backends.local import procs
-from backends.space_client import Endpoint, HttpSpaceClient
+from backends.space_client import REQUEST_TIMEOUT_S, Endpoint, HttpSpaceClient
 from durable.errors import SpaceError, SpaceNotFound, SpaceUnavailable
 from spacesd.failpoints import ENV_VAR as FAILPOINTS_ENV
 from spacesd.protocol import (
@@ -126,8 +127,11 @@ class LocalSpaces:
     kind = "local"
 
     def __init__(self, base_dir: str | os.PathLike[str], *, failpoints: str | None = None,
-                 start_timeout: float = 30.0, daemon_args: Sequence[str] = ()) -> None:
+                 start_timeout: float = 30.0, daemon_args: Sequence[str] = (),
+                 request_timeout: float = REQUEST_TIMEOUT_S) -> None:
         self.base_dir = Path(base_dir).resolve()
+        #: How long its clients wait for an answer before the outcome is unknown.
+        self.request_timeout = request_timeout
         self.base_dir.mkdir(parents=True, exist_ok=True)
         self.failpoints = failpoints
         self.daemon_args = list(daemon_args)
@@ -233,9 +237,32 @@ class LocalSpaces:
             self._kill_daemon(space)
             self._start_daemon(space)
 
+    def pause(self, name: str) -> None:
+        """Freeze the Space where it stands (as ``docker pause``): SIGSTOP to its daemon and
+        every process it started, which stay alive and hold what they hold; a request sent
+        meanwhile waits in its socket. ``resume`` thaws them. A second pass stops what forked
+        during the first."""
+        with self._locked(name) as space:
+            self.get(name)
+            stopped: set[int] = set()
+            for _ in range(2):
+                for proc in procs.space_processes(str(space.state)):
+                    if proc.pid not in stopped:
+                        stopped.add(proc.pid)
+                        with suppress(ProcessLookupError):
+                            os.kill(proc.pid, signal.SIGSTOP)
+
+    def resume(self, name: str) -> None:
+        """SIGCONT to every process of the Space (a running one ignores it)."""
+        with self._locked(name) as space:
+            self.get(name)
+            for proc in procs.space_processes(str(space.state)):
+                with suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGCONT)
+
     def connect(self, name: str, *, epoch: int) -> HttpSpaceClient:
         space = self.get(name)
-        return HttpSpaceClient(name, epoch, space.endpoint)
+        return HttpSpaceClient(name, epoch, space.endpoint, timeout=self.request_timeout)
 
     def save_state(self, name: str, dest: Path) -> None:
         """Copy what an audit reads of the daemon's state (ledger, fence journal, epoch,

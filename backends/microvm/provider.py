@@ -38,7 +38,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from backends.space_client import Endpoint, HttpSpaceClient
+from backends.space_client import REQUEST_TIMEOUT_S, Endpoint, HttpSpaceClient
 from durable.errors import SpaceError, SpaceNotFound, SpaceUnavailable
 from spacesd import procfs
 from spacesd.guest_agent import KILL_DAEMON_WAIT_S
@@ -55,7 +55,8 @@ class MicroVMSpaces:
     kind = "microvm"
 
     def __init__(self, base_dir: str | os.PathLike[str], *, memory_mb: int = 512,
-                 vcpus: int = 1, accel: str = "auto", failpoints: str | None = None) -> None:
+                 vcpus: int = 1, accel: str = "auto", failpoints: str | None = None,
+                 request_timeout: float = REQUEST_TIMEOUT_S) -> None:
         if accel not in ACCELS:
             raise ValueError(f"accel must be one of {ACCELS}, got {accel!r}")
         if not 128 <= memory_mb <= 65536 or not 1 <= vcpus <= 64:
@@ -67,6 +68,8 @@ class MicroVMSpaces:
         #: Accepted for the campaign's providers' signature: a guest's daemon cannot
         #: report to a channel on the host (see the module docstring).
         self.failpoints = failpoints
+        #: How long its clients wait for an answer before the outcome is unknown.
+        self.request_timeout = request_timeout
 
     # ---------------------------------------------------------------- paths
 
@@ -204,7 +207,8 @@ class MicroVMSpaces:
     def connect(self, name: str, *, epoch: int) -> HttpSpaceClient:
         if not self.exists(name):
             raise SpaceNotFound(f"no Space {name!r} in {self.base_dir}; create it first")
-        return HttpSpaceClient(name, epoch, lambda: self._endpoint(name))
+        return HttpSpaceClient(name, epoch, lambda: self._endpoint(name),
+                               timeout=self.request_timeout)
 
     def delete(self, name: str) -> None:
         with self._locked(name):
@@ -256,6 +260,21 @@ class MicroVMSpaces:
         """A power cut and the machine back on (booted, serving) before this returns."""
         self.power_off(name)
         self.create(name)
+
+    def pause(self, name: str) -> None:
+        """The machine stopped where it stands (QMP ``stop``: no vCPU runs, its memory and
+        every connection kept); ``resume`` goes on."""
+        if not self.exists(name):
+            raise SpaceNotFound(f"no Space {name!r}")
+        self.qmp(name).command("stop")
+
+    def resume(self, name: str) -> None:
+        """QMP ``cont``, then the guest's clock set to the host's (it stood still, under
+        TCG, for as long as the machine did). A machine that runs is left as it is."""
+        if not self.exists(name):
+            raise SpaceNotFound(f"no Space {name!r}")
+        self.qmp(name).command("cont")
+        self.set_clock(name)
 
     def restart(self, name: str) -> None:
         """A clean reboot: the guest flushes its filesystems (through the agent), then the

@@ -18,6 +18,7 @@ from backends.local.procs import kill_process
 from chaos.rendezvous import Answer, Hit, Rendezvous
 from durable.errors import SpaceError, SpaceNotFound, SpaceUnavailable
 from durable.spaces import Spaces
+from tests.backends.pause_contract import check_a_pause_freezes_the_space
 
 ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -194,3 +195,21 @@ def test_files_commands_create_have_the_daemons_umask_not_the_creators(
     work = spaces.get("s").work
     assert (stat.S_IMODE(os.stat(work / "f").st_mode),
             stat.S_IMODE(os.stat(work / "d").st_mode)) == (0o644, 0o755)
+
+
+def test_a_pause_freezes_every_process_and_a_resume_thaws_them(spaces: LocalSpaces) -> None:
+    check_a_pause_freezes_the_space(spaces, "s", late_requests_land=True)
+    space = spaces.get("s")
+    client = spaces.connect("s", epoch=1)
+    client.exec_start("sh@1", "echo $$ > sh.pid; sleep 300")
+    sh = int(wait_for(space.work / "sh.pid"))
+    daemon = space.daemon()
+    assert daemon is not None
+    spaces.pause("s")
+    try:
+        for pid in (daemon[0], sh):
+            assert psutil.Process(pid).status() == psutil.STATUS_STOPPED, pid
+    finally:
+        spaces.resume("s")
+    for pid in (daemon[0], sh):
+        assert psutil.Process(pid).status() != psutil.STATUS_STOPPED, pid

@@ -17,6 +17,7 @@ import pytest
 
 from durable.errors import SpaceNotFound, StaleEpochError
 from tests.backends.loss_contract import check_a_loss_is_one_instant
+from tests.backends.pause_contract import check_a_pause_freezes_the_space
 from tests.escapes import check_the_fence_kills_every_escape
 
 pytestmark = pytest.mark.microvm
@@ -221,3 +222,7 @@ def test_no_escape_survives_the_fence(vms) -> None:
     die with their epoch inside the guest."""
     vms.create("s")
     check_the_fence_kills_every_escape(vms.connect("s", epoch=1))
+
+
+def test_a_pause_stops_the_machine_and_a_resume_goes_on(vms) -> None:
+    check_a_pause_freezes_the_space(vms, "vm", late_requests_land=False)

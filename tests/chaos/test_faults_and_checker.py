@@ -5,13 +5,18 @@ from __future__ import annotations
 import hashlib
 from dataclasses import replace
 
+import pytest
+
 from chaos.checker import Observation, ObservedCall, check, merge
 from chaos.faults import (
     FOLLOW_UPS,
+    PAUSE_REQUEST_TIMEOUT_S,
     RECOVERY_POINTS,
+    Fault,
     FaultPlan,
     draw_plan,
     exhaustive_plans,
+    with_space_pauses,
 )
 from chaos.summary import parse_summary, summarize, summary_line
 from scenarios import generate, load
@@ -55,6 +60,45 @@ def test_plans_reach_inside_the_daemon_and_combine_faults() -> None:
     combined = [p for p in plans if any(f.point in RECOVERY_POINTS for f in p.faults[1:])]
     assert len(combined) > 20, "later faults aim at the recovery of earlier ones"
     assert sum(len(p.faults) for p in plans) / len(plans) > 2.5
+
+
+def test_space_pauses_are_drawn_beside_a_plan_and_leave_its_faults_alone() -> None:
+    scenario = generate(1, load("default"))
+    plans = [draw_plan(s, scenario, "checkpoint") for s in range(1, 120)]
+    paused = [with_space_pauses(p, scenario, "checkpoint") for p in plans]
+    assert paused == [with_space_pauses(p, scenario, "checkpoint") for p in plans]
+    pauses = []
+    for plan, more in zip(plans, paused, strict=True):
+        assert more.faults[:len(plan.faults)] == plan.faults
+        added = more.faults[len(plan.faults):]
+        assert 1 <= len(added) <= 2 and {f.action for f in added} == {"pause_space"}
+        assert more.max_attempts == plan.max_attempts + len(added)
+        assert FaultPlan.from_json(more.to_json()) == more
+        assert all("hold" not in f for f in plan.to_json()["faults"]), "older plans read the same"
+        pauses += added
+    holds = [f.hold or 0 for f in pauses]
+    assert 0.3 < sum(h > PAUSE_REQUEST_TIMEOUT_S for h in holds) / len(holds) < 0.7, \
+        "about half the pauses outlast the drivers' request timeout"
+    assert {f.trigger for f in pauses} == {"failpoint", "time"}
+    assert any(f.point in RECOVERY_POINTS for f in pauses), "pauses aim at recoveries too"
+    assert any((f.point or "").startswith("spacesd.") for f in pauses)
+    guest = [f for p in plans for f in with_space_pauses(p, scenario, "checkpoint",
+                                                         guest=True).faults[len(p.faults):]]
+    assert not any((f.point or "").startswith("spacesd.") for f in guest), \
+        "a microVM's daemon reports no failpoints: its pauses land at the driver's"
+
+
+@pytest.mark.parametrize("fields, error", [
+    ({"action": "pause_space"}, "needs hold"),
+    ({"action": "kill_daemon", "hold": 1.0}, "only it has one"),
+    ({"action": "pause_space", "hold": 0}, "is not seconds above 0"),
+    ({"action": "pause_space", "hold": True}, "is not seconds above 0"),
+])
+def test_a_pause_without_a_hold_or_a_hold_without_a_pause_is_refused(
+        fields: dict[str, object], error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        Fault(trigger="time", attempt=1, delay=0.5, kill_driver=False,
+              **fields)  # type: ignore[arg-type]
 
 
 def _clean_run(scenario: Scenario) -> Observation:
@@ -289,7 +333,11 @@ def test_merge_and_summary_line() -> None:
     assert line.startswith("SUMMARY mode=checkpoint backend=local") and "\n" not in line
     # only the groups that apply: no coordinator, exhaustive, stale or power-loss keys here
     assert not {"drives", "resume_p50_ms", "covered", "foreign", "pauses", "power_losses",
-                "log"} & set(parsed)
+                "log", "space_pauses", "pause_spaces"} & set(parsed)
+    paused = parse_summary(summary_line(summarize(
+        mode="checkpoint", backend="local", seed_base=1, space_pauses=True, seconds=1.0,
+        records=[{**record, "counts": {**record["counts"], "space_pauses": 2}}, record])))
+    assert paused["space_pauses"] == "2" and "pause_spaces" not in paused
     jsonl = summary_line(summarize(mode="stale", backend="local", seed_base=1, records=[record],
                                    seconds=1.0, durable_mode="transactional",
                                    log_storage="jsonl"))

@@ -8,6 +8,7 @@ import json
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -291,5 +292,49 @@ def test_a_run_record_is_the_line_every_campaign_wrote() -> None:
                                       "lost_spaces", "process_kills", "fenced", "timeouts",
                                       "attempts", "foreign", "drives", "refused_tokens",
                                       "coordinator_kills", "power_losses",
-                                      "machine_checks", "pauses"]  # appended only
+                                      "machine_checks", "pauses", "space_pauses"]  # appended only
     assert json.loads(json.dumps(record)) == record
+
+
+def _until(what: str, check: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 120  # only a hang gets there
+    while not check():
+        assert time.monotonic() < deadline, f"waited 120 s for {what}"
+        time.sleep(0.02)
+
+
+def test_a_paused_space_is_thawed_by_its_timer_by_any_other_space_fault_and_at_teardown(
+        tmp_path: Path) -> None:
+    """A real local Space frozen by the nemesis: its daemon stopped, then running again after
+    the pause's hold, before a restart of the Space (a restart thaws first), and when the
+    nemesis is torn down with a pause still holding it."""
+    import psutil
+
+    from backends.local import LocalSpaces
+
+    spaces, state = LocalSpaces(tmp_path / "spaces"), RunState()
+    spaces.create("s")
+    try:
+        def daemon_stopped() -> bool:
+            found = spaces.get("s").daemon()
+            assert found is not None
+            return psutil.Process(found[0]).status() == psutil.STATUS_STOPPED
+
+        brief = Fault("pause_space", "time", attempt=1, delay=0, kill_driver=False, hold=0.2)
+        long = Fault("pause_space", "time", attempt=1, delay=0, kill_driver=False, hold=600)
+        restart = Fault("restart_space", "time", attempt=1, delay=0, kill_driver=False)
+        plan = FaultPlan(1, (brief, long, restart, long))
+        nemesis = ValidatingNemesis(FaultNemesis(), plan, state)
+        nemesis.setup(Target(spaces, "s", tmp_path, state, threading.Event()))
+
+        assert nemesis.invoke(_op(0, brief)).type == "info"
+        _until("the brief pause's timer to thaw the daemon", lambda: not daemon_stopped())
+        assert nemesis.invoke(_op(1, long)).type == "info" and daemon_stopped()
+        assert nemesis.invoke(_op(2, restart)).type == "info"
+        assert not daemon_stopped(), "the restart thawed the Space first"
+        assert nemesis.invoke(_op(3, long)).type == "info" and daemon_stopped()
+        nemesis.teardown()
+        assert not daemon_stopped(), "the teardown thawed it"
+        assert state.counts()["space_pauses"] == 3 and state.errors() == []
+    finally:
+        spaces.delete_all()

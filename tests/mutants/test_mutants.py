@@ -137,6 +137,17 @@ MUTANTS: tuple[Mutant, ...] = (
           " " * 70 + "or False):"),),
         "a restore leaves a file whose content is right but whose mode changed",
         "exhaustive-daemon", "G1", "restored bash daemon_lost after the chmod's shim died"),
+    # ---------------------------------------------------------------- pauses of the Space
+    Mutant(
+        "timeout-reported-as-the-tools-error", "durable/adapter/space_env.py",
+        (("    if isinstance(exc, (SpaceUnavailable, SpaceNotFound)):\n",
+          "    if isinstance(exc, SpaceUnavailable) and isinstance(exc.__cause__, TimeoutError):\n"
+          "        return ToolError(f\"the Space did not answer in time: {exc}\")\n"
+          "    if isinstance(exc, (SpaceUnavailable, SpaceNotFound)):\n"),),
+        "a request the Space did not answer in time is reported to the model as the tool's "
+        "error, though its outcome is unknown: a write a frozen daemon makes once thawed is "
+        "recorded as a call that failed",
+        "pause-spaces", "G5", "a write whose Space froze past the request timeout"),
     # ---------------------------------------------------------------- the fenced log
     Mutant(
         "commit-skips-the-fence", "durable/storage/sqlite.py",

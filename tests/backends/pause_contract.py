@@ -1,0 +1,52 @@
+"""The contract of ``pause`` and ``resume`` (``chaos.space_providers.Pausable``), checked the
+same way on every backend: a paused Space answers nothing, a request sent to it meanwhile
+has an unknown outcome (never a refusal), and once resumed its processes go on where they
+stood, none killed."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from durable.errors import SpaceUnavailable
+
+#: Only a hang gets this far.
+DEADLINE_S = 120.0
+
+
+def _until(what: str, check: Any) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while not check():
+        assert time.monotonic() < deadline, f"waited {DEADLINE_S:.0f} s for {what}"
+        time.sleep(0.05)
+
+
+def check_a_pause_freezes_the_space(spaces: Any, name: str, *,
+                                    late_requests_land: bool) -> None:
+    """``late_requests_land``: the backend delivers a request sent while it was frozen once
+    it is thawed (a process's socket backlog does; a microVM's user-mode network may drop
+    the connection instead): then its effect must appear."""
+    spaces.create(name)
+    client = spaces.connect(name, epoch=1)
+    client.exec_start("ticker@1", "n=0; while :; do n=$((n+1)); echo $n; sleep 0.05; done")
+    _until("the ticker's first output", lambda: client.exec_status("ticker@1").output_size > 0)
+
+    spaces.pause(name)
+    spaces.pause(name)  # a second pause changes nothing
+    frozen = spaces.connect(name, epoch=1)
+    frozen.timeout, frozen.retry_for = 1.0, 0.5
+    with pytest.raises(SpaceUnavailable, match="unknown"):
+        frozen.write_file("late.txt", b"sent while frozen")
+
+    spaces.resume(name)
+    spaces.resume(name)  # a running Space is left as it is
+    before = client.exec_status("ticker@1")
+    assert before.state == "running", f"the pause ended the ticker: {before}"
+    _until("the ticker to go on after the pause",
+           lambda: client.exec_status("ticker@1").output_size > before.output_size)
+    if late_requests_land:
+        _until("the write sent while frozen", lambda: client.stat("late.txt") is not None)
+        assert client.read_file("late.txt") == b"sent while frozen"
+    client.exec_kill("ticker@1")
