@@ -108,7 +108,7 @@ class CampaignConfig:
     #: The drivers' log storage, each with its fence: ``sqlite`` or ``jsonl``.
     log_storage: str = DEFAULT_LOG_STORAGE
     #: Standard modes: each run's plan also freezes its Space (``faults.with_space_pauses``).
-    space_pauses: bool = False
+    pause_spaces: bool = False
 
     @property
     def coordinator_count(self) -> int:
@@ -188,7 +188,7 @@ def _specs(cfg: CampaignConfig, work: Path, pool: RunPool
                    stale_kind=cfg.stale_kind, redrive_kind=cfg.redrive_kind,
                    snapshots=cfg.snapshots,
                    redrive_store=cfg.store, coordinators=cfg.coordinator_count,
-                   log_storage=cfg.log_storage, space_pauses=cfg.space_pauses)
+                   log_storage=cfg.log_storage, pause_spaces=cfg.pause_spaces)
     if cfg.mode != "exhaustive":
         drawn = 0 if cfg.plans and cfg.runs is None else cfg.runs or DEFAULT_RUNS
         seeds = cfg.seeds or range(cfg.seed_base, cfg.seed_base + drawn)
@@ -407,7 +407,7 @@ def publish(cfg: CampaignConfig, results: ResultsDir, records: list[dict[str, An
                         seed_base=cfg.seeds[0] if cfg.seeds else cfg.seed_base,
                         records=records, seconds=seconds, covered=covered,
                         durable_mode=cfg.adapter_mode, log_storage=cfg.log_storage,
-                        space_pauses=cfg.space_pauses)
+                        pause_spaces=cfg.pause_spaces)
     missed = sorted(campaign_cells(cfg.backend, cfg.adapter_mode) - cells_hit(records))
     if missed:
         print(f"cells not reached ({len(missed)}; mode, decision, tool, cause):", file=out)

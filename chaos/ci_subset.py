@@ -239,7 +239,7 @@ SLICES: tuple[Slice, ...] = (
     Slice("pause-spaces", "a Space frozen (every process stopped) past the drivers' request "
           "timeout, at seeded points and where a request is left unanswered: what it does "
           "once thawed must match what the log says",
-          {"mode": "transactional", "space_pauses": True, "seeds": (1, 2, 3, 5, 6, 8),
+          {"mode": "transactional", "pause_spaces": True, "seeds": (1, 2, 3, 5, 6, 8),
            "plans": PAUSES}),
     Slice("microvm-power", "power cuts of a microVM Space while a command that fsynced its "
           "append runs: the next driver must learn from the ledger that it ran",

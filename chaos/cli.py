@@ -69,6 +69,8 @@ def _one_run(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="redrive: a PostgreSQL server for the coordinator store")
     p.add_argument("--log", choices=tuple(LOG_NAMES), dest="log_storage",
                    default=DEFAULT_LOG_STORAGE, help="with --seed: the drivers' log storage")
+    p.add_argument("--pause-spaces", action="store_true",
+                   help="with --seed: the campaign paused its Spaces (chaos run --pause-spaces)")
     p.add_argument("--any-code", action="store_true",
                    help="replay a run made by other code than this checkout's (refused "
                    "otherwise: it would drive a different system)")
@@ -131,8 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
                      default=os.environ.get("CRASH_PAUSE_SPACES", "") == "1",
                      help="also freeze each run's Space once or twice (SIGSTOP of its "
                           "processes, docker pause, QMP stop) at seeded points for seeded "
-                          "times, about half of them past the drivers' request timeout, "
-                          "which drops to 2 s (transactional, checkpoint and auto modes)")
+                          "times, most past the faulted drivers' request timeout, which "
+                          "drops to 2 s (transactional, checkpoint and auto modes)")
     run.add_argument("--stop-on-failure", action="store_true",
                      help="start no more runs once one failed")
     run.add_argument("--shard", default=os.environ.get("CRASH_SHARD") or None,

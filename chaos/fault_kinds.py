@@ -14,7 +14,9 @@ it could not.
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import time
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, ClassVar
 
@@ -177,17 +179,24 @@ class KillProcess(_SpaceKind):
 
 
 class PauseSpace(_SpaceKind):
-    """The Space frozen where it stands (``Pausable.pause``) and thawed ``hold`` seconds
-    later by a timer of its own; any other Space fault thaws it first (``thaw``: a killed,
+    """The Space frozen where it stands (``Pausable.pause``) until the latest deadline of the
+    pauses holding it (overlapping pauses each get their whole ``hold``), then thawed by the
+    one timer that is current; any other Space fault thaws it first (``thaw``: a killed,
     restarted or lost machine is not frozen any more), and so does ``teardown``, before the
-    run's clean driver and checks. Shared by the threads that fire faults (its lock guards
-    the timers)."""
+    run's clean driver and checks. A pause that raised may have taken effect, and a thaw that
+    raised may not have: the Space counts as frozen until a resume succeeded (a failed
+    timer's thaw is tried again each second; teardown's last try records its error). Shared
+    by the threads that fire faults (its lock guards the deadline, the timer and the flag)."""
 
     action = "pause_space"
+    #: Seconds between tries of a thaw that failed.
+    RETRY_S = 1.0
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._timers: list[threading.Timer] = []
+        self._frozen = False
+        self._deadline = 0.0
+        self._timer: threading.Timer | None = None
 
     def strike(self, op: Operation) -> None:
         spaces = self.spaces
@@ -196,32 +205,61 @@ class PauseSpace(_SpaceKind):
                              "local, docker or microvm")
         assert op.fault.hold is not None  # a pause_space fault has one (Fault checks)
         with self._lock:
+            self._frozen = True  # before the call: one that raises may have frozen it
+            self._deadline = max(self._deadline, time.monotonic() + op.fault.hold)
+            self._schedule(self._deadline - time.monotonic())
             spaces.pause(self.target.space)
-            timer = threading.Timer(op.fault.hold, self.thaw)
-            timer.daemon = True
-            self._timers.append(timer)
-            timer.start()
+
+    def _schedule(self, delay: float) -> None:
+        """(Under the lock.) The one timer, due in ``delay`` seconds; any earlier one is
+        cancelled, and one already firing finds it is no longer current."""
+        if self._timer is not None:
+            self._timer.cancel()
+        timer = threading.Timer(max(0.0, delay), self._expire)
+        timer.daemon = True
+        self._timer = timer
+        timer.start()
+
+    def _expire(self) -> None:
+        with self._lock:
+            if threading.current_thread() is not self._timer:
+                return  # rescheduled meanwhile: the current timer thaws
+            self._timer = None
+            if time.monotonic() < self._deadline:
+                self._schedule(self._deadline - time.monotonic())
+                return
+            try:
+                self._resume()
+            except Exception:  # noqa: BLE001 - still frozen: tried again, and at teardown
+                self._schedule(self.RETRY_S)
 
     def thaw(self) -> None:
-        """Thaw the Space now if a pause holds it (its timers then have nothing left to do);
-        a Space gone meanwhile has nothing to thaw."""
+        """Thaw the Space now if a pause may hold it. Raises what the resume raised."""
         with self._lock:
-            if not self._timers:
-                return
-            for timer in self._timers:
-                timer.cancel()
-            self._timers.clear()
-            spaces = self.spaces
-            assert isinstance(spaces, Pausable)
-            try:
-                spaces.resume(self.target.space)
-            except SpaceNotFound:
-                pass
-            except Exception as exc:  # noqa: BLE001 - a timer's thread: never lost
-                self.target.state.fault_error("thawing the Space", exc)
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            self._resume()
+
+    def _resume(self) -> None:
+        """(Under the lock.) Resume a Space that may be frozen; one gone meanwhile has
+        nothing to thaw."""
+        if not self._frozen:
+            return
+        spaces = self.spaces
+        assert isinstance(spaces, Pausable)
+        try:
+            spaces.resume(self.target.space)
+        except SpaceNotFound:
+            pass
+        self._frozen = False
+        self._deadline = 0.0
 
     def teardown(self) -> None:
-        self.thaw()
+        try:
+            self.thaw()
+        except Exception as exc:  # noqa: BLE001 - never lost: the run becomes unknown
+            self.target.state.fault_error("thawing the paused Space", exc)
 
 
 KINDS: tuple[type[_Kind], ...] = (KillDriver, KillDaemon, RestartSpace, LoseSpace, KillProcess,
@@ -243,7 +281,8 @@ class FaultNemesis:
 
     def invoke(self, op: Operation) -> Completion:
         if isinstance(self.kinds[op.action], _SpaceKind) and op.action != "pause_space":
-            self._pause.thaw()
+            with contextlib.suppress(SpaceError):  # a kill gets through a freeze; teardown
+                self._pause.thaw()                 # tries the thaw again
         return self.kinds[op.action].invoke(op)
 
     def teardown(self) -> None:

@@ -32,6 +32,7 @@ its seed alone, and ``exhaustive_plans`` enumerates plans without any randomness
 
 from __future__ import annotations
 
+import bisect
 import random
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal, get_args
@@ -188,6 +189,12 @@ def _action_at(point: str, rng: random.Random, allow_delete: bool) -> Action:
     return rng.choice(choices)
 
 
+def _budget(scenario: Scenario, long_seconds: float) -> float:
+    """The seconds after a driver's launch a timed fault is drawn within: about as long as
+    the scenario's calls take."""
+    return max(1.0, len(scenario.steps) * 0.15 + long_seconds)
+
+
 def draw_plan(seed: int, scenario: Scenario, durable_mode: str, *,
               allow_delete: bool = True, long_seconds: float = 1.0) -> FaultPlan:
     """The seeded fault plan of one run: one to six faults, most at failpoints, later ones
@@ -214,9 +221,9 @@ def draw_plan(seed: int, scenario: Scenario, durable_mode: str, *,
             action = rng.choice(("kill_driver", "kill_driver", *SPACE_ACTIONS))
             if action == "delete_space" and not allow_delete:
                 action = "restart_space"
-            budget = max(1.0, len(scenario.steps) * 0.15 + long_seconds)
             faults.append(Fault(action, "time", attempt=rng.choice((1, 1, 2)),
-                                delay=round(rng.uniform(0.05, budget), 3),
+                                delay=round(rng.uniform(0.05, _budget(scenario, long_seconds)),
+                                            3),
                                 kill_driver=action == "kill_driver" or rng.random() < 0.5))
     backoff = rng.choice((0.0, 0.0, 0.05))
     return FaultPlan(seed, tuple(faults), backoff, max_attempts=len(faults) + 4)
@@ -257,9 +264,16 @@ def on_machine(plan: FaultPlan, *, durable_checkpoints: bool) -> FaultPlan:
     return replace(plan, faults=tuple(faults), max_attempts=len(faults) + 4)
 
 
-#: The request timeout of a campaign's drivers when it pauses Spaces: short, so that about
-#: half the pauses outlast it and leave a request with no answer (an unknown outcome).
+#: The request timeout of a campaign's faulted drivers when it pauses Spaces: short, so that
+#: pauses outlast it.
 PAUSE_REQUEST_TIMEOUT_S = 2.0
+#: How long a pause holds the Space (seconds), by band: answered late but in time (40%);
+#: past one timeout, so an idempotent request is sent again and the second is answered
+#: (20%: both are carried out); past both sends, so the request is left with no answer and
+#: an unknown outcome (40%).
+PAUSE_HOLDS = ((0.2, 1.5), (PAUSE_REQUEST_TIMEOUT_S + 0.2, 2 * PAUSE_REQUEST_TIMEOUT_S - 0.2),
+               (2 * PAUSE_REQUEST_TIMEOUT_S + 0.5, 2 * PAUSE_REQUEST_TIMEOUT_S + 2.5))
+PAUSE_BANDS = (0.4, 0.6)
 #: Where a ``pause_space`` freezes the Space: wherever the driver is about to need it, or
 #: is using it, and (with another fault in the plan) during a recovery.
 PAUSE_POINTS = ("call.intent", "space.start_mark", "space.before_spawn", "space.running",
@@ -273,7 +287,7 @@ def with_space_pauses(plan: FaultPlan, scenario: Scenario, durable_mode: str, *,
                       guest: bool = False, long_seconds: float = 1.0) -> FaultPlan:
     """``plan`` with one or two ``pause_space`` faults more (pure: from the plan's seed, and
     drawn apart from it, so the plan's own faults are unchanged). Each holds the Space
-    frozen either briefly or past ``PAUSE_REQUEST_TIMEOUT_S``, at a point of
+    frozen for a time of ``PAUSE_HOLDS``, at a point of
     ``PAUSE_POINTS``, at a recovery's point, or at a seeded time. ``guest``: a microVM,
     whose daemon's points land at the driver's (``GUEST_POINT``)."""
     rng = random.Random(f"pauses:{durable_mode}:{plan.seed}")
@@ -282,8 +296,7 @@ def with_space_pauses(plan: FaultPlan, scenario: Scenario, durable_mode: str, *,
     recovery = MODE_RECOVERY_POINTS.get(durable_mode, RECOVERY_POINTS) if plan.faults else ()
     pauses: list[Fault] = []
     for _ in range(rng.choice((1, 1, 1, 2))):
-        hold = round(rng.uniform(0.2, 1.5) if rng.random() < 0.5 else
-                     rng.uniform(PAUSE_REQUEST_TIMEOUT_S + 0.5, PAUSE_REQUEST_TIMEOUT_S + 4), 3)
+        hold = round(rng.uniform(*PAUSE_HOLDS[bisect.bisect(PAUSE_BANDS, rng.random())]), 3)
         kill = rng.random() < 0.2
         roll = rng.random()
         if roll < 0.6 and names:
@@ -294,10 +307,9 @@ def with_space_pauses(plan: FaultPlan, scenario: Scenario, durable_mode: str, *,
             fault = Fault("pause_space", "failpoint", rng.choice(recovery), 1,
                           kill_driver=kill, hold=hold)
         else:
-            budget = max(1.0, len(scenario.steps) * 0.15 + long_seconds)
             fault = Fault("pause_space", "time", attempt=rng.choice((1, 1, 2)),
-                          delay=round(rng.uniform(0.05, budget), 3), kill_driver=kill,
-                          hold=hold)
+                          delay=round(rng.uniform(0.05, _budget(scenario, long_seconds)), 3),
+                          kill_driver=kill, hold=hold)
         if guest:
             fault = replace(fault, point=GUEST_POINT.get(fault.point or "", fault.point))
         pauses.append(fault)
@@ -324,7 +336,7 @@ def on_virtual(plan: FaultPlan) -> FaultPlan:
     """``plan`` for a virtual workspace (pure, and a no-op on a plan already made for one):
     every fault kills the driver (there is no Space to fault), at the point of the same
     moment (``VIRTUAL_POINT``)."""
-    faults = tuple(replace(f, action="kill_driver", kill_driver=True,
+    faults = tuple(replace(f, action="kill_driver", kill_driver=True, hold=None,
                            point=VIRTUAL_POINT.get(f.point or "", f.point))
                    for f in plan.faults)
     return replace(plan, faults=faults)

@@ -143,4 +143,4 @@ def _config(raw: dict[str, Any]) -> CampaignConfig:
                           durable_mode=raw.get("durable_mode"),
                           stale_kind=raw.get("stale_kind", "race"),
                           log_storage=raw.get("log_storage") or DEFAULT_LOG_STORAGE,
-                          space_pauses=bool(raw.get("space_pauses")))
+                          pause_spaces=bool(raw.get("pause_spaces")))

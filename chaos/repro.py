@@ -59,7 +59,8 @@ def stored_spec(results_dir: Path, index: int | None, store_url: str | None = No
                    stale_kind=record.get("stale_kind") or "race",
                    redrive_kind=campaign.get("redrive_kind"), redrive_store=store,
                    coordinators=campaign.get("coordinators") or 1 if store else 1,
-                   log_storage=campaign.get("log_storage") or DEFAULT_LOG_STORAGE)
+                   log_storage=campaign.get("log_storage") or DEFAULT_LOG_STORAGE,
+                   pause_spaces=bool(campaign.get("pause_spaces")))
 
 
 def drawn_spec(args: argparse.Namespace) -> RunSpec:
@@ -75,7 +76,8 @@ def drawn_spec(args: argparse.Namespace) -> RunSpec:
                    preset=cfg.preset_name, steps=args.steps,
                    work_dir=Path("results") / "repro", keep=True, stale_kind=args.stale_kind,
                    redrive_kind=args.redrive_kind, redrive_store=args.store,
-                   coordinators=cfg.coordinator_count, log_storage=args.log_storage)
+                   coordinators=cfg.coordinator_count, log_storage=args.log_storage,
+                   pause_spaces=args.pause_spaces)
 
 
 def repro(args: argparse.Namespace) -> int:

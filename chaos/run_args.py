@@ -92,7 +92,7 @@ def _log_storage(args: argparse.Namespace) -> str:
     return str(args.log_storage)
 
 
-def _space_pauses(args: argparse.Namespace) -> bool:
+def _pause_spaces(args: argparse.Namespace) -> bool:
     if args.pause_spaces and (args.mode not in PAUSE_MODES or args.backend == VIRTUAL):
         raise BadArguments(f"--pause-spaces freezes a Space in --mode {', '.join(PAUSE_MODES)} "
                            f"on a backend with Spaces, not --mode {args.mode} --backend "
@@ -168,7 +168,7 @@ def campaign_config(args: argparse.Namespace) -> CampaignConfig:
                          snapshots=_snapshots(args),
                          coordinators=args.coordinators,
                          log_storage=_log_storage(args),
-                         space_pauses=_space_pauses(args),
+                         pause_spaces=_pause_spaces(args),
                          cluster=None if args.cluster is None else check_address(args.cluster))
     unknown = sorted(set(cfg.points) - set(ALL_POINTS))
     if unknown:

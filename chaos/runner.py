@@ -129,7 +129,7 @@ class Run:
             durable = spec.durable_mode == "transactional" or \
                 snapshot_kind(spec.backend, spec.snapshots) == "workspace"
             plan = on_machine(plan, durable_checkpoints=durable)
-        if spec.space_pauses:
+        if spec.pause_spaces:
             plan = with_space_pauses(plan, self.scenario, spec.durable_mode,
                                      guest=spec.backend == "microvm",
                                      long_seconds=self.preset.long_seconds)
@@ -153,6 +153,13 @@ class Run:
 
     # ------------------------------------------------------------------ drivers
 
+    def request_timeout(self, *, faulted: bool) -> float | None:
+        """A faulted driver's request timeout when the run freezes its Space: one a pause
+        outlasts (None: the default; a clean driver runs with no pause to outlast)."""
+        pauses = self.spec.pause_spaces or any(f.action == "pause_space"
+                                               for f in self.plan.faults)
+        return PAUSE_REQUEST_TIMEOUT_S if pauses and faulted else None
+
     def launch(self, attempt: int, failpoints: str | None, *, heartbeat: float = 0.5,
                other: OtherSession | None = None) -> Owned:
         """Start a driver of the run's session (at the next epoch), or of ``other``."""
@@ -162,10 +169,8 @@ class Run:
         env = driver_env(session=other.name if other else self.session, epoch=epoch,
                          state_dir=run_dir / "state", heartbeat=heartbeat,
                          failpoints=failpoints, log_storage=self.spec.log_storage)
-        # A plan that freezes the Space gives its drivers a request timeout a pause outlasts.
-        pauses = any(f.action == "pause_space" for f in self.plan.faults)
         argv = driver_argv(self.spec, self.dir, other,
-                           request_timeout=PAUSE_REQUEST_TIMEOUT_S if pauses else None)
+                           request_timeout=self.request_timeout(faulted=failpoints is not None))
         driver = self.scope.launch(argv, env,
                                    run_dir / f"driver-{attempt:02d}-e{epoch}.log")
         if other is None:

@@ -37,7 +37,7 @@ def summarize(*, mode: str, backend: str, seed_base: int, records: list[dict[str
               seconds: float, covered: int | None = None,
               durable_mode: str | None = None,
               log_storage: str = DEFAULT_LOG_STORAGE,
-              space_pauses: bool = False) -> dict[str, Any]:
+              pause_spaces: bool = False) -> dict[str, Any]:
     valid = [r["verdict"]["valid"] for r in records]
     out: dict[str, Any] = {
         "mode": mode, "backend": backend, "log": log_storage, "seed_base": seed_base,
@@ -57,7 +57,7 @@ def summarize(*, mode: str, backend: str, seed_base: int, records: list[dict[str
     out["foreign"] = sum(r["counts"].get("foreign", 0) for r in records)
     out["pauses"] = sum(r["counts"].get("pauses", 0) for r in records)
     out["space_pauses"] = sum(r["counts"].get("space_pauses", 0) for r in records)
-    out["pause_spaces"] = space_pauses  # the campaign's flag: not a key of the line
+    out["pause_spaces"] = pause_spaces  # the campaign's flag: not a key of the line
     reachable = campaign_cells(backend, durable_mode or mode)
     out["cells"] = f"{len(cells_hit(records) & reachable)}/{len(reachable)}"
     out.update(redrive_summary(records))

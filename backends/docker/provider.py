@@ -428,7 +428,8 @@ class DockerSpaces:
 
     def pause(self, name: str) -> None:
         """``docker pause``: every process of the Space frozen where it stands (the cgroup
-        freezer); ``resume`` thaws them. A paused or stopped Space is left as it is."""
+        freezer); ``resume`` thaws them. A paused Space is left as it is; a stopped one
+        raises ``SpaceUnavailable``."""
         self._freeze(name, pause=True)
 
     def resume(self, name: str) -> None:
@@ -438,6 +439,9 @@ class DockerSpaces:
     def _freeze(self, name: str, *, pause: bool) -> None:
         cname, how = self.container_name(name), "pause" if pause else "unpause"
         state = self._inspect(name)["State"]
+        if pause and not state.get("Running"):
+            raise SpaceUnavailable(f"Space {name!r}: its container is not running; nothing "
+                                   "to pause")
         if not state.get("Running") or bool(state.get("Paused")) == pause:
             return  # the engine refuses either (409 or 500): nothing to change
         with _engine(f"Space {name!r}: docker {how} failed",

@@ -241,24 +241,25 @@ class LocalSpaces:
         """Freeze the Space where it stands (as ``docker pause``): SIGSTOP to its daemon and
         every process it started, which stay alive and hold what they hold; a request sent
         meanwhile waits in its socket. ``resume`` thaws them. A second pass stops what forked
-        during the first."""
-        with self._locked(name) as space:
-            self.get(name)
-            stopped: set[int] = set()
-            for _ in range(2):
-                for proc in procs.space_processes(str(space.state)):
-                    if proc.pid not in stopped:
-                        stopped.add(proc.pid)
-                        with suppress(ProcessLookupError):
-                            os.kill(proc.pid, signal.SIGSTOP)
+        during the first. Without the Space's lock, like ``resume``: a ``create`` holding it
+        while it probes the frozen daemon must not keep the thaw waiting. Raises
+        ``SpaceUnavailable`` when no process of the Space runs."""
+        state = str(self.get(name).state)
+        stopped: set[int] = set()
+        for _ in range(2):
+            for proc in procs.space_processes(state):
+                if proc.pid not in stopped:
+                    stopped.add(proc.pid)
+                    with suppress(ProcessLookupError):
+                        os.kill(proc.pid, signal.SIGSTOP)
+        if not stopped:
+            raise SpaceUnavailable(f"Space {name!r} has no process running to freeze")
 
     def resume(self, name: str) -> None:
         """SIGCONT to every process of the Space (a running one ignores it)."""
-        with self._locked(name) as space:
-            self.get(name)
-            for proc in procs.space_processes(str(space.state)):
-                with suppress(ProcessLookupError):
-                    os.kill(proc.pid, signal.SIGCONT)
+        for proc in procs.space_processes(str(self.get(name).state)):
+            with suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGCONT)
 
     def connect(self, name: str, *, epoch: int) -> HttpSpaceClient:
         space = self.get(name)

@@ -266,13 +266,19 @@ class MicroVMSpaces:
         every connection kept); ``resume`` goes on."""
         if not self.exists(name):
             raise SpaceNotFound(f"no Space {name!r}")
+        if not self.running(name):
+            raise SpaceUnavailable(f"the microVM of Space {name} is not running; nothing to "
+                                   "pause")
         self.qmp(name).command("stop")
 
     def resume(self, name: str) -> None:
         """QMP ``cont``, then the guest's clock set to the host's (it stood still, under
-        TCG, for as long as the machine did). A machine that runs is left as it is."""
+        TCG, for as long as the machine did). A machine that runs, or is off, is left as it
+        is."""
         if not self.exists(name):
             raise SpaceNotFound(f"no Space {name!r}")
+        if not self.running(name):
+            return
         self.qmp(name).command("cont")
         self.set_clock(name)
 

@@ -16,7 +16,7 @@ from durable.errors import SpaceUnavailable
 DEADLINE_S = 120.0
 
 
-def _until(what: str, check: Any) -> None:
+def until(what: str, check: Any) -> None:
     deadline = time.monotonic() + DEADLINE_S
     while not check():
         assert time.monotonic() < deadline, f"waited {DEADLINE_S:.0f} s for {what}"
@@ -31,7 +31,7 @@ def check_a_pause_freezes_the_space(spaces: Any, name: str, *,
     spaces.create(name)
     client = spaces.connect(name, epoch=1)
     client.exec_start("ticker@1", "n=0; while :; do n=$((n+1)); echo $n; sleep 0.05; done")
-    _until("the ticker's first output", lambda: client.exec_status("ticker@1").output_size > 0)
+    until("the ticker's first output", lambda: client.exec_status("ticker@1").output_size > 0)
 
     spaces.pause(name)
     spaces.pause(name)  # a second pause changes nothing
@@ -44,9 +44,9 @@ def check_a_pause_freezes_the_space(spaces: Any, name: str, *,
     spaces.resume(name)  # a running Space is left as it is
     before = client.exec_status("ticker@1")
     assert before.state == "running", f"the pause ended the ticker: {before}"
-    _until("the ticker to go on after the pause",
+    until("the ticker to go on after the pause",
            lambda: client.exec_status("ticker@1").output_size > before.output_size)
     if late_requests_land:
-        _until("the write sent while frozen", lambda: client.stat("late.txt") is not None)
+        until("the write sent while frozen", lambda: client.stat("late.txt") is not None)
         assert client.read_file("late.txt") == b"sent while frozen"
     client.exec_kill("ticker@1")

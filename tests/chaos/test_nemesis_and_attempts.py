@@ -8,7 +8,7 @@ import json
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -25,6 +25,7 @@ from chaos.rendezvous import Hit
 from chaos.run_record import RunRecord
 from chaos.run_state import RunState
 from durable.errors import SpaceNotFound, SpaceUnavailable
+from tests.backends.pause_contract import until
 
 AT_INTENT = Fault("kill_daemon", "failpoint", "call.intent", 1, kill_driver=False)
 KILL_AT_RESULT = Fault("kill_driver", "failpoint", "call.result", 2)
@@ -296,45 +297,98 @@ def test_a_run_record_is_the_line_every_campaign_wrote() -> None:
     assert json.loads(json.dumps(record)) == record
 
 
-def _until(what: str, check: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + 120  # only a hang gets there
-    while not check():
-        assert time.monotonic() < deadline, f"waited 120 s for {what}"
-        time.sleep(0.02)
+def _pause(hold: float) -> Fault:
+    return Fault("pause_space", "time", attempt=1, delay=0, kill_driver=False, hold=hold)
 
 
-def test_a_paused_space_is_thawed_by_its_timer_by_any_other_space_fault_and_at_teardown(
-        tmp_path: Path) -> None:
-    """A real local Space frozen by the nemesis: its daemon stopped, then running again after
-    the pause's hold, before a restart of the Space (a restart thaws first), and when the
-    nemesis is torn down with a pause still holding it."""
+class _PauseThatBreaks:
+    """A local provider whose pause freezes the Space and then reports a broken channel
+    (as a QMP ``stop`` whose answer was lost): the Space is frozen all the same."""
+
+    def __init__(self, spaces: object) -> None:
+        self.inner = spaces
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    def pause(self, name: str) -> None:
+        self.inner.pause(name)  # type: ignore[attr-defined]  # a LocalSpaces
+        raise SpaceUnavailable("QMP stop: the machine's channel broke; whether it took effect "
+                               "is unknown")
+
+    def resume(self, name: str) -> None:
+        self.inner.resume(name)  # type: ignore[attr-defined]  # a LocalSpaces
+
+
+@pytest.fixture
+def local_space(tmp_path: Path) -> Iterator[tuple[object, Callable[[], bool]]]:
+    """A real local Space ``s`` and whether its daemon is stopped now."""
     import psutil
 
     from backends.local import LocalSpaces
 
-    spaces, state = LocalSpaces(tmp_path / "spaces"), RunState()
+    spaces = LocalSpaces(tmp_path / "spaces")
     spaces.create("s")
+
+    def daemon_stopped() -> bool:
+        found = spaces.get("s").daemon()
+        assert found is not None
+        return psutil.Process(found[0]).status() == psutil.STATUS_STOPPED
+
     try:
-        def daemon_stopped() -> bool:
-            found = spaces.get("s").daemon()
-            assert found is not None
-            return psutil.Process(found[0]).status() == psutil.STATUS_STOPPED
-
-        brief = Fault("pause_space", "time", attempt=1, delay=0, kill_driver=False, hold=0.2)
-        long = Fault("pause_space", "time", attempt=1, delay=0, kill_driver=False, hold=600)
-        restart = Fault("restart_space", "time", attempt=1, delay=0, kill_driver=False)
-        plan = FaultPlan(1, (brief, long, restart, long))
-        nemesis = ValidatingNemesis(FaultNemesis(), plan, state)
-        nemesis.setup(Target(spaces, "s", tmp_path, state, threading.Event()))
-
-        assert nemesis.invoke(_op(0, brief)).type == "info"
-        _until("the brief pause's timer to thaw the daemon", lambda: not daemon_stopped())
-        assert nemesis.invoke(_op(1, long)).type == "info" and daemon_stopped()
-        assert nemesis.invoke(_op(2, restart)).type == "info"
-        assert not daemon_stopped(), "the restart thawed the Space first"
-        assert nemesis.invoke(_op(3, long)).type == "info" and daemon_stopped()
-        nemesis.teardown()
-        assert not daemon_stopped(), "the teardown thawed it"
-        assert state.counts()["space_pauses"] == 3 and state.errors() == []
+        yield spaces, daemon_stopped
     finally:
         spaces.delete_all()
+
+
+def test_a_paused_space_is_thawed_by_its_timer_by_any_other_space_fault_and_at_teardown(
+        tmp_path: Path, local_space: tuple[object, Callable[[], bool]]) -> None:
+    """A real local Space frozen by the nemesis: its daemon stopped, then running again after
+    the pause's hold, before a restart of the Space (a restart thaws first), and when the
+    nemesis is torn down with a pause still holding it."""
+    spaces, daemon_stopped = local_space
+    state = RunState()
+    brief, long = _pause(0.2), _pause(600)
+    restart = Fault("restart_space", "time", attempt=1, delay=0, kill_driver=False)
+    nemesis = ValidatingNemesis(FaultNemesis(), FaultPlan(1, (brief, long, restart, long)), state)
+    nemesis.setup(Target(spaces, "s", tmp_path, state, threading.Event()))  # type: ignore[arg-type]
+
+    assert nemesis.invoke(_op(0, brief)).type == "info"
+    until("the brief pause's timer to thaw the daemon", lambda: not daemon_stopped())
+    assert nemesis.invoke(_op(1, long)).type == "info" and daemon_stopped()
+    assert nemesis.invoke(_op(2, restart)).type == "info"
+    assert not daemon_stopped(), "the restart thawed the Space first"
+    assert nemesis.invoke(_op(3, long)).type == "info" and daemon_stopped()
+    nemesis.teardown()
+    assert not daemon_stopped(), "the teardown thawed it"
+    assert state.counts()["space_pauses"] == 3 and state.errors() == []
+
+
+@pytest.mark.parametrize("order", ["long first", "brief first"])
+def test_overlapping_pauses_each_get_their_whole_hold(
+        tmp_path: Path, local_space: tuple[object, Callable[[], bool]], order: str) -> None:
+    spaces, daemon_stopped = local_space
+    state = RunState()
+    faults = (_pause(600), _pause(0.2)) if order == "long first" else (_pause(0.2), _pause(600))
+    nemesis = ValidatingNemesis(FaultNemesis(), FaultPlan(1, faults), state)
+    nemesis.setup(Target(spaces, "s", tmp_path, state, threading.Event()))  # type: ignore[arg-type]
+    for index, fault in enumerate(faults):
+        assert nemesis.invoke(_op(index, fault)).type == "info"
+    time.sleep(1.0)  # the brief pause's timer is long due (a slow machine only passes this)
+    assert daemon_stopped(), "the brief pause thawed the Space the long one holds"
+    nemesis.teardown()
+    assert not daemon_stopped() and state.errors() == []
+
+
+def test_a_pause_that_broke_off_is_still_thawed(
+        tmp_path: Path, local_space: tuple[object, Callable[[], bool]]) -> None:
+    spaces, daemon_stopped = local_space
+    state = RunState()
+    fault = _pause(600)
+    nemesis = ValidatingNemesis(FaultNemesis(), FaultPlan(1, (fault,)), state)
+    nemesis.setup(Target(_PauseThatBreaks(spaces), "s", tmp_path, state,  # type: ignore[arg-type]
+                         threading.Event()))
+    done = nemesis.invoke(_op(0, fault))
+    assert done.type == "fail" and "channel broke" in done.value and daemon_stopped()
+    nemesis.teardown()
+    assert not daemon_stopped(), "a pause that may have frozen the Space is thawed"
