@@ -43,12 +43,12 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from .errors import EpochTaken, HaltError, PermanentFailure, StaleEpochError
 from .failpoints import failpoint
 from .fence_contract import Fence
-from .harness import Harness, Submission
+from .harness import Harness, Outcome, Submission
 from .lifetime import DIE_WITH_ENV, die_with
 from .log import Log
 from .models import Model
@@ -172,6 +172,63 @@ class Session:
         return self.harness
 
 
+    def started(self, submission: Submission) -> SessionRun:
+        """The ``Started`` of ``submission`` for ``start`` to return (the driver wraps a
+        bare ``Submission`` in one too)."""
+        return SessionRun(self, submission)
+
+
+@runtime_checkable
+class Started(Protocol):
+    """What ``start`` returns (the design's ``{wait, close, ensure_space}``): the driver
+    calls ``ensure_space`` before ``wait`` and after it, and ``close`` last, whatever
+    happened. ``Session.started`` makes the usual one; an app with more to do around its
+    run (another conversation to wait for, its own resources to close) returns its own."""
+
+    def wait(self) -> Outcome:
+        """Run until the session's work settles: ``done``, or unanswered with a reason."""
+        ...
+
+    def ensure_space(self) -> None:
+        """Bring the workspace of what runs under this epoch and the log's state."""
+        ...
+
+    def close(self) -> None:
+        """Close what the run opened (the log with it)."""
+        ...
+
+
+@dataclass
+class SessionRun:
+    """The ``Started`` of one submission: waits for it, ensures its conversation's
+    workspace, and closes the session's harness (and so its log)."""
+
+    session: Session
+    submission: Submission
+
+    def wait(self) -> Outcome:
+        return self.submission.wait()
+
+    def ensure_space(self) -> None:
+        self.session.durable.ensure_space(self.submission.harness,
+                                          self.submission.conversation)
+
+    def close(self) -> None:
+        self.submission.harness.close()
+
+
+def _started(session: Session, returned: object) -> Started:
+    """What ``start`` returned, as a ``Started``; ``PermanentFailure`` for anything else."""
+    if isinstance(returned, Submission):
+        return session.started(returned)
+    if isinstance(returned, Started):
+        return returned
+    raise PermanentFailure(
+        f"start returned {type(returned).__name__}, not something to run: return the "
+        "Submission of the session's input (conversation.submit(...)), or an object with "
+        "wait(), ensure_space() and close() (session.started(submission) makes one)")
+
+
 class _Heartbeat(threading.Thread):
     def __init__(self, epoch: int, interval: float, fence: Fence) -> None:
         super().__init__(name="cua-heartbeat", daemon=True)
@@ -193,15 +250,16 @@ class _Heartbeat(threading.Thread):
 def run_durable_session(
     *,
     durable: Callable[[Fence, SessionEnv], Workspaces],
-    start: Callable[[Session], Submission],
+    start: Callable[[Session], Submission | Started],
     open_log: Callable[[Path, int], tuple[Storage, Fence]] | None = None,
     environ: dict[str, str] | None = None,
 ) -> int:
     """Run one attempt of a session and return its exit code (see the module docstring).
 
     ``durable(fence, senv)`` builds the adapter for the session ``senv`` (its name, the
-    epoch it runs at); ``start(session)`` opens the harness (``session.open_harness``) and
-    submits the input with a fixed request id.
+    epoch it runs at); ``start(session)`` opens the harness (``session.open_harness``),
+    submits the input with a fixed request id, and returns the ``Started`` of the run (a
+    bare ``Submission`` is taken as ``session.started(submission)``).
     """
     die_with((os.environ if environ is None else environ).get(DIE_WITH_ENV))
     try:
@@ -227,7 +285,7 @@ def run_durable_session(
 
 
 def _attempt(senv: SessionEnv, durable: Callable[[Fence, SessionEnv], Workspaces],
-             start: Callable[[Session], Submission],
+             start: Callable[[Session], Submission | Started],
              open_log: Callable[[Path, int], tuple[Storage, Fence]]) -> int:
     """The session at ``senv.epoch``: an exit code, or ``EpochTaken`` to run above it."""
     try:
@@ -237,22 +295,22 @@ def _attempt(senv: SessionEnv, durable: Callable[[Fence, SessionEnv], Workspaces
     heartbeat = _Heartbeat(senv.epoch, senv.heartbeat_secs, fence)
     heartbeat.start()
     session: Session | None = None
+    run: Started | None = None
     try:
         adapter = durable(fence, senv)
         # The order the design gives: the log is open at this epoch; now the Space, before
         # ``start`` resumes anything; only then the app.
         adapter.raise_epochs()
         session = Session(senv, storage, fence, adapter)
-        submission = start(session)
+        run = _started(session, start(session))
         if session.stale is not None:
             raise session.stale
-        assert session.harness is not None
         # Bring the Space under this epoch and the log's state before the run goes on.
-        adapter.ensure_space(session.harness, submission.conversation)
-        outcome = submission.wait()
+        run.ensure_space()
+        outcome = run.wait()
         if session.stale is not None:
             raise session.stale
-        adapter.ensure_space(session.harness, submission.conversation)
+        run.ensure_space()
         if outcome.done:
             failpoint("session.end", epoch=senv.epoch)
             return exit_line(EXIT_OK, "finished")
@@ -275,6 +333,12 @@ def _attempt(senv: SessionEnv, durable: Callable[[Fence, SessionEnv], Workspaces
         return exit_line(EXIT_CRASHED, f"crashed: {type(exc).__name__}: {exc}")
     finally:
         heartbeat.stopped.set()
+        if run is not None:
+            try:
+                run.close()
+            except Exception:  # noqa: BLE001 - the attempt's exit stands; the error is shown
+                traceback.print_exc()
+        # The log closed whatever the app's close did (closing twice is harmless).
         if session is not None and session.harness is not None:
             session.harness.close()
         else:

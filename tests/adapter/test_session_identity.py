@@ -21,7 +21,7 @@ from durable.adapter.space_names import session_token, space_name
 from durable.coding_tools import coding_tools
 from durable.errors import EpochTaken, SpaceNotFound, StaleEpochError
 from durable.fence_contract import Fence
-from durable.harness import Harness, Submission
+from durable.harness import Harness, Outcome, Submission
 from durable.models import PlannedCall, ScriptedModel
 from durable.session_driver import (
     EXIT_FENCED,
@@ -29,6 +29,7 @@ from durable.session_driver import (
     EXIT_PERMANENT,
     Session,
     SessionEnv,
+    Started,
     run_durable_session,
 )
 from durable.session_log import open_for_audit
@@ -362,3 +363,51 @@ def test_start_gets_the_session_its_log_fence_and_on_stale(
     assert code == EXIT_FENCED, out.getvalue()
     assert got == [("s", 2, "do the thing", True)]
     assert "CUA-EXIT 75 fenced: epoch 2 is below the floor 3 of the app's store" in out.getvalue()
+
+
+def test_start_returns_wait_ensure_space_and_close_and_the_driver_calls_them_in_order(
+        tmp_path: Path, local_spaces: LocalSpaces) -> None:
+    """``start`` returns the design's ``{wait, close, ensure_space}`` (``Started``): the
+    driver ensures the Space before the wait and after it, and closes last; an app's own
+    ``Started`` is used as it is (here one that records its calls around the standard one),
+    and anything else ends the attempt permanently (78), saying what to return."""
+    calls: list[str] = []
+
+    def build(fence: Fence, senv: SessionEnv) -> DurableSpaces:
+        return durable_spaces(session=senv.name, spaces=local_spaces,
+                              snapshots=WorkspaceSnapshots(local_spaces, "", None),
+                              mode="checkpoint", fence=fence, epoch=senv.epoch)
+
+    class Recorded:
+        def __init__(self, inner: Started) -> None:
+            self.inner = inner
+
+        def wait(self) -> Outcome:
+            calls.append("wait")
+            return self.inner.wait()
+
+        def ensure_space(self) -> None:
+            calls.append("ensure_space")
+            self.inner.ensure_space()
+
+        def close(self) -> None:
+            calls.append("close")
+            self.inner.close()
+
+    def start(session: Session) -> Started:
+        harness = session.open_harness(models=ScriptedModel(PLAN),
+                                       registry=ToolRegistry(coding_tools()))
+        return Recorded(session.started(harness.root("a").submit(content="go",
+                                                                 request_id="r1")))
+
+    out = io.StringIO()
+    with redirect_stdout(out), redirect_stderr(out):
+        code = run_durable_session(durable=build, start=start,
+                                   environ=_driver_env(tmp_path / "own", "1"))
+        wrong = run_durable_session(durable=build, start=lambda session: None,  # type: ignore[arg-type, return-value]
+                                    environ=_driver_env(tmp_path / "wrong", "2"))
+    assert code == EXIT_OK, out.getvalue()
+    assert calls == ["ensure_space", "wait", "ensure_space", "close"]
+    assert wrong == EXIT_PERMANENT
+    assert "start returned NoneType, not something to run: return the Submission" in \
+        out.getvalue()
