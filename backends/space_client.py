@@ -81,6 +81,14 @@ class Endpoint:
 #: Returns where the Space's daemon is now; raises ``SpaceNotFound`` if the Space is gone
 #: and ``SpaceUnavailable`` if its daemon is not up (the client retries that).
 Resolver = Callable[[], Endpoint]
+#: A hook a provider routes its clients' endpoints through (a Space's name and its endpoint
+#: in, the endpoint to dial out): the campaign's link proxies (``chaos.link_proxy``).
+Via = Callable[[str, Endpoint], Endpoint]
+
+
+def routed(name: str, resolve: Resolver, via: Via | None) -> Resolver:
+    """``resolve``, through ``via`` when there is one."""
+    return resolve if via is None else (lambda: via(name, resolve()))
 
 
 def _busy_wait(resp: http.client.HTTPResponse, data: bytes) -> float | None:

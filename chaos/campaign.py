@@ -107,8 +107,10 @@ class CampaignConfig:
     coordinators: int | None = None
     #: The drivers' log storage, each with its fence: ``sqlite`` or ``jsonl``.
     log_storage: str = DEFAULT_LOG_STORAGE
-    #: Standard modes: each run's plan also freezes its Space (``faults.with_space_pauses``).
+    #: Standard modes: each run's plan also freezes its Space, or cuts its link to the
+    #: drivers (``faults.with_held_faults``).
     pause_spaces: bool = False
+    cut_links: bool = False
 
     @property
     def coordinator_count(self) -> int:
@@ -188,7 +190,8 @@ def _specs(cfg: CampaignConfig, work: Path, pool: RunPool
                    stale_kind=cfg.stale_kind, redrive_kind=cfg.redrive_kind,
                    snapshots=cfg.snapshots,
                    redrive_store=cfg.store, coordinators=cfg.coordinator_count,
-                   log_storage=cfg.log_storage, pause_spaces=cfg.pause_spaces)
+                   log_storage=cfg.log_storage, pause_spaces=cfg.pause_spaces,
+                   cut_links=cfg.cut_links)
     if cfg.mode != "exhaustive":
         drawn = 0 if cfg.plans and cfg.runs is None else cfg.runs or DEFAULT_RUNS
         seeds = cfg.seeds or range(cfg.seed_base, cfg.seed_base + drawn)
@@ -407,7 +410,7 @@ def publish(cfg: CampaignConfig, results: ResultsDir, records: list[dict[str, An
                         seed_base=cfg.seeds[0] if cfg.seeds else cfg.seed_base,
                         records=records, seconds=seconds, covered=covered,
                         durable_mode=cfg.adapter_mode, log_storage=cfg.log_storage,
-                        pause_spaces=cfg.pause_spaces)
+                        pause_spaces=cfg.pause_spaces, cut_links=cfg.cut_links)
     missed = sorted(campaign_cells(cfg.backend, cfg.adapter_mode) - cells_hit(records))
     if missed:
         print(f"cells not reached ({len(missed)}; mode, decision, tool, cause):", file=out)

@@ -195,6 +195,17 @@ PAUSES = (
     _plan(1, Fault("pause_space", "failpoint", "space.running", 1, kill_driver=False,
                    hold=5.0), preset="ci-long"),
 )
+#: The link between the drivers and the Space cut past the request timeout: a start
+#: carried out by the daemon whose answer is lost, a write held by the cut (never
+#: delivered), a command that runs on and ends while its driver cannot see it.
+CUTS = (
+    _plan(1, Fault("cut_link", "failpoint", "spacesd.exec.recorded", 1, kill_driver=False,
+                   hold=5.0)),
+    _plan(1, Fault("cut_link", "failpoint", "space.file_op", 1, kill_driver=False,
+                   hold=5.0)),
+    _plan(1, Fault("cut_link", "failpoint", "space.running", 1, kill_driver=False,
+                   hold=5.0), preset="ci-long"),
+)
 #: The bundled workload every machine can run (no program beyond bash and coreutils).
 ODD_OBJECTS = str(Path(__file__).resolve().parents[1] / "scenarios" / "workloads" /
                   "odd-objects.yaml")
@@ -241,6 +252,10 @@ SLICES: tuple[Slice, ...] = (
           "once thawed must match what the log says",
           {"mode": "transactional", "pause_spaces": True, "seeds": (1, 2, 3, 5, 6, 8),
            "plans": PAUSES}),
+    Slice("cut-links", "the link between the drivers and the Space cut (a partition: the "
+          "daemon carries out what reached it, its answers are lost) past the drivers' "
+          "request timeout, at seeded points and where a request is in the daemon",
+          {"mode": "checkpoint", "cut_links": True, "seeds": (1, 2, 3, 5), "plans": CUTS}),
     Slice("microvm-power", "power cuts of a microVM Space while a command that fsynced its "
           "append runs: the next driver must learn from the ledger that it ran",
           {"mode": "transactional", "backend": "microvm", "plans": POWER_CUTS},

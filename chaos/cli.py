@@ -71,6 +71,8 @@ def _one_run(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    default=DEFAULT_LOG_STORAGE, help="with --seed: the drivers' log storage")
     p.add_argument("--pause-spaces", action="store_true",
                    help="with --seed: the campaign paused its Spaces (chaos run --pause-spaces)")
+    p.add_argument("--cut-links", action="store_true",
+                   help="with --seed: the campaign cut its links (chaos run --cut-links)")
     p.add_argument("--any-code", action="store_true",
                    help="replay a run made by other code than this checkout's (refused "
                    "otherwise: it would drive a different system)")
@@ -134,6 +136,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="also freeze each run's Space once or twice (SIGSTOP of its "
                           "processes, docker pause, QMP stop) at seeded points for seeded "
                           "times, most past the faulted drivers' request timeout, which "
+                          "drops to 2 s (transactional, checkpoint and auto modes)")
+    run.add_argument("--cut-links", action="store_true",
+                     default=os.environ.get("CRASH_CUT_LINKS", "") == "1",
+                     help="also cut the link between each run's drivers and its Space once "
+                          "or twice (a partition: nothing crosses, what reached the daemon "
+                          "is carried out, its answers are lost) at seeded points for "
+                          "seeded times, then heal it; the faulted drivers' request timeout "
                           "drops to 2 s (transactional, checkpoint and auto modes)")
     run.add_argument("--stop-on-failure", action="store_true",
                      help="start no more runs once one failed")

@@ -32,6 +32,7 @@ from scenarios import scenario_of
 from scenarios.host_tools import effect_tools
 from scenarios.plan import Scenario
 
+from .link_proxy import LinkTable
 from .live import die_with_parent
 from .space_providers import VIRTUAL, make_spaces, snapshot_kind
 
@@ -68,6 +69,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--request-timeout", type=float, default=REQUEST_TIMEOUT_S,
                    help="seconds a request to a Space waits for its answer before its "
                         "outcome is unknown")
+    p.add_argument("--links", type=Path, default=None,
+                   help="reach the Spaces through the run's link proxies listed here "
+                        "(chaos.link_proxy.LinkTable)")
     p.add_argument("--no-store", action="store_true",
                    help="checkpoint mode without a CheckpointStore (lost Spaces are fatal)")
     return p.parse_args(argv)
@@ -88,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         return _virtual_session(args, scenario)
     spaces = make_spaces(args.backend, args.spaces_dir or args.run_dir,
                          failpoints=os.environ.get(SPACE_FAILPOINTS_ENV) or None,
-                         request_timeout=args.request_timeout)
+                         request_timeout=args.request_timeout,
+                         via=LinkTable(args.links).route if args.links else None)
     store = None if args.no_store else DirectoryCheckpointStore(args.run_dir / "store")
     if snapshot_kind(args.backend, args.snapshots) == "machine":
         from backends.microvm import MicroVMSpaces, SandboxSnapshots

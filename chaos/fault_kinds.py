@@ -5,9 +5,10 @@ only; its commands survive), ``RestartSpace`` (the daemon and every process, the
 kept), ``LoseSpace`` (the Space is lost at one instant; its ledger is saved, for G2 and
 G3), ``KillProcess`` (the one process of the Space that reported the failpoint: a
 command's shim), ``PowerLoss`` (a microVM's power cut: unsynced writes lost, the machine
-booted again), ``PauseDriver`` (SIGSTOP of the driver's process group) and ``PauseSpace``
-(the whole Space frozen for the fault's ``hold``, then thawed). ``FaultNemesis`` holds them
-all, by action. Each ends an operation in one completion
+booted again), ``PauseDriver`` (SIGSTOP of the driver's process group), ``PauseSpace``
+(the whole Space frozen for the fault's ``hold``, then thawed) and ``CutLink`` (the link
+between the drivers and the Space cut for its ``hold``, then healed). ``FaultNemesis`` holds
+them all, by action. Each ends an operation in one completion
 (``chaos.nemesis`` has the contract): ``info`` when it struck, ``fail`` with the reason when
 it could not.
 """
@@ -178,37 +179,43 @@ class KillProcess(_SpaceKind):
         self.spaces.kill_process(self.target.space, op.hit.pid)
 
 
-class PauseSpace(_SpaceKind):
-    """The Space frozen where it stands (``Pausable.pause``) until the latest deadline of the
-    pauses holding it (overlapping pauses each get their whole ``hold``), then thawed by the
-    one timer that is current; any other Space fault thaws it first (``thaw``: a killed,
-    restarted or lost machine is not frozen any more), and so does ``teardown``, before the
-    run's clean driver and checks. A pause that raised may have taken effect, and a thaw that
-    raised may not have: the Space counts as frozen until a resume succeeded (a failed
-    timer's thaw is tried again each second; teardown's last try records its error). Shared
-    by the threads that fire faults (its lock guards the deadline, the timer and the flag)."""
+class _Held(_SpaceKind):
+    """A fault that holds for a while (``Fault.hold``) and is then undone: ``begin`` until
+    the latest deadline of the faults holding (overlapping ones each get their whole hold),
+    then ``end`` by the one timer that is current; also ``release``d at once by
+    ``teardown``, before the run's clean driver and checks. A ``begin`` that raised may have
+    taken effect and an ``end`` that raised may not have: it counts as holding until an
+    ``end`` succeeded (a failed timer's end is tried again each second; teardown's last try
+    records its error). Shared by the threads that fire faults (its lock guards the
+    deadline, the timer and the flag)."""
 
-    action = "pause_space"
-    #: Seconds between tries of a thaw that failed.
+    #: Seconds between tries of an end that failed.
     RETRY_S = 1.0
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._frozen = False
+        self._holding = False
         self._deadline = 0.0
         self._timer: threading.Timer | None = None
 
+    @abstractmethod
+    def able(self) -> None:
+        """Raise ``SpaceError`` (the fault is then skipped) when this run cannot have it."""
+
+    @abstractmethod
+    def begin(self) -> None: ...
+
+    @abstractmethod
+    def end(self) -> None: ...
+
     def strike(self, op: Operation) -> None:
-        spaces = self.spaces
-        if not isinstance(spaces, Pausable):
-            raise SpaceError(f"the {spaces.kind} backend cannot freeze a Space; pauses need "
-                             "local, docker or microvm")
-        assert op.fault.hold is not None  # a pause_space fault has one (Fault checks)
+        assert op.fault.hold is not None  # a held fault has one (Fault checks)
+        self.able()
         with self._lock:
-            self._frozen = True  # before the call: one that raises may have frozen it
+            self._holding = True  # before the call: one that raises may have taken effect
             self._deadline = max(self._deadline, time.monotonic() + op.fault.hold)
             self._schedule(self._deadline - time.monotonic())
-            spaces.pause(self.target.space)
+            self.begin()
 
     def _schedule(self, delay: float) -> None:
         """(Under the lock.) The one timer, due in ``delay`` seconds; any earlier one is
@@ -223,47 +230,87 @@ class PauseSpace(_SpaceKind):
     def _expire(self) -> None:
         with self._lock:
             if threading.current_thread() is not self._timer:
-                return  # rescheduled meanwhile: the current timer thaws
+                return  # rescheduled meanwhile: the current timer ends it
             self._timer = None
             if time.monotonic() < self._deadline:
                 self._schedule(self._deadline - time.monotonic())
                 return
             try:
-                self._resume()
-            except Exception:  # noqa: BLE001 - still frozen: tried again, and at teardown
+                self._end()
+            except Exception:  # noqa: BLE001 - still holding: tried again, and at teardown
                 self._schedule(self.RETRY_S)
 
-    def thaw(self) -> None:
-        """Thaw the Space now if a pause may hold it. Raises what the resume raised."""
+    def release(self) -> None:
+        """End the fault now if it may hold. Raises what the end raised."""
         with self._lock:
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
-            self._resume()
+            self._end()
 
-    def _resume(self) -> None:
-        """(Under the lock.) Resume a Space that may be frozen; one gone meanwhile has
-        nothing to thaw."""
-        if not self._frozen:
+    def _end(self) -> None:
+        """(Under the lock.) End a fault that may hold; a Space gone meanwhile has nothing
+        to end."""
+        if not self._holding:
             return
-        spaces = self.spaces
-        assert isinstance(spaces, Pausable)
         try:
-            spaces.resume(self.target.space)
+            self.end()
         except SpaceNotFound:
             pass
-        self._frozen = False
+        self._holding = False
         self._deadline = 0.0
 
     def teardown(self) -> None:
         try:
-            self.thaw()
+            self.release()
         except Exception as exc:  # noqa: BLE001 - never lost: the run becomes unknown
-            self.target.state.fault_error("thawing the paused Space", exc)
+            self.target.state.fault_error(f"ending {self.action}", exc)
+
+
+class PauseSpace(_Held):
+    """The Space frozen where it stands (``Pausable.pause``), thawed at the end of its
+    hold; any other Space fault thaws it first (a killed, restarted or lost machine is not
+    frozen any more)."""
+
+    action = "pause_space"
+
+    def able(self) -> None:
+        if not isinstance(self.spaces, Pausable):
+            raise SpaceError(f"the {self.spaces.kind} backend cannot freeze a Space; pauses "
+                             "need local, docker or microvm")
+
+    def begin(self) -> None:
+        assert isinstance(self.spaces, Pausable)
+        self.spaces.pause(self.target.space)
+
+    def end(self) -> None:
+        assert isinstance(self.spaces, Pausable)
+        self.spaces.resume(self.target.space)
+
+
+class CutLink(_Held):
+    """The link between the drivers and the Space cut (``chaos.link_proxy``), healed at
+    the end of its hold: the daemon runs on and carries out what reached it, its answers
+    are lost."""
+
+    action = "cut_link"
+
+    def able(self) -> None:
+        if self.target.link is None:
+            raise SpaceError("this run's drivers reach the Space directly: no link to cut "
+                             "(the runner proxies the link only when the plan cuts it)")
+
+    def begin(self) -> None:
+        assert self.target.link is not None
+        self.target.link.cut()
+
+    def end(self) -> None:
+        assert self.target.link is not None
+        self.target.link.heal()
 
 
 KINDS: tuple[type[_Kind], ...] = (KillDriver, KillDaemon, RestartSpace, LoseSpace, KillProcess,
-                                  PowerLoss, PauseDriver, PauseSpace)
+                                  PowerLoss, PauseDriver, PauseSpace, CutLink)
 
 
 class FaultNemesis:
@@ -282,7 +329,7 @@ class FaultNemesis:
     def invoke(self, op: Operation) -> Completion:
         if isinstance(self.kinds[op.action], _SpaceKind) and op.action != "pause_space":
             with contextlib.suppress(SpaceError):  # a kill gets through a freeze; teardown
-                self._pause.thaw()                 # tries the thaw again
+                self._pause.release()              # tries the thaw again
         return self.kinds[op.action].invoke(op)
 
     def teardown(self) -> None:

@@ -20,7 +20,9 @@ of the driver's process group: it is frozen, its heartbeat silent, until its coo
 replaces it; redrive only), ``pause_space`` (the whole Space frozen where it stands for
 ``hold`` seconds, often longer than the driver's request timeout, then thawed: SIGSTOP and
 SIGCONT of every process of a local Space, ``docker pause``, QMP ``stop``; campaigns with
-``--pause-spaces``). A Space fault may also kill the driver (``kill_driver=True``) or let it
+``--pause-spaces``), ``cut_link`` (the link between the drivers and the Space cut for
+``hold`` seconds, then healed: a partition in ``chaos.link_proxy``; campaigns with
+``--cut-links``). A Space fault may also kill the driver (``kill_driver=True``) or let it
 run into the fault itself.
 
 Combined faults: a plan's later faults often aim at the recovery of an earlier one (a Space
@@ -42,7 +44,11 @@ from scenarios.plan import Scenario
 from spacesd.failpoints import POINTS as SPACE_POINTS
 
 Action = Literal["kill_driver", "kill_daemon", "restart_space", "delete_space", "kill_process",
-                 "power_loss", "pause_driver", "pause_space"]
+                 "power_loss", "pause_driver", "pause_space", "cut_link"]
+HeldAction = Literal["pause_space", "cut_link"]
+#: The faults that hold for a while (``Fault.hold``), each with the name its drawing is
+#: seeded by (``with_held_faults``).
+HELD_ACTIONS: dict[str, str] = {"pause_space": "pauses", "cut_link": "cuts"}
 SPACE_ACTIONS: tuple[Action, ...] = ("kill_daemon", "restart_space", "delete_space")
 #: Every failpoint a plan may name: the drivers' and the Space's.
 ALL_POINTS: dict[str, str] = {**DRIVER_POINTS, **SPACE_POINTS}
@@ -53,7 +59,7 @@ SHIM_POINTS = ("spacesd.exec.exit_writing",)
 #: lock, so a kill there is a kill at the point before; a park there is a driver inside its
 #: commit while a newer one opens the log.
 PARK_ONLY_POINTS = ("log.commit",)
-#: The longest a ``pause_space`` fault may hold a Space frozen.
+#: The longest a held fault (``HELD_ACTIONS``) may hold.
 MAX_HOLD_S = 600.0
 #: Points reached only while an earlier fault is being recovered from.
 RECOVERY_POINTS = ("recovery.begin", "recovery.decided", "recovery.reimage", "recovery.restore",
@@ -82,7 +88,7 @@ class Fault:
     #: so that a fault meant for a command's later moment waits for it however slow the
     #: machine is, instead of guessing a delay).
     after_output: bool = False
-    #: ``pause_space`` only: how long the Space stays frozen, in seconds.
+    #: A held fault only (``HELD_ACTIONS``): how long it holds, in seconds.
     hold: float | None = None
 
     def __post_init__(self) -> None:
@@ -106,9 +112,9 @@ class Fault:
         if self.action == "pause_driver" and self.kill_driver:
             raise ValueError("a pause_driver fault freezes the driver and must not also kill "
                              "it: give it kill_driver=False")
-        if (self.action == "pause_space") != (self.hold is not None):
-            raise ValueError(f"{self.action}: a pause_space fault needs hold (the seconds the "
-                             "Space stays frozen), and only it has one")
+        if (self.action in HELD_ACTIONS) != (self.hold is not None):
+            raise ValueError(f"{self.action}: a {' or '.join(HELD_ACTIONS)} fault needs hold "
+                             "(the seconds it holds), and only they have one")
         if self.hold is not None and (isinstance(self.hold, bool) or
                                       not isinstance(self.hold, int | float) or
                                       not 0 < self.hold <= MAX_HOLD_S):
@@ -264,57 +270,58 @@ def on_machine(plan: FaultPlan, *, durable_checkpoints: bool) -> FaultPlan:
     return replace(plan, faults=tuple(faults), max_attempts=len(faults) + 4)
 
 
-#: The request timeout of a campaign's faulted drivers when it pauses Spaces: short, so that
-#: pauses outlast it.
-PAUSE_REQUEST_TIMEOUT_S = 2.0
-#: How long a pause holds the Space (seconds), by band: answered late but in time (40%);
+#: The request timeout of a campaign's faulted drivers when it pauses Spaces or cuts links:
+#: short, so that those outlast it.
+HOLD_REQUEST_TIMEOUT_S = 2.0
+#: How long a held fault holds (seconds), by band: answered late but in time (40%);
 #: past one timeout, so an idempotent request is sent again and the second is answered
 #: (20%: both are carried out); past both sends, so the request is left with no answer and
 #: an unknown outcome (40%).
-PAUSE_HOLDS = ((0.2, 1.5), (PAUSE_REQUEST_TIMEOUT_S + 0.2, 2 * PAUSE_REQUEST_TIMEOUT_S - 0.2),
-               (2 * PAUSE_REQUEST_TIMEOUT_S + 0.5, 2 * PAUSE_REQUEST_TIMEOUT_S + 2.5))
-PAUSE_BANDS = (0.4, 0.6)
-#: Where a ``pause_space`` freezes the Space: wherever the driver is about to need it, or
-#: is using it, and (with another fault in the plan) during a recovery.
-PAUSE_POINTS = ("call.intent", "space.start_mark", "space.before_spawn", "space.running",
+HOLDS = ((0.2, 1.5), (HOLD_REQUEST_TIMEOUT_S + 0.2, 2 * HOLD_REQUEST_TIMEOUT_S - 0.2),
+               (2 * HOLD_REQUEST_TIMEOUT_S + 0.5, 2 * HOLD_REQUEST_TIMEOUT_S + 2.5))
+HOLD_BANDS = (0.4, 0.6)
+#: Where a held fault begins: wherever the driver is about to need the Space, or is using
+#: it (with another fault in the plan, during a recovery too).
+HOLD_POINTS = ("call.intent", "space.start_mark", "space.before_spawn", "space.running",
                 "space.exited", "space.file_op", "space.file_written", "space.outcome",
                 "checkpoint.before", "checkpoint.during", "spacesd.exec.recorded",
                 "spacesd.exec.spawned", "spacesd.exec.exit_writing",
                 "spacesd.checkpoint.objects", "spacesd.advance.persisted")
 
 
-def with_space_pauses(plan: FaultPlan, scenario: Scenario, durable_mode: str, *,
-                      guest: bool = False, long_seconds: float = 1.0) -> FaultPlan:
-    """``plan`` with one or two ``pause_space`` faults more (pure: from the plan's seed, and
-    drawn apart from it, so the plan's own faults are unchanged). Each holds the Space
-    frozen for a time of ``PAUSE_HOLDS``, at a point of
-    ``PAUSE_POINTS``, at a recovery's point, or at a seeded time. ``guest``: a microVM,
-    whose daemon's points land at the driver's (``GUEST_POINT``)."""
-    rng = random.Random(f"pauses:{durable_mode}:{plan.seed}")
+def with_held_faults(plan: FaultPlan, action: HeldAction, scenario: Scenario,
+                     durable_mode: str, *, guest: bool = False,
+                     long_seconds: float = 1.0) -> FaultPlan:
+    """``plan`` with one or two faults more of a held ``action`` (``pause_space`` or
+    ``cut_link``; pure: from the plan's seed, and drawn apart from it, so the plan's own
+    faults are unchanged). Each holds for a time of ``HOLDS``, from a point of
+    ``HOLD_POINTS``, a recovery's point, or a seeded time. ``guest``: a microVM, whose
+    daemon's points land at the driver's (``GUEST_POINT``)."""
+    rng = random.Random(f"{HELD_ACTIONS[action]}:{durable_mode}:{plan.seed}")
     points = reachable_points(scenario, durable_mode)
-    names = [p for p in PAUSE_POINTS if p in points]
+    names = [p for p in HOLD_POINTS if p in points]
     recovery = MODE_RECOVERY_POINTS.get(durable_mode, RECOVERY_POINTS) if plan.faults else ()
-    pauses: list[Fault] = []
+    held: list[Fault] = []
     for _ in range(rng.choice((1, 1, 1, 2))):
-        hold = round(rng.uniform(*PAUSE_HOLDS[bisect.bisect(PAUSE_BANDS, rng.random())]), 3)
+        hold = round(rng.uniform(*HOLDS[bisect.bisect(HOLD_BANDS, rng.random())]), 3)
         kill = rng.random() < 0.2
         roll = rng.random()
         if roll < 0.6 and names:
             point = rng.choice(names)
-            fault = Fault("pause_space", "failpoint", point, rng.randint(1, points[point]),
+            fault = Fault(action, "failpoint", point, rng.randint(1, points[point]),
                           kill_driver=kill, hold=hold)
         elif roll < 0.8 and recovery:
-            fault = Fault("pause_space", "failpoint", rng.choice(recovery), 1,
-                          kill_driver=kill, hold=hold)
+            fault = Fault(action, "failpoint", rng.choice(recovery), 1, kill_driver=kill,
+                          hold=hold)
         else:
-            fault = Fault("pause_space", "time", attempt=rng.choice((1, 1, 2)),
+            fault = Fault(action, "time", attempt=rng.choice((1, 1, 2)),
                           delay=round(rng.uniform(0.05, _budget(scenario, long_seconds)), 3),
                           kill_driver=kill, hold=hold)
         if guest:
             fault = replace(fault, point=GUEST_POINT.get(fault.point or "", fault.point))
-        pauses.append(fault)
-    return replace(plan, faults=plan.faults + tuple(pauses),
-                   max_attempts=plan.max_attempts + len(pauses))
+        held.append(fault)
+    return replace(plan, faults=plan.faults + tuple(held),
+                   max_attempts=plan.max_attempts + len(held))
 
 
 #: Where a fault aimed at a Space (which a virtual workspace has none of) lands: the

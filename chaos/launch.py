@@ -33,9 +33,10 @@ class OtherSession:
 
 
 def driver_argv(spec: RunSpec, run_dir: Path, other: OtherSession | None, *,
-                request_timeout: float | None = None) -> list[str]:
+                request_timeout: float | None = None, links: Path | None = None) -> list[str]:
     """argv of a driver of the run in ``run_dir`` (``spec``'s session, or ``other``);
-    ``request_timeout``: its clients' (None: the default)."""
+    ``request_timeout``: its clients' (None: the default); ``links``: the directory of the
+    run's link proxies (``chaos.link_proxy.LinkTable``), if its clients go through them."""
     program = ([sys.executable, spec.driver] if spec.driver.endswith(".py")
                else python_argv(spec.driver))
     argv = program + ["--run-dir", str(other.run_dir if other else run_dir),
@@ -54,6 +55,8 @@ def driver_argv(spec: RunSpec, run_dir: Path, other: OtherSession | None, *,
         argv += ["--simple-steps", ",".join(map(str, spec.simple_steps))]
     if request_timeout is not None:
         argv += ["--request-timeout", str(request_timeout)]
+    if links is not None:
+        argv += ["--links", str(links)]
     return argv
 
 

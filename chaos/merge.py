@@ -143,4 +143,5 @@ def _config(raw: dict[str, Any]) -> CampaignConfig:
                           durable_mode=raw.get("durable_mode"),
                           stale_kind=raw.get("stale_kind", "race"),
                           log_storage=raw.get("log_storage") or DEFAULT_LOG_STORAGE,
-                          pause_spaces=bool(raw.get("pause_spaces")))
+                          pause_spaces=bool(raw.get("pause_spaces")),
+                          cut_links=bool(raw.get("cut_links")))

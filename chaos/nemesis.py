@@ -28,6 +28,7 @@ from typing import Literal, Protocol
 
 from .errors import NemesisContractError
 from .faults import Action, Fault, FaultPlan
+from .link_proxy import LinkProxy
 from .processes import Driver
 from .rendezvous import Hit
 from .run_state import RunState
@@ -47,6 +48,8 @@ class Target:
     ledgers: Path
     state: RunState
     armed: threading.Event
+    #: The link between the drivers and the Space, when the plan cuts it (``cut_link``).
+    link: LinkProxy | None = None
 
 
 @dataclass(frozen=True)
@@ -82,7 +85,8 @@ class Nemesis(Protocol):
 COUNTERS: dict[str, str] = {"kill_driver": "kills", "kill_daemon": "daemon_kills",
                             "restart_space": "space_restarts", "delete_space": "lost_spaces",
                             "kill_process": "process_kills", "power_loss": "power_losses",
-                            "pause_driver": "pauses", "pause_space": "space_pauses"}
+                            "pause_driver": "pauses", "pause_space": "space_pauses",
+                            "cut_link": "link_cuts"}
 
 
 class NoopNemesis:

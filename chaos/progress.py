@@ -53,7 +53,7 @@ _DISPLAY: ContextVar[str] = ContextVar("chaos_progress_display", default=AUTO)
 #: nemesis's injuries and the coordinator's kills (``fenced`` and ``timeouts`` are what
 #: the drivers did, not faults).
 FAULT_COUNTS = ("kills", "daemon_kills", "space_restarts", "lost_spaces", "process_kills",
-                "coordinator_kills", "power_losses", "pauses", "space_pauses")
+                "coordinator_kills", "power_losses", "pauses", "space_pauses", "link_cuts")
 #: Seconds of finished runs the rate (and so the time left) is taken over: runs end in
 #: bursts, as many as run at once, so a short window would jump about.
 RATE_WINDOW_S = 300.0

@@ -60,7 +60,8 @@ def stored_spec(results_dir: Path, index: int | None, store_url: str | None = No
                    redrive_kind=campaign.get("redrive_kind"), redrive_store=store,
                    coordinators=campaign.get("coordinators") or 1 if store else 1,
                    log_storage=campaign.get("log_storage") or DEFAULT_LOG_STORAGE,
-                   pause_spaces=bool(campaign.get("pause_spaces")))
+                   pause_spaces=bool(campaign.get("pause_spaces")),
+                   cut_links=bool(campaign.get("cut_links")))
 
 
 def drawn_spec(args: argparse.Namespace) -> RunSpec:
@@ -77,7 +78,7 @@ def drawn_spec(args: argparse.Namespace) -> RunSpec:
                    work_dir=Path("results") / "repro", keep=True, stale_kind=args.stale_kind,
                    redrive_kind=args.redrive_kind, redrive_store=args.store,
                    coordinators=cfg.coordinator_count, log_storage=args.log_storage,
-                   pause_spaces=args.pause_spaces)
+                   pause_spaces=args.pause_spaces, cut_links=args.cut_links)
 
 
 def repro(args: argparse.Namespace) -> int:

@@ -28,8 +28,9 @@ from .stale import KINDS
 #: The most runs one campaign takes (more is a typo, or a job for ``--shard``/a cluster).
 MAX_RUNS = 1_000_000
 DURABLE_MODES = ("auto", "transactional", "checkpoint")
-#: The campaign modes whose drawn plans may freeze a Space (``--pause-spaces``).
-PAUSE_MODES = ("transactional", "checkpoint", "auto")
+#: The campaign modes whose drawn plans may hold a fault on a Space (``--pause-spaces``,
+#: ``--cut-links``).
+HELD_MODES = ("transactional", "checkpoint", "auto")
 
 
 def _env_int(name: str) -> int | None:
@@ -92,12 +93,14 @@ def _log_storage(args: argparse.Namespace) -> str:
     return str(args.log_storage)
 
 
-def _pause_spaces(args: argparse.Namespace) -> bool:
-    if args.pause_spaces and (args.mode not in PAUSE_MODES or args.backend == VIRTUAL):
-        raise BadArguments(f"--pause-spaces freezes a Space in --mode {', '.join(PAUSE_MODES)} "
-                           f"on a backend with Spaces, not --mode {args.mode} --backend "
-                           f"{args.backend}")
-    return bool(args.pause_spaces)
+def _held(args: argparse.Namespace, flag: str) -> bool:
+    """Whether ``--pause-spaces`` or ``--cut-links`` (``flag``) is on, where it can be."""
+    on = bool(getattr(args, flag.removeprefix("--").replace("-", "_")))
+    if on and (args.mode not in HELD_MODES or args.backend == VIRTUAL):
+        raise BadArguments(f"{flag} holds a fault on a Space in --mode "
+                           f"{', '.join(HELD_MODES)} on a backend with Spaces, not --mode "
+                           f"{args.mode} --backend {args.backend}")
+    return on
 
 
 def _store(args: argparse.Namespace) -> str | None:
@@ -168,7 +171,8 @@ def campaign_config(args: argparse.Namespace) -> CampaignConfig:
                          snapshots=_snapshots(args),
                          coordinators=args.coordinators,
                          log_storage=_log_storage(args),
-                         pause_spaces=_pause_spaces(args),
+                         pause_spaces=_held(args, "--pause-spaces"),
+                         cut_links=_held(args, "--cut-links"),
                          cluster=None if args.cluster is None else check_address(args.cluster))
     unknown = sorted(set(cfg.points) - set(ALL_POINTS))
     if unknown:

@@ -49,6 +49,8 @@ class RunSpec:
     #: A workload's golden run (``chaos.golden``): no faults, no checks; its observation is
     #: the oracle of the faulted runs.
     golden: bool = False
-    #: A drawn plan also freezes the Space (``faults.with_space_pauses``), and the faulted
-    #: drivers wait ``faults.PAUSE_REQUEST_TIMEOUT_S`` for an answer.
+    #: A drawn plan also freezes the Space, or cuts its link to the drivers
+    #: (``faults.with_held_faults``), and the faulted drivers wait
+    #: ``faults.HOLD_REQUEST_TIMEOUT_S`` for an answer.
     pause_spaces: bool = False
+    cut_links: bool = False

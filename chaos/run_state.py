@@ -37,7 +37,7 @@ from .processes import Driver
 #: The counts of a run record, in the order records have always had them.
 COUNTS = ("kills", "daemon_kills", "space_restarts", "lost_spaces", "process_kills", "fenced",
           "timeouts", "attempts", "foreign", "drives", "refused_tokens", "coordinator_kills",
-          "power_losses", "machine_checks", "pauses", "space_pauses")
+          "power_losses", "machine_checks", "pauses", "space_pauses", "link_cuts")
 
 
 class RunState:

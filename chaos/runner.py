@@ -40,17 +40,20 @@ from .driver import SPACE_PREFIX, initial_tree
 from .fault_kinds import FaultNemesis
 from .fault_schedule import FaultSchedule
 from .faults import (
-    PAUSE_REQUEST_TIMEOUT_S,
+    HELD_ACTIONS,
+    HOLD_REQUEST_TIMEOUT_S,
     FaultPlan,
+    HeldAction,
     draw_plan,
     on_machine,
     on_virtual,
     reachable_points,
-    with_space_pauses,
+    with_held_faults,
 )
 from .golden import Golden, GoldenFailed, golden_for
 from .holds import Holds
 from .launch import OtherSession, driver_argv, driver_env
+from .link_proxy import LinkProxy, LinkTable
 from .machine_check import run_machine_check
 from .nemesis import NoopNemesis, Target, ValidatingNemesis
 from .observe import agent_history, observe, observe_virtual
@@ -112,6 +115,9 @@ class Run:
         self.foreign_keys: list[str] = []
         #: Unix time before which the run is not observed (a leftover writer's time).
         self.settle_at = 0.0
+        #: The link between the faulted drivers and the Space, when the plan cuts it.
+        self.link: LinkProxy | None = None
+        self.links = LinkTable(self.dir / "links")
         self._fired_at_launch = 0
 
     def _draw_plan(self) -> FaultPlan:
@@ -129,10 +135,13 @@ class Run:
             durable = spec.durable_mode == "transactional" or \
                 snapshot_kind(spec.backend, spec.snapshots) == "workspace"
             plan = on_machine(plan, durable_checkpoints=durable)
-        if spec.pause_spaces:
-            plan = with_space_pauses(plan, self.scenario, spec.durable_mode,
-                                     guest=spec.backend == "microvm",
-                                     long_seconds=self.preset.long_seconds)
+        held: tuple[tuple[HeldAction, bool], ...] = (("pause_space", spec.pause_spaces),
+                                                     ("cut_link", spec.cut_links))
+        for action, on in held:
+            if on:
+                plan = with_held_faults(plan, action, self.scenario, spec.durable_mode,
+                                        guest=spec.backend == "microvm",
+                                        long_seconds=self.preset.long_seconds)
         return plan
 
     def note_launch(self) -> None:
@@ -154,11 +163,11 @@ class Run:
     # ------------------------------------------------------------------ drivers
 
     def request_timeout(self, *, faulted: bool) -> float | None:
-        """A faulted driver's request timeout when the run freezes its Space: one a pause
-        outlasts (None: the default; a clean driver runs with no pause to outlast)."""
-        pauses = self.spec.pause_spaces or any(f.action == "pause_space"
-                                               for f in self.plan.faults)
-        return PAUSE_REQUEST_TIMEOUT_S if pauses and faulted else None
+        """A faulted driver's request timeout when the run freezes its Space or cuts its
+        link: one those outlast (None: the default; a clean driver runs after them)."""
+        held = self.spec.pause_spaces or self.spec.cut_links or \
+            any(f.action in HELD_ACTIONS for f in self.plan.faults)
+        return HOLD_REQUEST_TIMEOUT_S if held and faulted else None
 
     def launch(self, attempt: int, failpoints: str | None, *, heartbeat: float = 0.5,
                other: OtherSession | None = None) -> Owned:
@@ -169,8 +178,10 @@ class Run:
         env = driver_env(session=other.name if other else self.session, epoch=epoch,
                          state_dir=run_dir / "state", heartbeat=heartbeat,
                          failpoints=failpoints, log_storage=self.spec.log_storage)
+        faulted = failpoints is not None
         argv = driver_argv(self.spec, self.dir, other,
-                           request_timeout=self.request_timeout(faulted=failpoints is not None))
+                           request_timeout=self.request_timeout(faulted=faulted),
+                           links=self.links.directory if self.link and faulted else None)
         driver = self.scope.launch(argv, env,
                                    run_dir / f"driver-{attempt:02d}-e{epoch}.log")
         if other is None:
@@ -256,6 +267,8 @@ class Run:
                                           traceback.format_exc(limit=8)])
         finally:
             shutil.rmtree(sock_dir, ignore_errors=True)
+            if self.link is not None:
+                self.link.close()
             self._clean_up(failed=verdict.valid is not True)
         return RunRecord(
             index=spec.index, seed=spec.seed, campaign_mode=spec.campaign_mode,
@@ -277,8 +290,11 @@ class Run:
             return self._attempts(rv.address)
         # The Space's daemons report their failpoints to the same rendezvous.
         self.spaces = make_spaces(self.spec.backend, self.dir, failpoints=rv.address)
+        if any(f.action == "cut_link" for f in self.plan.faults):
+            self.link = LinkProxy(self.spaces.endpoint(self.space))
+            self.links.publish(self.space, self.link)
         self.nemesis.setup(Target(self.spaces, self.space, self.dir / "ledgers", self.state,
-                                  self.schedule.armed))
+                                  self.schedule.armed, self.link))
         seed_space(self.spaces, self.space, self.scenario)
         if self.spec.campaign_mode == "stale":
             return run_kind(self, rv)

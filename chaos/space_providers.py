@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from backends.space_client import REQUEST_TIMEOUT_S
+from backends.space_client import REQUEST_TIMEOUT_S, Resolver, Via
 from durable.spaces import Spaces
 
 from .errors import BackendUnavailable
@@ -49,6 +49,11 @@ class CampaignSpaces(Spaces, Protocol):
 
     def save_state(self, name: str, dest: Path) -> None: ...
 
+    def endpoint(self, name: str) -> Resolver:
+        """How to find the daemon of ``name`` as it is when asked (its port and token may
+        change with a restart): what a link proxy forwards to."""
+        ...
+
     def names(self) -> list[str]:
         """Every Space this provider can find."""
         ...
@@ -65,15 +70,17 @@ class Pausable(Protocol):
 
 
 def make_spaces(backend: str, run_dir: Path, *, failpoints: str | None = None,
-                request_timeout: float = REQUEST_TIMEOUT_S) -> CampaignSpaces:
+                request_timeout: float = REQUEST_TIMEOUT_S,
+                via: Via | None = None) -> CampaignSpaces:
     """The run's Spaces provider. ``failpoints``: the channel the Spaces' daemons report
     their failpoints to (a unix socket; docker containers get its directory mounted).
-    ``request_timeout``: how long its clients wait for a daemon's answer."""
+    ``request_timeout``: how long its clients wait for a daemon's answer; ``via``: where
+    their endpoints are routed (the run's link proxies)."""
     if backend == "local":
         from backends.local import LocalSpaces
 
         return LocalSpaces(run_dir / "spaces", failpoints=failpoints,
-                           request_timeout=request_timeout)
+                           request_timeout=request_timeout, via=via)
     if backend == "docker":
         try:
             from backends.docker import DockerSpaces, DockerUnavailable
@@ -90,7 +97,7 @@ def make_spaces(backend: str, run_dir: Path, *, failpoints: str | None = None,
         readable = re.sub(r"[^A-Za-z0-9-]", "-", run_dir.name).strip("-")[:40] or "run"
         try:
             return DockerSpaces(label_scope=f"{readable}-{digest}", failpoints=failpoints,
-                                request_timeout=request_timeout)
+                                request_timeout=request_timeout, via=via)
         except DockerUnavailable as exc:
             raise BackendUnavailable(str(exc)) from None
     if backend == "microvm":
@@ -106,7 +113,7 @@ def make_spaces(backend: str, run_dir: Path, *, failpoints: str | None = None,
         except ArtifactsUnavailable as exc:
             raise BackendUnavailable(f"the microvm backend cannot run here: {exc}") from None
         return MicroVMSpaces(run_dir / "spaces", failpoints=failpoints,
-                             request_timeout=request_timeout)
+                             request_timeout=request_timeout, via=via)
     if backend == VIRTUAL:
         raise BackendUnavailable("the virtual backend has no Spaces: its workspace is in the "
                                  "session's log (durable.virtual)")

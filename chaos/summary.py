@@ -37,7 +37,7 @@ def summarize(*, mode: str, backend: str, seed_base: int, records: list[dict[str
               seconds: float, covered: int | None = None,
               durable_mode: str | None = None,
               log_storage: str = DEFAULT_LOG_STORAGE,
-              pause_spaces: bool = False) -> dict[str, Any]:
+              pause_spaces: bool = False, cut_links: bool = False) -> dict[str, Any]:
     valid = [r["verdict"]["valid"] for r in records]
     out: dict[str, Any] = {
         "mode": mode, "backend": backend, "log": log_storage, "seed_base": seed_base,
@@ -57,7 +57,9 @@ def summarize(*, mode: str, backend: str, seed_base: int, records: list[dict[str
     out["foreign"] = sum(r["counts"].get("foreign", 0) for r in records)
     out["pauses"] = sum(r["counts"].get("pauses", 0) for r in records)
     out["space_pauses"] = sum(r["counts"].get("space_pauses", 0) for r in records)
-    out["pause_spaces"] = pause_spaces  # the campaign's flag: not a key of the line
+    out["link_cuts"] = sum(r["counts"].get("link_cuts", 0) for r in records)
+    # the campaign's flags: not keys of the line
+    out["pause_spaces"], out["cut_links"] = pause_spaces, cut_links
     reachable = campaign_cells(backend, durable_mode or mode)
     out["cells"] = f"{len(cells_hit(records) & reachable)}/{len(reachable)}"
     out.update(redrive_summary(records))
@@ -169,7 +171,8 @@ POWER_BACKENDS = frozenset({"microvm"})
 #: Every key of a summary, in the order a SUMMARY line prints them.
 KEYS = ("mode", "backend", "log", "seed_base", "runs", "ok", "failed", "unknown", *FAULT_KEYS,
         *RECOVERY_KINDS, "interrupted", "mode_switches", "covered", "process_kills", "foreign",
-        "pauses", "space_pauses", "cells", *REDRIVE_KEYS, "power_losses", "seconds", "verdict")
+        "pauses", "space_pauses", "link_cuts", "cells", *REDRIVE_KEYS, "power_losses",
+        "seconds", "verdict")
 
 
 def printed_keys(summary: dict[str, Any]) -> list[str]:
@@ -181,13 +184,14 @@ def printed_keys(summary: dict[str, Any]) -> list[str]:
                "stale": mode == "stale", "redrive": mode == "redrive",
                "pauses": mode in ("stale", "redrive"),
                "space_pauses": bool(summary.get("pause_spaces")),
+               "link_cuts": bool(summary.get("cut_links")),
                "power": backend in POWER_BACKENDS}
     keys = []
     for key in KEYS:
         group = ("adapter" if key in (*RECOVERY_KINDS, "mode_switches", "cells") else
                  "redrive" if key in REDRIVE_KEYS else
                  "power" if key == "power_losses" else
-                 key if key in ("log", "covered", "pauses", "space_pauses") else
+                 key if key in ("log", "covered", "pauses", "space_pauses", "link_cuts") else
                  "stale" if key == "foreign" else None)
         if key in summary and (group is None or applies[group]):
             keys.append(key)

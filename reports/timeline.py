@@ -25,7 +25,7 @@ TYPE_LABEL = {"ok": "ok", "fail": "fail (fenced, permanent, tool error)",
 FAULT_STYLE = {"kill_driver": ("X", "#c0392b"), "kill_daemon": ("v", "#8e44ad"),
                "restart_space": ("s", "#7f5a1e"), "delete_space": ("D", "#222222"),
                "hold_driver": ("|", "#777777"), "pause_driver": ("P", "#2471a3"),
-               "pause_space": ("P", "#117a65")}
+               "pause_space": ("P", "#117a65"), "cut_link": ("x", "#b9770e")}
 RECOVERY_COLOR = {"adopted": "#2e86c1", "reattached": "#17a589", "replayed": "#48c9b0",
                   "ran": "#5d6d7e", "restored": "#d68910", "reverted": "#ca6f1e",
                   "reimaged": "#a04000", "interrupted": "#c0392b", "mode": "#7d3c98"}

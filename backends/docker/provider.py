@@ -62,7 +62,14 @@ from docker.types import LogConfig
 
 from backends.docker.errors import DockerUnavailable
 from backends.local.provider import _NAME  # one rule for Space names on every backend
-from backends.space_client import REQUEST_TIMEOUT_S, Endpoint, HttpSpaceClient
+from backends.space_client import (
+    REQUEST_TIMEOUT_S,
+    Endpoint,
+    HttpSpaceClient,
+    Resolver,
+    Via,
+    routed,
+)
 from durable.chunk_reader import ChunkReader
 from durable.errors import SpaceError, SpaceNotFound, SpaceUnavailable
 from spacesd.failpoints import ENV_VAR as FAILPOINTS_ENV
@@ -187,7 +194,7 @@ class DockerSpaces:
     def __init__(self, *, label_scope: str = "default", image: str = IMAGE,
                  limits: Limits | None = None, start_timeout: float = 60.0,
                  api_timeout: float = 60.0, failpoints: str | None = None,
-                 request_timeout: float = REQUEST_TIMEOUT_S) -> None:
+                 request_timeout: float = REQUEST_TIMEOUT_S, via: Via | None = None) -> None:
         if not isinstance(label_scope, str) or not _SCOPE.fullmatch(label_scope):
             raise ValueError(f"Expected a label_scope of 1-63 of A-Z a-z 0-9 - (starting with "
                              f"a letter or digit) but got label_scope={label_scope!r}")
@@ -203,6 +210,8 @@ class DockerSpaces:
         self.start_timeout = start_timeout
         #: How long its clients wait for an answer before the outcome is unknown.
         self.request_timeout = request_timeout
+        #: Where its clients' endpoints are routed (the campaign's link proxies), if anywhere.
+        self.via = via
         self._docker = _connect_engine(api_timeout)
         self._api = self._docker.api
         try:
@@ -501,8 +510,12 @@ class DockerSpaces:
 
     def connect(self, name: str, *, epoch: int) -> HttpSpaceClient:
         self._inspect(name)
-        return HttpSpaceClient(name, epoch, lambda: self._resolver(name),
+        return HttpSpaceClient(name, epoch, routed(name, self.endpoint(name), self.via),
                                timeout=self.request_timeout)
+
+    def endpoint(self, name: str) -> Resolver:
+        """How to find the daemon of ``name`` as it is when asked (port and token)."""
+        return lambda: self._resolver(name)
 
     def names(self) -> list[str]:
         return sorted(c["Labels"][LABEL_NAME] for c in self._containers(self.scope))

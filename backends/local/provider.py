@@ -33,7 +33,14 @@ from pathlib import Path
 
 import spacesd.protocol
 from backends.local import procs
-from backends.space_client import REQUEST_TIMEOUT_S, Endpoint, HttpSpaceClient
+from backends.space_client import (
+    REQUEST_TIMEOUT_S,
+    Endpoint,
+    HttpSpaceClient,
+    Resolver,
+    Via,
+    routed,
+)
 from durable.errors import SpaceError, SpaceNotFound, SpaceUnavailable
 from spacesd.failpoints import ENV_VAR as FAILPOINTS_ENV
 from spacesd.protocol import (
@@ -128,8 +135,10 @@ class LocalSpaces:
 
     def __init__(self, base_dir: str | os.PathLike[str], *, failpoints: str | None = None,
                  start_timeout: float = 30.0, daemon_args: Sequence[str] = (),
-                 request_timeout: float = REQUEST_TIMEOUT_S) -> None:
+                 request_timeout: float = REQUEST_TIMEOUT_S, via: Via | None = None) -> None:
         self.base_dir = Path(base_dir).resolve()
+        #: Where its clients' endpoints are routed (the campaign's link proxies), if anywhere.
+        self.via = via
         #: How long its clients wait for an answer before the outcome is unknown.
         self.request_timeout = request_timeout
         self.base_dir.mkdir(parents=True, exist_ok=True)
@@ -262,8 +271,13 @@ class LocalSpaces:
                 os.kill(proc.pid, signal.SIGCONT)
 
     def connect(self, name: str, *, epoch: int) -> HttpSpaceClient:
-        space = self.get(name)
-        return HttpSpaceClient(name, epoch, space.endpoint, timeout=self.request_timeout)
+        self.get(name)
+        return HttpSpaceClient(name, epoch, routed(name, self.endpoint(name), self.via),
+                               timeout=self.request_timeout)
+
+    def endpoint(self, name: str) -> Resolver:
+        """How to find the daemon of ``name`` as it is when asked (port and token)."""
+        return lambda: self.get(name).endpoint()
 
     def save_state(self, name: str, dest: Path) -> None:
         """Copy what an audit reads of the daemon's state (ledger, fence journal, epoch,

@@ -38,7 +38,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from backends.space_client import REQUEST_TIMEOUT_S, Endpoint, HttpSpaceClient
+from backends.space_client import (
+    REQUEST_TIMEOUT_S,
+    Endpoint,
+    HttpSpaceClient,
+    Resolver,
+    Via,
+    routed,
+)
 from durable.errors import SpaceError, SpaceNotFound, SpaceUnavailable
 from spacesd import procfs
 from spacesd.guest_agent import KILL_DAEMON_WAIT_S
@@ -56,7 +63,7 @@ class MicroVMSpaces:
 
     def __init__(self, base_dir: str | os.PathLike[str], *, memory_mb: int = 512,
                  vcpus: int = 1, accel: str = "auto", failpoints: str | None = None,
-                 request_timeout: float = REQUEST_TIMEOUT_S) -> None:
+                 request_timeout: float = REQUEST_TIMEOUT_S, via: Via | None = None) -> None:
         if accel not in ACCELS:
             raise ValueError(f"accel must be one of {ACCELS}, got {accel!r}")
         if not 128 <= memory_mb <= 65536 or not 1 <= vcpus <= 64:
@@ -70,6 +77,8 @@ class MicroVMSpaces:
         self.failpoints = failpoints
         #: How long its clients wait for an answer before the outcome is unknown.
         self.request_timeout = request_timeout
+        #: Where its clients' endpoints are routed (the campaign's link proxies), if anywhere.
+        self.via = via
 
     # ---------------------------------------------------------------- paths
 
@@ -207,8 +216,12 @@ class MicroVMSpaces:
     def connect(self, name: str, *, epoch: int) -> HttpSpaceClient:
         if not self.exists(name):
             raise SpaceNotFound(f"no Space {name!r} in {self.base_dir}; create it first")
-        return HttpSpaceClient(name, epoch, lambda: self._endpoint(name),
+        return HttpSpaceClient(name, epoch, routed(name, self.endpoint(name), self.via),
                                timeout=self.request_timeout)
+
+    def endpoint(self, name: str) -> Resolver:
+        """How to find the daemon of ``name`` as it is when asked (port and token)."""
+        return lambda: self._endpoint(name)
 
     def delete(self, name: str) -> None:
         with self._locked(name):

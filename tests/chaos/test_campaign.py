@@ -155,8 +155,11 @@ def test_bad_arguments_exit_254(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert main(["run", "--mode", "exhaustive", "--points", "call.nowhere"]) == 254
     assert "unknown failpoint" in capsys.readouterr().err
     assert main(["run", "--mode", "stale", "--pause-spaces"]) == 254
-    assert "--pause-spaces freezes a Space in --mode transactional, checkpoint, auto" in \
-        capsys.readouterr().err
+    assert "--pause-spaces holds a fault on a Space in --mode transactional, checkpoint, " \
+        "auto" in capsys.readouterr().err
+    assert main(["run", "--mode", "transactional", "--backend", "virtual", "--cut-links"]) \
+        == 254
+    assert "--cut-links holds a fault on a Space" in capsys.readouterr().err
     assert main(["ci", "--slice", "nowhere"]) == 254
     assert "no CI slice ['nowhere']; known: transactional" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:

@@ -11,14 +11,14 @@ import pytest
 from chaos.checker import Observation, ObservedCall, check, merge
 from chaos.faults import (
     FOLLOW_UPS,
-    PAUSE_REQUEST_TIMEOUT_S,
+    HOLD_REQUEST_TIMEOUT_S,
     RECOVERY_POINTS,
     Fault,
     FaultPlan,
     draw_plan,
     exhaustive_plans,
     on_virtual,
-    with_space_pauses,
+    with_held_faults,
 )
 from chaos.summary import parse_summary, summarize, summary_line
 from scenarios import generate, load
@@ -67,8 +67,8 @@ def test_plans_reach_inside_the_daemon_and_combine_faults() -> None:
 def test_space_pauses_are_drawn_beside_a_plan_and_leave_its_faults_alone() -> None:
     scenario = generate(1, load("default"))
     plans = [draw_plan(s, scenario, "checkpoint") for s in range(1, 120)]
-    paused = [with_space_pauses(p, scenario, "checkpoint") for p in plans]
-    assert paused == [with_space_pauses(p, scenario, "checkpoint") for p in plans]
+    paused = [with_held_faults(p, "pause_space", scenario, "checkpoint") for p in plans]
+    assert paused == [with_held_faults(p, "pause_space", scenario, "checkpoint") for p in plans]
     pauses = []
     for plan, more in zip(plans, paused, strict=True):
         assert more.faults[:len(plan.faults)] == plan.faults
@@ -79,14 +79,14 @@ def test_space_pauses_are_drawn_beside_a_plan_and_leave_its_faults_alone() -> No
         assert all("hold" not in f for f in plan.to_json()["faults"]), "older plans read the same"
         pauses += added
     holds = [f.hold or 0 for f in pauses]
-    resent = sum(PAUSE_REQUEST_TIMEOUT_S < h < 2 * PAUSE_REQUEST_TIMEOUT_S for h in holds)
-    unanswered = sum(h > 2 * PAUSE_REQUEST_TIMEOUT_S for h in holds)
+    resent = sum(HOLD_REQUEST_TIMEOUT_S < h < 2 * HOLD_REQUEST_TIMEOUT_S for h in holds)
+    unanswered = sum(h > 2 * HOLD_REQUEST_TIMEOUT_S for h in holds)
     assert 0.1 < resent / len(holds) < 0.35, "some pauses outlast one send of a request"
     assert 0.25 < unanswered / len(holds) < 0.55, "many outlast both sends: no answer at all"
     assert {f.trigger for f in pauses} == {"failpoint", "time"}
     assert any(f.point in RECOVERY_POINTS for f in pauses), "pauses aim at recoveries too"
     assert any((f.point or "").startswith("spacesd.") for f in pauses)
-    guest = [f for p in plans for f in with_space_pauses(p, scenario, "checkpoint",
+    guest = [f for p in plans for f in with_held_faults(p, "pause_space", scenario, "checkpoint",
                                                          guest=True).faults[len(p.faults):]]
     assert not any((f.point or "").startswith("spacesd.") for f in guest), \
         "a microVM's daemon reports no failpoints: its pauses land at the driver's"
@@ -105,13 +105,13 @@ def test_pauses_reach_the_drivers_as_their_request_timeout(tmp_path: Path) -> No
                    backend="local", preset="default", steps=4, work_dir=tmp_path)
     paused = Run(replace(spec, pause_spaces=True))
     assert any(f.action == "pause_space" for f in paused.plan.faults)
-    assert paused.request_timeout(faulted=True) == PAUSE_REQUEST_TIMEOUT_S
+    assert paused.request_timeout(faulted=True) == HOLD_REQUEST_TIMEOUT_S
     assert paused.request_timeout(faulted=False) is None
     assert Run(replace(spec, plan=paused.plan)).request_timeout(faulted=True) == \
-        PAUSE_REQUEST_TIMEOUT_S, "a stored plan with pauses keeps its timeout"
+        HOLD_REQUEST_TIMEOUT_S, "a stored plan with pauses keeps its timeout"
     assert Run(spec).request_timeout(faulted=True) is None
-    argv = driver_argv(spec, tmp_path, None, request_timeout=PAUSE_REQUEST_TIMEOUT_S)
-    assert parse_args(argv[argv.index("--run-dir"):]).request_timeout == PAUSE_REQUEST_TIMEOUT_S
+    argv = driver_argv(spec, tmp_path, None, request_timeout=HOLD_REQUEST_TIMEOUT_S)
+    assert parse_args(argv[argv.index("--run-dir"):]).request_timeout == HOLD_REQUEST_TIMEOUT_S
     assert "--request-timeout" not in driver_argv(spec, tmp_path, None)
     virtual = on_virtual(paused.plan)
     assert {(f.action, f.hold) for f in virtual.faults} == {("kill_driver", None)}
@@ -119,7 +119,8 @@ def test_pauses_reach_the_drivers_as_their_request_timeout(tmp_path: Path) -> No
 
 @pytest.mark.parametrize("fields, error", [
     ({"action": "pause_space"}, "needs hold"),
-    ({"action": "kill_daemon", "hold": 1.0}, "only it has one"),
+    ({"action": "cut_link"}, "needs hold"),
+    ({"action": "kill_daemon", "hold": 1.0}, "only they have one"),
     ({"action": "pause_space", "hold": 0}, "is not seconds above 0"),
     ({"action": "pause_space", "hold": True}, "is not seconds above 0"),
 ])

@@ -293,7 +293,8 @@ def test_a_run_record_is_the_line_every_campaign_wrote() -> None:
                                       "lost_spaces", "process_kills", "fenced", "timeouts",
                                       "attempts", "foreign", "drives", "refused_tokens",
                                       "coordinator_kills", "power_losses",
-                                      "machine_checks", "pauses", "space_pauses"]  # appended only
+                                      "machine_checks", "pauses", "space_pauses",
+                                      "link_cuts"]  # appended only
     assert json.loads(json.dumps(record)) == record
 
 

@@ -137,7 +137,7 @@ MUTANTS: tuple[Mutant, ...] = (
           " " * 70 + "or False):"),),
         "a restore leaves a file whose content is right but whose mode changed",
         "exhaustive-daemon", "G1", "restored bash daemon_lost after the chmod's shim died"),
-    # ---------------------------------------------------------------- pauses of the Space
+    # ---------------------------------------------------------------- pauses and cut links
     Mutant(
         "timeout-reported-as-the-tools-error", "durable/adapter/space_env.py",
         (("    if isinstance(exc, (SpaceUnavailable, SpaceNotFound)):\n",
@@ -148,6 +148,20 @@ MUTANTS: tuple[Mutant, ...] = (
         "error, though its outcome is unknown: a write a frozen daemon makes once thawed is "
         "recorded as a call that failed",
         "pause-spaces", "G5", "a write whose Space froze past the request timeout"),
+    Mutant(
+        "write-timeout-taken-as-done", "durable/adapter/runner.py",
+        (("            data = args[\"content\"].encode(\"utf-8\")\n"
+          "            client.write_file(path, data)\n",
+          "            data = args[\"content\"].encode(\"utf-8\")\n"
+          "            try:\n"
+          "                client.write_file(path, data)\n"
+          "            except SpaceUnavailable as exc:  # the bytes were sent\n"
+          "                if not isinstance(exc.__cause__, TimeoutError):\n"
+          "                    raise\n"),),
+        "a write whose answer did not come in time is taken as done (its bytes were sent and "
+        "a write is idempotent), though a cut link never delivered it: the log says written, "
+        "the file is not there (a pause delivers it late, so only a cut shows it)",
+        "cut-links", "G1", "a write sent into a cut link"),
     # ---------------------------------------------------------------- the fenced log
     Mutant(
         "commit-skips-the-fence", "durable/storage/sqlite.py",

@@ -1,0 +1,193 @@
+"""The link between a run's drivers and its Space, as a TCP proxy the campaign can cut.
+
+A ``LinkProxy`` listens on 127.0.0.1 and forwards each connection to the Space's daemon
+(its endpoint looked up again for every new connection, so a restarted or rebuilt Space is
+found). ``cut`` is a partition: from that instant nothing more crosses in either direction,
+new connections are taken but never forwarded, and what was already delivered to the daemon
+is carried out there while its answer stays on the far side. ``heal`` resets every
+connection that lived through the cut (what it held is lost, as a partition loses it) and
+forwards again. A client meets a cut as a request with no answer in time: its outcome is
+unknown.
+
+Drivers reach the proxy through ``LinkTable``: the runner writes the proxy's port under the
+Space's name in a directory the drivers are given (``python -m chaos.driver --links DIR``),
+and their Spaces provider routes its clients there (``via``). The proxy owns its threads
+and sockets; ``close`` ends them all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import socket
+import struct
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from backends.space_client import Endpoint
+
+#: How often a pump looks at the link's state while nothing moves (seconds).
+POLL_S = 0.05
+_CHUNK = 64 * 1024
+
+
+def _reset(sock: socket.socket) -> None:
+    """Close with a reset (SO_LINGER 0): the peer sees the connection broken, not ended."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+class LinkProxy:
+    """A proxy to the endpoint ``resolve`` gives (host and port; the token passes through
+    with each request). Use as a context manager, or ``close`` it."""
+
+    def __init__(self, resolve: Callable[[], Endpoint]) -> None:
+        self._resolve = resolve
+        self._lock = threading.Lock()
+        self._up = threading.Event()
+        self._up.set()
+        #: Bumped by every cut: a connection that lived through one (open when it began, or
+        #: taken during it) is reset at the heal.
+        self._cuts = 0
+        self._pairs: dict[socket.socket, tuple[socket.socket | None, int]] = {}
+        self._closed = threading.Event()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._listener.getsockname()[1]
+        self._threads: list[threading.Thread] = []
+        self._spawn(self._accept, "link-accept")
+
+    def __enter__(self) -> LinkProxy:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def cut(self) -> None:
+        """Nothing crosses the link from now on, until ``heal``."""
+        with self._lock:
+            self._cuts += 1
+            self._up.clear()
+
+    def heal(self) -> None:
+        """Reset every connection that lived through a cut, then forward again."""
+        with self._lock:
+            doomed = [(c, u) for c, (u, cuts) in self._pairs.items() if cuts < self._cuts]
+            for client, _upstream in doomed:
+                del self._pairs[client]
+            self._up.set()
+        for client, upstream in doomed:
+            _reset(client)
+            if upstream is not None:
+                _reset(upstream)
+
+    @property
+    def is_cut(self) -> bool:
+        return not self._up.is_set()
+
+    def close(self) -> None:
+        """Stop listening, reset every connection and end every thread of the proxy."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        self._up.set()
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
+        self._listener.close()
+        with self._lock:
+            pairs, self._pairs = list(self._pairs.items()), {}
+        for client, (upstream, _) in pairs:
+            _reset(client)
+            if upstream is not None:
+                _reset(upstream)
+        for thread in self._threads:
+            thread.join(timeout=10)
+
+    # ---------------------------------------------------------------- the threads
+
+    def _spawn(self, target: Callable[..., None], name: str, *args: object) -> None:
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+        thread.start()
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            with self._lock:
+                # One taken while the link is cut lives through that cut: the heal resets it.
+                self._pairs[client] = (None, self._cuts - (not self._up.is_set()))
+            self._spawn(self._serve, "link-pump", client)
+
+    def _serve(self, client: socket.socket) -> None:
+        """Forward one connection: connect upstream once the link is up, then pump."""
+        while not self._up.wait(POLL_S):
+            if self._closed.is_set() or client not in self._pairs:
+                return
+        try:
+            ep = self._resolve()
+            upstream = socket.create_connection((ep.host, ep.port), timeout=10)
+            upstream.settimeout(None)
+        except Exception:  # noqa: BLE001 - no daemon to reach: the client sees a reset
+            with self._lock:
+                self._pairs.pop(client, None)
+            _reset(client)
+            return
+        with self._lock:
+            if client not in self._pairs:  # reset by a heal or the close meanwhile
+                _reset(upstream)
+                return
+            self._pairs[client] = (upstream, self._pairs[client][1])
+        self._pump(client, upstream)
+
+    def _pump(self, client: socket.socket, upstream: socket.socket) -> None:
+        ends = {client: upstream, upstream: client}
+        try:
+            while not self._closed.is_set():
+                if not self._up.is_set():  # cut: nothing read, nothing sent
+                    self._up.wait(POLL_S)
+                    if client not in self._pairs:
+                        return
+                    continue
+                readable, _, _ = select.select(list(ends), [], [], POLL_S)
+                if not self._up.is_set():
+                    continue  # cut while waiting: what arrived stays on its side
+                for sock in readable:
+                    data = sock.recv(_CHUNK)
+                    if not data:
+                        raise ConnectionError("one side ended")
+                    ends[sock].sendall(data)
+        except (OSError, ValueError):  # broken, or reset by a heal or the close (fd gone)
+            pass
+        finally:
+            with self._lock:
+                owned = self._pairs.pop(client, None) is not None
+            if owned:
+                client.close()
+                upstream.close()
+
+
+class LinkTable:
+    """Where drivers find the proxies of a run's Spaces: a directory with one file per
+    Space name holding its proxy's port. ``route`` is a Spaces provider's ``via``."""
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.directory = Path(directory)
+
+    def publish(self, space: str, proxy: LinkProxy) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        tmp = self.directory / f".{space}.tmp"
+        tmp.write_text(f"{proxy.port}\n")
+        tmp.replace(self.directory / space)
+
+    def route(self, space: str, endpoint: Endpoint) -> Endpoint:
+        """``endpoint`` of ``space``, through its proxy when the run has one."""
+        try:
+            port = int((self.directory / space).read_text())
+        except (OSError, ValueError):
+            return endpoint
+        return Endpoint("127.0.0.1", port, endpoint.token, keep_alive=endpoint.keep_alive)

@@ -1,0 +1,99 @@
+"""The campaign's link proxy against a real local Space: a cut loses what crosses it both
+ways (a request that reached the daemon is carried out, its answer never comes back), a heal
+resets what lived through the cut and forwards again."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from backends.local import LocalSpaces
+from chaos.link_proxy import LinkProxy, LinkTable
+from chaos.rendezvous import Answer, Hit, Rendezvous
+from durable.errors import SpaceUnavailable
+
+#: Only a hang waits this long.
+DEADLINE_S = 120
+
+
+@dataclass
+class Linked:
+    direct: LocalSpaces
+    #: The same Spaces, their clients routed through ``proxy`` with a 1 s request timeout.
+    routed: LocalSpaces
+    proxy: LinkProxy
+    #: Set when the daemon stopped at ``spacesd.exec.recorded``; it goes on once ``go`` is.
+    stopped: threading.Event
+    go: threading.Event
+
+
+@pytest.fixture
+def linked(tmp_path: Path) -> Iterator[Linked]:
+    go, stopped = threading.Event(), threading.Event()
+
+    def answer(hit: Hit) -> Answer:
+        if hit.point == "spacesd.exec.recorded":
+            stopped.set()
+            assert go.wait(DEADLINE_S)
+        return "continue"
+
+    with tempfile.TemporaryDirectory(prefix="fp-") as short, \
+            Rendezvous(os.path.join(short, "fp.sock"), answer) as rv:
+        direct = LocalSpaces(tmp_path / "spaces", failpoints=rv.address)
+        direct.create("s")
+        table = LinkTable(tmp_path / "links")
+        with LinkProxy(direct.endpoint("s")) as proxy:
+            table.publish("s", proxy)
+            routed = LocalSpaces(tmp_path / "spaces", request_timeout=1.0, via=table.route)
+            try:
+                yield Linked(direct, routed, proxy, stopped, go)
+            finally:
+                go.set()
+                direct.delete_all()
+
+
+def test_a_cut_link_loses_the_answer_of_a_request_the_daemon_carried_out(
+        linked: Linked) -> None:
+    client = linked.routed.connect("s", epoch=1)
+    look = linked.direct.connect("s", epoch=1)
+    client.write_file("before.txt", b"through the link")
+    assert look.read_file("before.txt") == b"through the link"
+
+    told: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            client.exec_start("k@1", "echo ran > ran.txt")
+        except BaseException as exc:  # noqa: BLE001 - what the client was told, for the test
+            told.append(exc)
+
+    thread = threading.Thread(target=start)
+    thread.start()
+    assert linked.stopped.wait(DEADLINE_S), "the start never reached the daemon"
+    linked.proxy.cut()  # the request is in the daemon; its answer will not cross
+    linked.go.set()
+    thread.join(DEADLINE_S)
+    assert len(told) == 1 and isinstance(told[0], SpaceUnavailable), told
+    assert "unknown" in str(told[0])
+    assert look.exec_wait("k@1", timeout=DEADLINE_S).state == "exited", \
+        "the daemon carried out the start whose answer was lost"
+
+    with pytest.raises(SpaceUnavailable, match="unknown"):
+        client.write_file("during.txt", b"never crosses")  # held, then reset at the heal
+    linked.proxy.heal()
+    assert look.stat("during.txt") is None, "a request held by the cut reached the daemon"
+    assert client.read_file("ran.txt") == b"ran\n", "the healed link forwards again"
+
+
+def test_a_link_table_routes_only_the_spaces_it_lists(tmp_path: Path, linked: Linked) -> None:
+    table = LinkTable(tmp_path / "links")
+    ep = linked.direct.endpoint("s")()
+    assert table.route("s", ep).port == linked.proxy.port
+    assert table.route("s", ep).token == ep.token
+    assert table.route("other", ep) == ep
