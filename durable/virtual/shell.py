@@ -25,6 +25,7 @@ without a word (just-bash's own cap, which this module cannot see).
 from __future__ import annotations
 
 import asyncio
+import atexit
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -90,6 +91,7 @@ def run_shell(tree: Tree, command: str, limits: ShellLimits, *,
     with _pool_lock:
         if _pool is None:
             _pool = WorkerPool()
+            atexit.register(_pool.close)  # its warm workers end with this process
     return _pool.run(tree, command, limits, seconds)
 
 

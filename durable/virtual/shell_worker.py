@@ -154,11 +154,18 @@ class _Worker:
 
 class WorkerPool:
     """Warm workers, one per concurrent call; each ended by its pid when it misbehaves, and
-    all with this process (they ask the kernel for SIGKILL when it dies)."""
+    all with this process (they ask the kernel for SIGKILL when it dies; ``close`` ends and
+    reaps the idle ones first, so none is left to the collector at exit)."""
 
     def __init__(self) -> None:
         self._idle: list[_Worker] = []
         self._lock = threading.Lock()
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for worker in idle:
+            worker.end()
 
     def run(self, tree: Tree, command: str, limits: ShellLimits, seconds: float) -> ShellRun:
         while True:

@@ -357,3 +357,19 @@ def test_a_second_process_sees_the_files(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          check=True, cwd=Path(__file__).parents[2])
     assert out.stdout == "z\n"
+
+
+def test_the_shells_warm_workers_end_with_the_process_that_started_them() -> None:
+    """A process that ran a virtual command leaves no worker running and no pipe open to
+    the collector when it exits (found by the test command: a pytest worker warned
+    ``subprocess ... is still running`` and ``unclosed file`` at its exit)."""
+    code = textwrap.dedent("""
+        from durable.virtual.shell import ShellLimits, run_shell
+        print(run_shell({}, "echo hi", ShellLimits()).output, end="")
+    """)
+    out = subprocess.run([sys.executable, "-X", "dev", "-W", "error::ResourceWarning", "-c",
+                          code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "hi\n"
+    assert "ResourceWarning" not in out.stderr and "still running" not in out.stderr, out.stderr
