@@ -196,13 +196,21 @@ def find_cgroup(name: str) -> str | None:
     return None
 
 
+#: What the kernel answers for a cgroup removed before (ENOENT) or while (ENODEV) it is used.
+_REMOVED = (errno.ENOENT, errno.ENODEV)
+
+
 def cgroup_pids(path: str) -> list[int]:
-    """The processes in the cgroup ``path`` and below it (none if it does not exist)."""
+    """The processes in the cgroup ``path`` and below it (none if it does not exist). A
+    cgroup removed while it is read (the kernel then answers ENODEV) holds none."""
     pids: list[int] = []
     for directory, _, _ in os.walk(path):
-        with contextlib.suppress(FileNotFoundError), \
-                open(os.path.join(directory, "cgroup.procs")) as f:
-            pids.extend(int(line) for line in f if line.strip())
+        try:
+            with open(os.path.join(directory, "cgroup.procs")) as f:
+                pids.extend(int(line) for line in f if line.strip())
+        except OSError as exc:
+            if exc.errno not in _REMOVED:
+                raise
     return pids
 
 
@@ -216,8 +224,9 @@ def kill_cgroup(path: str, *, timeout: float = 5.0) -> list[int]:
                 _write(os.path.join(path, "cgroup.kill"), "1")
             else:
                 _kill_frozen(path, deadline)
-        except FileNotFoundError:  # removed meanwhile: empty, the next pass sees it
-            pass
+        except OSError as exc:  # removed meanwhile: empty, the next pass sees it
+            if exc.errno not in _REMOVED:
+                raise
         time.sleep(_PASS)
         if time.monotonic() > deadline:
             return cgroup_pids(path)

@@ -260,6 +260,33 @@ def test_sandbox_kills_strays_and_spares_what_came_from_outside(
         outside.wait(timeout=30)
 
 
+def test_a_cgroup_removed_while_its_members_are_read_holds_none(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression, found by a campaign pausing Spaces on the JSONL log (`chaos run --mode
+    checkpoint --log jsonl --pause-spaces`, seed 29): the provider read the members of a
+    Space's cgroup while its daemon removed it, and the read failed (ENODEV) instead of
+    finding none. Here the cgroup is removed between the open and the read, as it was."""
+    root = cgroup_mounts().get("cgroup-v2")
+    if root is None or not os.access(root, os.W_OK):
+        pytest.skip("no writable cgroup v2 hierarchy here (root needed)")
+    path = os.path.join(root, f"spacesd-test-gone-{os.getpid()}")
+    os.mkdir(path)
+    real_open = open
+
+    def open_then_removed(file: str, *args: object, **kwargs: object) -> object:
+        f = real_open(file, *args, **kwargs)  # type: ignore[call-overload]  # open's own
+        if file == os.path.join(path, "cgroup.procs"):
+            os.rmdir(path)
+        return f
+
+    monkeypatch.setattr(containment, "open", open_then_removed, raising=False)
+    try:
+        assert containment.cgroup_pids(path) == []
+    finally:
+        if os.path.isdir(path):
+            os.rmdir(path)
+
+
 # ------------------------------------------------------------------ the freezer of cgroup v2
 
 
