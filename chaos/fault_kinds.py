@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from durable.errors import SpaceError, SpaceNotFound
 
-from .faults import Action
+from .faults import HELD_ACTIONS, Action
 from .nemesis import Completion, Operation, Target
 from .observe import read_ledger, unread_ledger
 from .space_providers import Pausable
@@ -327,7 +327,9 @@ class FaultNemesis:
             kind.setup(target)
 
     def invoke(self, op: Operation) -> Completion:
-        if isinstance(self.kinds[op.action], _SpaceKind) and op.action != "pause_space":
+        # A fault that ends processes (a kill, a restart, a loss) thaws a paused Space first;
+        # a pause or a cut leaves it frozen.
+        if isinstance(self.kinds[op.action], _SpaceKind) and op.action not in HELD_ACTIONS:
             with contextlib.suppress(SpaceError):  # a kill gets through a freeze; teardown
                 self._pause.release()              # tries the thaw again
         return self.kinds[op.action].invoke(op)

@@ -23,6 +23,7 @@ import select
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -34,9 +35,12 @@ _CHUNK = 64 * 1024
 
 
 def _reset(sock: socket.socket) -> None:
-    """Close with a reset (SO_LINGER 0): the peer sees the connection broken, not ended."""
+    """End a connection with a reset (SO_LINGER 0): the peer sees it broken, not ended. The
+    shutdown first wakes a thread of ours blocked sending on it."""
     with contextlib.suppress(OSError):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
     sock.close()
 
 
@@ -44,20 +48,24 @@ class LinkProxy:
     """A proxy to the endpoint ``resolve`` gives (host and port; the token passes through
     with each request). Use as a context manager, or ``close`` it."""
 
-    def __init__(self, resolve: Callable[[], Endpoint]) -> None:
+    def __init__(self, resolve: Callable[[], Endpoint], *, connect_for: float = 5.0) -> None:
         self._resolve = resolve
+        #: How long a connection waits for a daemon to reach (one restarting) before the
+        #: client is reset, as a client of its own would try again.
+        self.connect_for = connect_for
         self._lock = threading.Lock()
         self._up = threading.Event()
         self._up.set()
         #: Bumped by every cut: a connection that lived through one (open when it began, or
-        #: taken during it) is reset at the heal.
+        #: made during it) is reset at the heal.
         self._cuts = 0
         self._pairs: dict[socket.socket, tuple[socket.socket | None, int]] = {}
         self._closed = threading.Event()
         self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.setblocking(False)  # a heal drains it while the accept thread waits
         self.port: int = self._listener.getsockname()[1]
         self._threads: list[threading.Thread] = []
-        self._spawn(self._accept, "link-accept")
+        self._acceptor = self._spawn(self._accept, "link-accept")
 
     def __enter__(self) -> LinkProxy:
         return self
@@ -72,32 +80,37 @@ class LinkProxy:
             self._up.clear()
 
     def heal(self) -> None:
-        """Reset every connection that lived through a cut, then forward again."""
+        """Reset every connection that lived through a cut (those the kernel made during it
+        and no thread took yet too), then forward again."""
         with self._lock:
-            doomed = [(c, u) for c, (u, cuts) in self._pairs.items() if cuts < self._cuts]
-            for client, _upstream in doomed:
-                del self._pairs[client]
+            doomed: list[socket.socket] = []
+            while True:  # made during the cut, never accepted: lived through it
+                try:
+                    doomed.append(self._listener.accept()[0])
+                except OSError:
+                    break
+            for client, (upstream, cuts) in list(self._pairs.items()):
+                if cuts < self._cuts:
+                    del self._pairs[client]
+                    doomed += [client] if upstream is None else [client, upstream]
+            for sock in doomed:  # before the link is up: nothing they hold crosses
+                _reset(sock)
             self._up.set()
-        for client, upstream in doomed:
-            _reset(client)
-            if upstream is not None:
-                _reset(upstream)
 
     @property
     def is_cut(self) -> bool:
         return not self._up.is_set()
 
     def close(self) -> None:
-        """Stop listening, reset every connection and end every thread of the proxy."""
+        """Stop listening, reset every connection and end every thread of the proxy (the
+        link stays as it is: a cut one forwards nothing more)."""
         if self._closed.is_set():
             return
         self._closed.set()
-        self._up.set()
-        with contextlib.suppress(OSError):
-            self._listener.shutdown(socket.SHUT_RDWR)
-        self._listener.close()
+        self._acceptor.join(timeout=10)  # no new connection after this
         with self._lock:
             pairs, self._pairs = list(self._pairs.items()), {}
+            self._listener.close()
         for client, (upstream, _) in pairs:
             _reset(client)
             if upstream is not None:
@@ -107,56 +120,80 @@ class LinkProxy:
 
     # ---------------------------------------------------------------- the threads
 
-    def _spawn(self, target: Callable[..., None], name: str, *args: object) -> None:
+    def _spawn(self, target: Callable[..., None], name: str, *args: object) -> threading.Thread:
         thread = threading.Thread(target=target, args=args, name=name, daemon=True)
         self._threads = [t for t in self._threads if t.is_alive()] + [thread]
         thread.start()
+        return thread
 
     def _accept(self) -> None:
         while not self._closed.is_set():
             try:
+                ready, _, _ = select.select([self._listener], [], [], POLL_S)
+            except (OSError, ValueError):
+                return
+            if not ready:
+                continue
+            with self._lock:  # the link's state just before the kernel's connection is taken
+                cuts, up = self._cuts, self._up.is_set()
+            try:
                 client, _ = self._listener.accept()
+            except BlockingIOError:
+                continue  # a heal drained it
             except OSError:
-                return  # closed
+                return
+            client.setblocking(True)
             with self._lock:
-                # One taken while the link is cut lives through that cut: the heal resets it.
-                self._pairs[client] = (None, self._cuts - (not self._up.is_set()))
+                lived = not up or self._cuts != cuts
+                if self._closed.is_set() or (lived and self._up.is_set()):
+                    _reset(client)  # it lived through a cut already healed
+                    continue
+                self._pairs[client] = (None, self._cuts - lived)
             self._spawn(self._serve, "link-pump", client)
+
+    def _listed(self, client: socket.socket) -> bool:
+        return not self._closed.is_set() and client in self._pairs
 
     def _serve(self, client: socket.socket) -> None:
         """Forward one connection: connect upstream once the link is up, then pump."""
         while not self._up.wait(POLL_S):
-            if self._closed.is_set() or client not in self._pairs:
+            if not self._listed(client):
                 return
-        try:
-            ep = self._resolve()
-            upstream = socket.create_connection((ep.host, ep.port), timeout=10)
-            upstream.settimeout(None)
-        except Exception:  # noqa: BLE001 - no daemon to reach: the client sees a reset
-            with self._lock:
-                self._pairs.pop(client, None)
-            _reset(client)
-            return
+        upstream = None
+        deadline = time.monotonic() + self.connect_for
+        while upstream is None and self._listed(client):
+            try:
+                ep = self._resolve()
+                upstream = socket.create_connection((ep.host, ep.port), timeout=10)
+                upstream.settimeout(None)
+            except Exception:  # noqa: BLE001 - no daemon to reach yet (restarting, gone)
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(POLL_S)
         with self._lock:
-            if client not in self._pairs:  # reset by a heal or the close meanwhile
-                _reset(upstream)
+            if upstream is not None and client in self._pairs and not self._closed.is_set():
+                self._pairs[client] = (upstream, self._pairs[client][1])
+            else:  # nothing to reach, or reset by a heal or the close meanwhile
+                if self._pairs.pop(client, None) is not None:
+                    _reset(client)
+                if upstream is not None:
+                    _reset(upstream)
                 return
-            self._pairs[client] = (upstream, self._pairs[client][1])
         self._pump(client, upstream)
 
     def _pump(self, client: socket.socket, upstream: socket.socket) -> None:
         ends = {client: upstream, upstream: client}
         try:
             while not self._closed.is_set():
-                if not self._up.is_set():  # cut: nothing read, nothing sent
-                    self._up.wait(POLL_S)
+                if not self._up.wait(POLL_S):  # cut: nothing read, nothing sent
                     if client not in self._pairs:
                         return
                     continue
                 readable, _, _ = select.select(list(ends), [], [], POLL_S)
-                if not self._up.is_set():
-                    continue  # cut while waiting: what arrived stays on its side
                 for sock in readable:
+                    with self._lock:  # still listed and up: what it holds may cross
+                        if not self._up.is_set() or client not in self._pairs:
+                            break
                     data = sock.recv(_CHUNK)
                     if not data:
                         raise ConnectionError("one side ended")
