@@ -21,7 +21,7 @@ from scenarios import Step, generate, load
 
 from .campaign import CampaignConfig, ScriptedRun, run_campaign
 from .errors import BackendUnavailable
-from .faults import Action, Fault, FaultPlan
+from .faults import Action, Fault, FaultPlan, HeldAction
 
 
 @dataclass(frozen=True)
@@ -183,29 +183,21 @@ SHAPES_PLANS = tuple(
         (Fault("delete_space", "failpoint", "call.result", 9),
          Fault("kill_daemon", "failpoint", "spacesd.restore.partial", 1, kill_driver=False)),
     ))
-#: A Space frozen past the drivers' request timeout (2 s; a request is sent twice, so 5 s
-#: leaves it unanswered): a write whose outcome is unknown lands after the driver gave up on
-#: it, a daemon frozen inside a start, a command frozen mid-run, then (checkpoint) a
-#: checkpoint frozen half-taken.
-PAUSES = (
-    _plan(1, Fault("pause_space", "failpoint", "space.file_op", 1, kill_driver=False,
-                   hold=5.0)),
-    _plan(1, Fault("pause_space", "failpoint", "spacesd.exec.recorded", 1, kill_driver=False,
-                   hold=5.0)),
-    _plan(1, Fault("pause_space", "failpoint", "space.running", 1, kill_driver=False,
-                   hold=5.0), preset="ci-long"),
-)
-#: The link between the drivers and the Space cut past the request timeout: a start
-#: carried out by the daemon whose answer is lost, a write held by the cut (never
-#: delivered), a command that runs on and ends while its driver cannot see it.
-CUTS = (
-    _plan(1, Fault("cut_link", "failpoint", "spacesd.exec.recorded", 1, kill_driver=False,
-                   hold=5.0)),
-    _plan(1, Fault("cut_link", "failpoint", "space.file_op", 1, kill_driver=False,
-                   hold=5.0)),
-    _plan(1, Fault("cut_link", "failpoint", "space.running", 1, kill_driver=False,
-                   hold=5.0), preset="ci-long"),
-)
+def _held_plans(action: HeldAction) -> tuple[ScriptedRun, ...]:
+    """A held fault (``pause_space`` or ``cut_link``) past the drivers' request timeout (2 s;
+    a request is sent twice, so 5 s leaves it unanswered): from a file call's write, from
+    inside the daemon's start of a command, and while a command runs."""
+    return tuple(_plan(1, Fault(action, "failpoint", point, 1, kill_driver=False, hold=5.0),
+                       preset=preset)
+                 for point, preset in (("space.file_op", None),
+                                       ("spacesd.exec.recorded", None),
+                                       ("space.running", "ci-long")))
+
+
+#: A frozen Space: a write lands after the driver gave up on it, a start and a command
+#: wait frozen. A cut link: the daemon carries out a start whose answer is lost, a write
+#: held by the cut never arrives, a command ends while its driver cannot see it.
+PAUSES, CUTS = _held_plans("pause_space"), _held_plans("cut_link")
 #: The bundled workload every machine can run (no program beyond bash and coreutils).
 ODD_OBJECTS = str(Path(__file__).resolve().parents[1] / "scenarios" / "workloads" /
                   "odd-objects.yaml")
