@@ -73,8 +73,9 @@ class Endpoint:
     port: int
     token: str
     #: Whether a connection to it may be kept between requests (see the module docstring).
-    #: Not to a machine whose memory can be restored (a microVM's ``loadvm``): its TCP
-    #: state goes back with it, and a kept connection would hang instead of failing.
+    #: Not to a machine whose memory can be restored (a microVM started from a
+    #: checkpoint): its TCP state goes back with it, and a kept connection would hang
+    #: instead of failing.
     keep_alive: bool = True
 
 

@@ -245,21 +245,20 @@ GUEST_POINT = {"spacesd.exec.recorded": "space.before_spawn",
                "spacesd.advance.persisted": "call.begin"}
 
 
-def on_machine(plan: FaultPlan, *, durable_checkpoints: bool) -> FaultPlan:
+def on_machine(plan: FaultPlan) -> FaultPlan:
     """``plan`` for a microVM Space (pure: from the plan's seed): faults at the daemon's
     points land at the driver's point of the same moment, a shim's kill becomes the
-    daemon's (the host cannot see the guest's shims), half the machine restarts become
-    power losses, and a Space loss becomes one too when the checkpoints live inside the
-    Space (``durable_checkpoints`` false: whole-machine snapshots). A plan with no power
-    loss gets one, at a seeded call point, so every run loses power at least once."""
+    daemon's (the host cannot see the guest's shims), and half the machine restarts become
+    power losses. Space losses stay: every checkpoint a microVM Space can be rebuilt from
+    (a workspace store's, a whole-machine one) lives outside it. A plan with no power loss
+    gets one, at a seeded call point, so every run loses power at least once."""
     rng = random.Random(f"machine:{plan.seed}")
     faults: list[Fault] = []
     for f in plan.faults:
         action: Action = f.action
         if action == "kill_process":
             action = "kill_daemon"
-        if (action == "restart_space" and rng.random() < 0.5) or \
-                (action == "delete_space" and not durable_checkpoints):
+        if action == "restart_space" and rng.random() < 0.5:
             action = "power_loss"
         point = GUEST_POINT.get(f.point or "", f.point)
         faults.append(replace(f, action=action, point=point))

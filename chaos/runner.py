@@ -64,7 +64,7 @@ from .run_record import RunRecord
 from .run_spaces import delete_spaces, save_workspace, seed_space
 from .run_spec import RunSpec
 from .run_state import RunState
-from .space_providers import VIRTUAL, CampaignSpaces, make_spaces, snapshot_kind
+from .space_providers import VIRTUAL, CampaignSpaces, make_spaces
 from .stale import run_kind
 
 #: The attempt number of the clean driver that finishes a run (drawn plans have at most ten
@@ -130,11 +130,7 @@ class Run:
         plan = draw_plan(spec.seed, self.scenario, spec.durable_mode,
                          long_seconds=self.preset.long_seconds)
         if spec.backend == "microvm":
-            # A lost Space is rebuilt from the log's image (transactional) or a store;
-            # whole-machine checkpoints go with it.
-            durable = spec.durable_mode == "transactional" or \
-                snapshot_kind(spec.backend, spec.snapshots) == "workspace"
-            plan = on_machine(plan, durable_checkpoints=durable)
+            plan = on_machine(plan)
         held: tuple[tuple[HeldAction, bool], ...] = (("pause_space", spec.pause_spaces),
                                                      ("cut_link", spec.cut_links))
         for action, on in held:

@@ -2,7 +2,8 @@
 # The microVM job: from a bare Debian machine to a built guest, passing microvm tests and a
 # short microVM crash campaign per mode, with no manual step.
 #
-#   1. install qemu-system-x86, qemu-utils, busybox-static and debootstrap when missing;
+#   1. install qemu-system-x86, qemu-utils, zstd (machine checkpoints are compressed with it),
+#      busybox-static and debootstrap when missing;
 #   2. build the guest once (kernel, initramfs, base disk; cached by recipe hash under
 #      /var/cache/durable-spaces/microvm: a second build with nothing changed is instant);
 #   3. pytest -m microvm;
@@ -19,6 +20,7 @@ SUDO=()
 missing=()
 command -v qemu-system-x86_64 >/dev/null 2>&1 || missing+=(qemu-system-x86)
 command -v qemu-img >/dev/null 2>&1 || missing+=(qemu-utils)
+command -v zstd >/dev/null 2>&1 || missing+=(zstd)
 [ -x /bin/busybox ] && ! grep -q /lib64/ld-linux /bin/busybox 2>/dev/null || missing+=(busybox-static)
 command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
 bash ci/apt-install.sh "${missing[@]}"

@@ -1,7 +1,7 @@
 """One QEMU ``microvm`` guest: its command line, its start, and the two channels to it.
 
-- QMP (``qmp.sock``): QEMU's own control, for whole-machine snapshots (``savevm``/``loadvm``
-  through ``human-monitor-command``) and resets;
+- QMP (``qmp.sock``): QEMU's own control, for resets, pauses and the migration streams that
+  whole-machine checkpoints are (``machine_state``);
 - the guest agent (``ctl.sock``, a virtio-serial port named ``cua.control``,
   ``spacesd.guest_agent``): sync, kill the daemon, kill a process, read the daemon's state.
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shlex
 import socket
 import subprocess
 import threading
@@ -53,8 +54,10 @@ class MachineSpec:
 
 
 def qemu_argv(art: Artifacts, spec: MachineSpec, *, overlay: Path, sockets: Path, port: int,
-              token: str, console: Path, pid_file: Path, loadvm: str | None = None,
+              token: str, console: Path, pid_file: Path, incoming: Path | None = None,
               probe: bool = False) -> list[str]:
+    """QEMU's command line; with ``incoming``, a machine that starts from that saved state
+    (a zstd-compressed migration stream) instead of booting."""
     append = ["console=ttyS0", "root=/dev/vda", "rw", "quiet", "panic=-1", f"cua.token={token}"]
     if spec.accel == "tcg":
         # No PIT or HPET in microvm's reduced ACPI: under TCG the guest cannot measure its
@@ -79,7 +82,7 @@ def qemu_argv(art: Artifacts, spec: MachineSpec, *, overlay: Path, sockets: Path
         "-device", "virtserialport,chardev=ctl,name=cua.control",
         "-qmp", f"unix:{sockets / 'qmp.sock'},server=on,wait=off",
         "-daemonize", "-pidfile", str(pid_file),
-        *(["-loadvm", loadvm] if loadvm else [])]
+        *(["-incoming", f"exec:zstd -dcq {shlex.quote(str(incoming))}"] if incoming else [])]
 
 
 def start(argv: list[str]) -> None:
@@ -166,12 +169,26 @@ class QMP(LineChannel):
         reply: dict[str, Any] = json.loads(line)
         return reply
 
-    def hmp(self, line: str) -> str:
-        """A human-monitor command (savevm, loadvm, delvm, info snapshots); its output."""
-        out = str(self.command("human-monitor-command", **{"command-line": line}) or "")
-        if out.lstrip().lower().startswith("error"):
-            raise SpaceUnavailable(f"{line}: {out.strip()}")
-        return out
+    def status(self) -> str:
+        """The machine's run state: ``running``, ``paused``, ``postmigrate``, ``inmigrate``..."""
+        return str(self.command("query-status")["status"])
+
+    def migration(self, timeout: float) -> dict[str, Any]:
+        """Wait until the machine's migration (out or in) ends; ``query-migrate``'s answer.
+        A migration that failed, or did not end within ``timeout`` s, raises
+        ``SpaceUnavailable``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            info: dict[str, Any] = self.command("query-migrate")
+            if info.get("status") == "completed":
+                return info
+            if info.get("status") in ("failed", "cancelled"):
+                raise SpaceUnavailable(f"the machine's state could not be moved: "
+                                       f"{info.get('error-desc', info.get('status'))}")
+            if time.monotonic() > deadline:
+                raise SpaceUnavailable(f"the machine's state was not moved within "
+                                       f"{timeout:.0f} s (migration {info.get('status')})")
+            time.sleep(0.01)
 
 
 class Agent(LineChannel):

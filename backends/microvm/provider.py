@@ -1,8 +1,9 @@
 """``MicroVMSpaces``: Spaces that are QEMU ``microvm`` guests running spacesd.
 
-``<base_dir>/<name>/`` holds the Space: its qcow2 overlay on the base disk (its whole-machine
-checkpoints are internal snapshots of it), token, forwarded port, QEMU's pid file, console
-log and ``machine.json`` (memory, vCPUs, accelerator, the artifacts it boots). The sockets
+``<base_dir>/<name>/`` holds the Space: its qcow2 overlay on the base disk, token, forwarded
+port, QEMU's pid file, console log and ``machine.json`` (memory, vCPUs, accelerator, the
+artifacts it boots); ``save_machine`` and ``load_machine`` save its whole state into a
+directory and start it from one (``machine_state``). The sockets
 (QMP, the guest agent) live in a short private directory of their own (a unix socket path
 has at most 107 bytes), named by a hash of the Space's directory. Nothing lives in memory:
 any process finds a Space by name; Spaces outlive the process that made them.
@@ -28,6 +29,7 @@ import json
 import os
 import re
 import secrets
+import shlex
 import shutil
 import signal
 import subprocess
@@ -50,6 +52,7 @@ from durable.errors import SpaceError, SpaceNotFound, SpaceUnavailable
 from spacesd import procfs
 from spacesd.guest_agent import KILL_DAEMON_WAIT_S
 
+from . import machine_state
 from .artifacts import Artifacts, cache_dir, ensure
 from .machine import QMP, Agent, MachineSpec, free_port, qemu_argv, read_pid, start
 
@@ -121,14 +124,14 @@ class MicroVMSpaces:
     def running(self, name: str) -> bool:
         return read_pid(self.space_dir(name) / "qemu.pid") is not None
 
-    def create(self, name: str, *, loadvm: str | None = None) -> None:
+    def create(self, name: str) -> None:
         """Make the Space (idempotent) and boot it unless it runs; back when it serves."""
         with self._locked(name):
             d = self.space_dir(name)
             if not self.exists(name):
                 self._make(d)
             if not self.running(name):
-                self._boot(name, loadvm=loadvm)
+                self._boot(name)
         self._wait_healthy(name)
 
     def _make(self, d: Path) -> None:
@@ -154,7 +157,7 @@ class MicroVMSpaces:
         art = Artifacts(Path(a["kernel"]), Path(a["initrd"]), Path(a["disk"]), a["key"])
         return MachineSpec(raw["memory_mb"], raw["vcpus"], raw["accel"]), art
 
-    def _boot(self, name: str, *, loadvm: str | None = None) -> None:
+    def _boot(self, name: str, *, incoming: Path | None = None) -> None:
         d = self.space_dir(name)
         spec, art = self._machine(name)
         socks = self._sockets(name)
@@ -168,7 +171,7 @@ class MicroVMSpaces:
             try:
                 start(qemu_argv(art, spec, overlay=d / "overlay.qcow2", sockets=socks,
                                 port=port, token=token, console=d / "console.log",
-                                pid_file=d / "qemu.pid", loadvm=loadvm))
+                                pid_file=d / "qemu.pid", incoming=incoming))
                 break
             except SpaceUnavailable as exc:
                 if "host forwarding" not in str(exc) or attempt == 4:
@@ -209,7 +212,7 @@ class MicroVMSpaces:
             port = int((d / "port").read_text())
         except (OSError, ValueError):
             raise SpaceUnavailable(f"Space {name} has no forwarded port yet") from None
-        # No kept connections: a loadvm rolls the guest's TCP state back (see Endpoint).
+        # No kept connections: a restored machine's TCP state is older (see Endpoint).
         return Endpoint("127.0.0.1", port, (d / "token").read_text().strip(),
                         keep_alive=False)
 
@@ -258,6 +261,68 @@ class MicroVMSpaces:
         deadline = time.monotonic() + 10
         while procfs.is_alive(*found) and time.monotonic() < deadline:
             time.sleep(0.02)
+
+    # ---------------------------------------------------------------- saved states
+
+    def save_machine(self, name: str, dest: Path) -> None:
+        """The machine of ``name`` as it is now (memory, devices, disk) into the new
+        directory ``dest``, fsynced (``machine_state`` says what is there); a paused
+        machine is saved as it is and left paused, a running one goes on. Callers that must
+        not leave the machine stopped if they die run it as a job (``machine_state.
+        run_job``)."""
+        zstd = machine_state.zstd()
+        d = self.space_dir(name)
+        with self._locked(name):
+            if not self.running(name):
+                raise SpaceUnavailable(f"the microVM of Space {name} is not running; its "
+                                       "state cannot be saved")
+            dest.mkdir(parents=True)
+            qmp = self.qmp(name)
+            was_running = qmp.status() == "running"
+            qmp.command("migrate-set-parameters", **{"max-bandwidth": 1 << 40})
+            qmp.command("migrate", uri=f"exec:{zstd} -q -1 -c > "
+                                       f"{shlex.quote(str(dest / machine_state.MEMORY))}")
+            try:
+                qmp.migration(machine_state.JOB_TIMEOUT_S)  # QEMU stopped it at the end
+                subprocess.run([zstd, "-q", "-1", str(d / "overlay.qcow2"), "-o",
+                                str(dest / machine_state.DISK)], check=True,
+                               capture_output=True)
+            finally:
+                if was_running:
+                    qmp.command("cont")
+            for f in (machine_state.SPEC, machine_state.TOKEN):
+                shutil.copyfile(d / f, dest / f)
+        machine_state.fsync_state(dest)
+
+    def load_machine(self, name: str, src: Path) -> None:
+        """The Space ``name`` (made if there is none: a fork, a lost Space) started from
+        the state saved in ``src``: its QEMU killed if it runs, the saved disk, spec and
+        token put in place, and QEMU started from the saved memory; back when it serves."""
+        machine_state.check_state(src)
+        zstd = machine_state.zstd()
+        d = self.space_dir(name)
+        with self._locked(name):
+            self._kill(name)
+            tmp = d.with_name(f".{name}.load")
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+            subprocess.run([zstd, "-q", "-d", str(src / machine_state.DISK), "-o",
+                            str(tmp / "overlay.qcow2")], check=True, capture_output=True)
+            for f in (machine_state.SPEC, machine_state.TOKEN):
+                shutil.copyfile(src / f, tmp / f)
+            if self.exists(name):
+                for f in ("overlay.qcow2", machine_state.SPEC, machine_state.TOKEN):
+                    os.replace(tmp / f, d / f)
+                shutil.rmtree(tmp)
+            else:
+                shutil.rmtree(d, ignore_errors=True)  # a creation cut short
+                os.rename(tmp, d)  # the token with it: a Space exists once it is all there
+            self._boot(name, incoming=src / machine_state.MEMORY)
+            qmp = self.qmp(name)
+            qmp.migration(machine_state.JOB_TIMEOUT_S)
+            if qmp.status() != "running":  # it was saved paused
+                qmp.command("cont")
+        self._wait_healthy(name)
 
     # ---------------------------------------------------------------- faults
 

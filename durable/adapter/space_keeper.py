@@ -255,6 +255,9 @@ class SpaceKeeper:
             assert state.checkpoint is not None
             failpoint("recovery.restore", space=name, checkpoint=state.checkpoint.id)
             self.checkpoints.restore(handle.client, state.checkpoint)
+            # A whole-machine checkpoint brings back its daemon, with the id of the Space it
+            # was taken in: record that one, or the next driver takes it for a stranger.
+            handle = replace(handle, space_id=_space_id(handle.client))
         else:
             self.image.reimage(log, conversation, handle.client)
         (kind,) = decision.events

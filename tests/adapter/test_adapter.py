@@ -25,10 +25,12 @@ from durable.adapter import (
 )
 from durable.adapter.decide import cell_of, reachable_cells
 from durable.adapter.image import IMAGE_KEY, Image
+from durable.adapter.snapshots import SnapshotProvider
 from durable.coding_tools import coding_tools
 from durable.errors import DurableError, PermanentFailure, StaleEpochError
 from durable.harness import Harness
 from durable.models import PlannedCall, ScriptedModel
+from durable.spaces import Spaces
 from durable.storage_fences import open_fenced_sqlite
 from durable.tools import ToolRegistry
 from spacesd import journal
@@ -53,11 +55,15 @@ SESSION = "s"
 SPACE = "cua-s-c1"
 
 
-def open_session(tmp_path: Path, spaces: LocalSpaces, plan: list[PlannedCall], *, epoch: int,
-                 mode: str, store: bool = True, max_files: int = 1000) -> Session:
+def open_session(tmp_path: Path, spaces: Spaces, plan: list[PlannedCall], *, epoch: int,
+                 mode: str, store: bool = True, max_files: int = 1000,
+                 snapshots: SnapshotProvider | None = None) -> Session:
+    """A driver of the session ``s`` on the log in ``tmp_path``; its checkpoints are
+    ``snapshots``, by default workspace ones (in a store unless not ``store``)."""
     storage, fence = open_fenced_sqlite(tmp_path / "log.sqlite", epoch)
-    snapshots = WorkspaceSnapshots(
-        spaces, "", DirectoryCheckpointStore(tmp_path / "store") if store else None)
+    if snapshots is None:
+        snapshots = WorkspaceSnapshots(
+            spaces, "", DirectoryCheckpointStore(tmp_path / "store") if store else None)
     adapter = durable_spaces(session=SESSION, spaces=spaces, snapshots=snapshots, mode=mode,
                              fence=fence,
                              epoch=epoch, transactional=TransactionalLimits(max_files=max_files))

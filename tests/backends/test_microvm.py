@@ -153,9 +153,47 @@ def test_a_machine_checkpoint_brings_processes_back_and_writes_after_it_are_gone
     assert b.describe()["space_id"] == c.describe()["space_id"]  # the same machine, forked
     snaps.delete("a", "cp1")
     assert snaps.list("a") == []
-    for i in range(4):  # the adapter's checkpoints: the newest three are kept
+    for i in range(3):  # the adapter's checkpoints: every one is kept
         snaps.take(c, f"t{i}")
-    assert snaps.list("a") == ["t1", "t2", "t3"]
+    snaps.take(c, "t0")  # taken again: replaced whole, and now the newest
+    assert snaps.list("a") == ["t1", "t2", "t0"]
+    assert len([p for p in snaps.store.iterdir() if p.is_dir()]) == 3
+
+
+def test_a_lost_space_and_a_fork_start_from_machine_checkpoints(vm_module, vms,
+                                                                 tmp_path: Path) -> None:
+    """Machine checkpoints live outside the Space: a Space lost in checkpoint mode is
+    started again from its newest one (its memory too: a file only in tmpfs is back), and a
+    conversation forked at an entry starts from its parent's checkpoint of that entry."""
+    from tests.adapter.test_adapter import SPACE, open_session, results, run, steps
+
+    snaps = vm_module.SandboxSnapshots(vms, tmp_path / "machines")
+    plan = steps(("bash", {"command": "echo one > a.txt; echo in-memory > /dev/shm/m"}),
+                 ("bash", {"command": "echo two >> a.txt"}),
+                 ("bash", {"command": "cat a.txt /dev/shm/m"}),
+                 ("bash", {"command": "true"}))
+    s = open_session(tmp_path, vms, plan[:2], epoch=1, mode="checkpoint", snapshots=snaps)
+    run(s)
+    s.harness.close()
+    vms.delete(SPACE)
+    s = open_session(tmp_path, vms, plan[:3], epoch=2, mode="checkpoint", snapshots=snaps)
+    run(s, "r2")  # the next call finds the Space gone and starts it from its checkpoint
+    assert [e.kind for e in s.adapter.events][:1] == ["restored"], s.adapter.events
+    assert all(not r["is_error"] for r in results(s)), results(s)
+    assert results(s)[-1]["content"] == "one\ntwo\nin-memory\n", results(s)[-1]
+    s.harness.close()
+    s = open_session(tmp_path, vms, plan, epoch=3, mode="checkpoint", snapshots=snaps)
+    run(s, "r3")
+    assert len(results(s)) == 4, results(s)
+    assert "restored" not in [e.kind for e in s.adapter.events], \
+        "the Space started from its checkpoint was taken for another one by the next driver"
+    first = next(e for e in s.harness.log.entries(1) if e.kind == "tool_result")
+    child = s.harness.root("a").fork(first.id)
+    client = s.adapter.ensure_space(s.harness, child.id)
+    assert client.name != SPACE
+    assert client.read_file("a.txt") == b"one\n", "the second call came after the fork entry"
+    assert sh(client, "shm@2", "cat /dev/shm/m") == "in-memory\n"
+    s.harness.close()
 
 
 def test_a_power_loss_loses_unsynced_writes_and_a_clean_restart_keeps_them(vms) -> None:
