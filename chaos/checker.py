@@ -99,6 +99,13 @@ class Observation:
     #: A virtual workspace's: its directories are only those its files imply (an empty one
     #: is not kept), so the implied state's are compared the same way.
     dirs_implied: bool = False
+    #: The forks of the agent's conversation (``Scenario.fork_after``): ``{"conversation",
+    #: "after_step", "observation": its Observation as JSON}`` each, checked in full from
+    #: their own history.
+    forks: list[dict[str, Any]] = field(default_factory=list)
+    #: The conversation observed: the agent's (1), or a fork's, whose history (``calls``,
+    #: ``events``) holds its parent's up to the fork, and whose Space is its own.
+    conversation: int = 1
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -149,7 +156,8 @@ def check(scenario: Scenario, obs: Observation, *, campaign_mode: str,
     from .checks import run_checks
 
     if obs.second is None:
-        return run_checks(scenario, obs, campaign_mode, golden=golden)
+        return _with_forks(run_checks(scenario, obs, campaign_mode, golden=golden), scenario,
+                           obs, campaign_mode)
     from dataclasses import replace
 
     from .checks.implied import implied
@@ -163,6 +171,30 @@ def check(scenario: Scenario, obs: Observation, *, campaign_mode: str,
     checks = first.checks + [c for c in second.checks if c not in first.checks]
     return Verdict(merge([first.valid, second.valid]),
                    first.errors + [f"second session: {e}" for e in second.errors], checks)
+
+
+def _with_forks(verdict: Verdict, scenario: Scenario, obs: Observation,
+                campaign_mode: str) -> Verdict:
+    """``verdict`` and every check on each fork of the agent's conversation: a fork's
+    Space must hold what its own history implies (its parent's calls up to the fork, then
+    its own), and its calls must have taken effect once, faithfully. A scenario that forks
+    must have its fork once its agent finished."""
+    from .checks import run_checks
+
+    verdicts, errors, checks = [verdict.valid], list(verdict.errors), list(verdict.checks)
+    if scenario.fork_after is not None and obs.final_outcome_done and not obs.forks:
+        verdicts.append(False)
+        errors.append(f"run finished: the agent forks after step {scenario.fork_after}, "
+                      "but the log has no fork")
+        checks += [] if "run" in checks else ["run"]
+    for fork in obs.forks:
+        got = run_checks(scenario, Observation.from_json(fork["observation"]), campaign_mode,
+                         skip=("G6",))
+        verdicts.append(got.valid)
+        errors += [f"fork c{fork['conversation']} (after step {fork['after_step']}): {e}"
+                   for e in got.errors]
+        checks += [c for c in got.checks if c not in checks]
+    return Verdict(merge(verdicts), errors, checks)
 
 
 def _old_row(path: str, kind: EntryKind, mode: int, ident: str) -> ScanEntry:

@@ -32,6 +32,7 @@ from scenarios import scenario_of
 from scenarios.host_tools import effect_tools
 from scenarios.plan import Scenario
 
+from .forked_run import ForkedRun
 from .link_proxy import LinkTable
 from .live import die_with_parent
 from .space_providers import VIRTUAL, make_spaces, snapshot_kind
@@ -111,13 +112,22 @@ def main(argv: list[str] | None = None) -> int:
             transactional=TransactionalLimits(max_files=preset.max_files,
                                               max_bytes=preset.max_bytes))
 
-    def start(session: Session) -> Submission:
-        registry = ToolRegistry(coding_tools() + effect_tools(args.run_dir / "effects"))
-        harness = session.open_harness(models=scenario.model(), registry=registry)
-        return harness.root("scripted").submit(content=f"play scenario {args.seed}",
-                                               request_id=REQUEST_ID)
+    def start(session: Session) -> Submission | ForkedRun:
+        return _play(session, scenario,
+                     ToolRegistry(coding_tools() + effect_tools(args.run_dir / "effects")))
 
     return run_durable_session(durable=build, start=start)
+
+
+def _play(session: Session, scenario: Scenario, registry: ToolRegistry
+          ) -> Submission | ForkedRun:
+    """The scripted agent's input, admitted once; a forking agent goes on in its fork."""
+    harness = session.open_harness(models=scenario.model(), registry=registry)
+    root = harness.root("scripted").submit(content=f"play scenario {scenario.seed}",
+                                           request_id=REQUEST_ID)
+    if scenario.fork_after is None:
+        return root
+    return ForkedRun(session, root, scenario.fork_after)
 
 
 def initial_tree(scenario: Scenario) -> Tree:
@@ -133,11 +143,8 @@ def _virtual_session(args: argparse.Namespace, scenario: Scenario) -> int:
     from durable.virtual import virtual
     workspace = virtual(initial=initial_tree(scenario))
 
-    def start(session: Session) -> Submission:
-        registry = ToolRegistry(effect_tools(args.run_dir / "effects"))
-        harness = session.open_harness(models=scenario.model(), registry=registry)
-        return harness.root("scripted").submit(content=f"play scenario {args.seed}",
-                                               request_id=REQUEST_ID)
+    def start(session: Session) -> Submission | ForkedRun:
+        return _play(session, scenario, ToolRegistry(effect_tools(args.run_dir / "effects")))
 
     return run_durable_session(durable=lambda _fence, _senv: workspace, start=start)
 

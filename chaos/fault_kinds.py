@@ -25,7 +25,7 @@ from durable.errors import SpaceError, SpaceNotFound
 
 from .faults import HELD_ACTIONS, Action
 from .nemesis import Completion, Operation, Target
-from .observe import read_ledger, unread_ledger
+from .observe import kept_ledgers, read_ledger, unread_ledger
 from .space_providers import Pausable
 
 if TYPE_CHECKING:
@@ -98,14 +98,14 @@ class KillDaemon(_SpaceKind):
     action = "kill_daemon"
 
     def strike(self, op: Operation) -> None:
-        self.spaces.kill_daemon(self.target.space)
+        self.spaces.kill_daemon(self.target.space_now())
 
 
 class RestartSpace(_SpaceKind):
     action = "restart_space"
 
     def strike(self, op: Operation) -> None:
-        self.spaces.restart(self.target.space)
+        self.spaces.restart(self.target.space_now())
 
 
 class LoseSpace(_SpaceKind):
@@ -137,6 +137,7 @@ class LoseSpace(_SpaceKind):
 
     def strike(self, op: Operation) -> None:
         t = self.target
+        space = t.space_now()
         generation = t.state.new_generation()
         dest = t.ledgers / f"gen-{generation:02d}"
         # The Space's ledger dies with it; the audits (G2, G3) need it as it was at the
@@ -144,14 +145,16 @@ class LoseSpace(_SpaceKind):
         # restore in the Space between the two, unrecorded (found by the docker campaign:
         # a G3 "reverted ... not preceded by advance_epoch" that the Space did precede).
         try:
-            self.spaces.lose(t.space, dest)
+            self.spaces.lose(space, dest)
         except SpaceNotFound:
             raise  # gone before this fault: nothing was lost by it
         except SpaceError:
             # Lost or not, what it recorded is unknown: the audits cannot decide this run.
-            t.state.add_ledger(generation, unread_ledger("deleted"))
+            t.state.add_ledger(generation, space, unread_ledger("deleted"))
             raise
-        t.state.add_ledger(generation, read_ledger(dest, "deleted"))
+        t.state.add_ledger(generation, space, read_ledger(dest, "deleted"))
+        for kept in kept_ledgers(dest):  # a machine restore took the audit files back
+            t.state.add_ledger(t.state.new_generation(), space, kept)
 
 
 class PowerLoss(_SpaceKind):
@@ -165,7 +168,7 @@ class PowerLoss(_SpaceKind):
         if power_loss is None:
             raise SpaceError(f"the {self.spaces.kind} backend has no power to cut; "
                              "power losses need --backend microvm")
-        power_loss(self.target.space)
+        power_loss(self.target.space_now())
 
 
 class KillProcess(_SpaceKind):
@@ -176,7 +179,7 @@ class KillProcess(_SpaceKind):
             raise ValueError(f"{op.fault.describe()}: kill_process needs a failpoint of the "
                              "Space (it kills the process that reported it)")
         # the pid as the Space sees it: only its provider can signal it
-        self.spaces.kill_process(self.target.space, op.hit.pid)
+        self.spaces.kill_process(self.target.space_now(), op.hit.pid)
 
 
 class _Held(_SpaceKind):
@@ -274,6 +277,10 @@ class PauseSpace(_Held):
 
     action = "pause_space"
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._paused = ""
+
     def able(self) -> None:
         if not isinstance(self.spaces, Pausable):
             raise SpaceError(f"the {self.spaces.kind} backend cannot freeze a Space; pauses "
@@ -281,11 +288,12 @@ class PauseSpace(_Held):
 
     def begin(self) -> None:
         assert isinstance(self.spaces, Pausable)
-        self.spaces.pause(self.target.space)
+        self._paused = self.target.space_now()  # the one thawed at the end
+        self.spaces.pause(self._paused)
 
     def end(self) -> None:
         assert isinstance(self.spaces, Pausable)
-        self.spaces.resume(self.target.space)
+        self.spaces.resume(self._paused)
 
 
 class CutLink(_Held):

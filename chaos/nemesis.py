@@ -50,6 +50,19 @@ class Target:
     armed: threading.Event
     #: The link between the drivers and the Space, when the plan cuts it (``cut_link``).
     link: LinkProxy | None = None
+    #: Whether the agent forks its conversation (``Scenario.fork_after``).
+    forks: bool = False
+
+    def space_now(self) -> str:
+        """The Space a fault of the Space strikes: the fork's once it exists (the drivers
+        work there from then on: the only other Space of the run's session), else the
+        run's. A cut link is the run's Space's only."""
+        if self.forks and self.spaces is not None:
+            prefix = self.space.rpartition("-c")[0] + "-c"
+            others = [n for n in self.spaces.names() if n.startswith(prefix) and n != self.space]
+            if others:
+                return others[0]
+        return self.space
 
 
 @dataclass(frozen=True)

@@ -78,7 +78,10 @@ def agent_history(calls: list[ObservedCall], t0: float) -> list[dict[str, Any]]:
 
 
 def recovery_events(log: Log, conversation: int = ROOT_CONVERSATION) -> list[dict[str, Any]]:
-    return [{**e.data[RECOVERY_KEY], "entry": e.id, "time_ms": e.created_ms}
+    """The adapter's recovery events in ``conversation``'s history (a fork's: its parent's
+    up to the fork too), each with the conversation that recorded it."""
+    return [{**e.data[RECOVERY_KEY], "entry": e.id, "time_ms": e.created_ms,
+             "conversation": e.conversation}
             for e in log.entries(conversation)
             if e.kind == "system" and RECOVERY_KEY in e.data]
 
@@ -95,6 +98,14 @@ def read_ledger(dest: Path, why: str) -> dict[str, Any]:
     return {"why": why, "audit": read_state(str(dest)).to_json()}
 
 
+def kept_ledgers(dest: Path) -> list[dict[str, Any]]:
+    """The ledger records of the audit files a lost microVM Space kept before each of its
+    machine restores (``MicroVMSpaces.lose`` moves them under ``dest``), oldest first."""
+    history = dest / "audit-history"
+    return [read_ledger(kept, "before a machine restore")
+            for kept in (sorted(history.iterdir()) if history.is_dir() else [])]
+
+
 def unread_ledger(why: str) -> dict[str, Any]:
     """The record of a Space generation whose audit files could not be saved: with one,
     the run's audits cannot decide (``Observation.ledgers`` is None)."""
@@ -104,14 +115,16 @@ def unread_ledger(why: str) -> dict[str, Any]:
 def observe(run_dir: Path, spaces: CampaignSpaces, space_name: str, *, session: str,
             epoch: int, final_exit: int | None, final_done: bool,
             ledgers: list[dict[str, Any]], stale_error: str | None = None,
-            foreign_keys: list[str] | None = None) -> tuple[Observation, list[dict[str, Any]]]:
-    """The run's observation and its recovery events. ``session``: the token of the run's
+            foreign_keys: list[str] | None = None,
+            conversation: int = ROOT_CONVERSATION) -> tuple[Observation, list[dict[str, Any]]]:
+    """The run's observation of ``conversation`` (the agent's, or its fork's) in its Space
+    ``space_name``, and its recovery events. ``session``: the token of the run's
     session (every key of its Space must carry it). ``ledgers``: those the runner saved
     from earlier generations of the Space; the current one's is added here. ``epoch``: the
     newest the runner launched; a driver that ran above it (``EpochTaken``) raised the
     log's floor, which is used then. ``foreign_keys``: keys another log of this session
     started in the Space (stale mode's foreign kind)."""
-    facts = _log_facts(run_dir, epoch)
+    facts = _log_facts(run_dir, epoch, conversation)
     rows: list[ScanEntry] = []
     log_txt = ""
     try:
@@ -130,7 +143,8 @@ def observe(run_dir: Path, spaces: CampaignSpaces, space_name: str, *, session: 
         all_ledgers.append({"why": "before a machine restore", "audit": read_state(str(kept))
                             .to_json()})
     try:
-        all_ledgers.append(save_ledger(spaces, space_name, run_dir / "ledgers" / "final",
+        final = "final" if conversation == ROOT_CONVERSATION else f"final-c{conversation}"
+        all_ledgers.append(save_ledger(spaces, space_name, run_dir / "ledgers" / final,
                                        "final"))
     except SpaceError:
         if spaces.exists(space_name):
@@ -146,7 +160,8 @@ def observe(run_dir: Path, spaces: CampaignSpaces, space_name: str, *, session: 
         epoch_raises=list(facts.history.raises),
         entry_epochs=sorted(facts.history.entry_epochs.items()),
         ledgers=all_ledgers if decided else None,
-        stale_error=stale_error, session=session, foreign_keys=list(foreign_keys or []))
+        stale_error=stale_error, session=session, foreign_keys=list(foreign_keys or []),
+        conversation=conversation)
     return obs, facts.events
 
 
@@ -165,21 +180,24 @@ class _LogFacts:
     epoch: int
 
 
-def _log_facts(run_dir: Path, epoch: int) -> _LogFacts:
+def _log_facts(run_dir: Path, epoch: int, conversation: int) -> _LogFacts:
+    """``conversation``'s facts: a fork's calls, events and image are those of its whole
+    history (its parent's up to the fork, then its own); its inputs are its own."""
     storage = open_for_audit(run_dir / "state")
     history = storage.epoch_history()
     epoch = max([epoch, *(raised[0] for raised in history.raises)])
     log = Log.open(storage)
     try:
-        events = recovery_events(log)
+        events = recovery_events(log, conversation)
+        entries = log.entries(conversation)
         image = Image()
-        image.fold_history(log.entries(ROOT_CONVERSATION))
+        image.fold_history(entries)
         return _LogFacts(
-            calls=calls_of(log), events=events,
-            inputs=[(e.id, e.data.get("request_id")) for e in log.entries(ROOT_CONVERSATION)
-                    if e.kind == "input"],
-            space=log.read_doc(ROOT_CONVERSATION, SPACE_DOC).value,
-            image_doc=log.read_doc(ROOT_CONVERSATION, IMAGE_DOC).value, image=image,
+            calls=calls_of(log, conversation), events=events,
+            inputs=[(e.id, e.data.get("request_id")) for e in entries
+                    if e.kind == "input" and e.conversation == conversation],
+            space=log.read_doc(conversation, SPACE_DOC).value,
+            image_doc=log.read_doc(conversation, IMAGE_DOC).value, image=image,
             switch=next((ev["entry"] for ev in events if ev["kind"] == "mode"
                          and ev["mode"] == "checkpoint"), None),
             history=history, epoch=epoch)
@@ -188,16 +206,17 @@ def _log_facts(run_dir: Path, epoch: int) -> _LogFacts:
 
 
 def observe_virtual(run_dir: Path, initial: Tree, *, session: str, epoch: int,
-                    final_exit: int | None, final_done: bool
+                    final_exit: int | None, final_done: bool,
+                    conversation: int = ROOT_CONVERSATION
                     ) -> tuple[Observation, list[dict[str, Any]]]:
-    """The observation of a run on a virtual workspace: its workspace is what the log holds
-    (read as the tools read it, every content checked against its hash, blobs included).
-    There is no Space, so no exec ledger or fence records: G2 and G3 have nothing to audit
-    (``ledgers=[]``), G1 and G5 carry the run."""
-    facts = _log_facts(run_dir, epoch)
+    """The observation of ``conversation`` on a virtual workspace: its workspace is what
+    the log holds (read as the tools read it, every content checked against its hash,
+    blobs included). There is no Space, so no exec ledger or fence records: G2 and G3 have
+    nothing to audit (``ledgers=[]``), G1 and G5 carry the run."""
+    facts = _log_facts(run_dir, epoch, conversation)
     log = Log.open(open_for_audit(run_dir / "state"))
     try:
-        tree = virtual(initial=initial).snapshot(log, ROOT_CONVERSATION)
+        tree = virtual(initial=initial).snapshot(log, conversation)
     finally:
         log.close()
     rows = [row.entry(path) for path, row in sorted(rows_of(tree).items())]
@@ -210,5 +229,5 @@ def observe_virtual(run_dir: Path, initial: Tree, *, session: str, epoch: int,
         image_hash=facts.image.hash(), image_stale=None, events=facts.events,
         inputs=facts.inputs, epoch_raises=list(facts.history.raises),
         entry_epochs=sorted(facts.history.entry_epochs.items()), ledgers=[],
-        session=session, dirs_implied=True)
+        session=session, dirs_implied=True, conversation=conversation)
     return obs, facts.events

@@ -386,7 +386,7 @@ def observe_second(run: Run) -> dict[str, Any] | None:
     first_keys = keys_of(run, session_token(run.session))
     obs, _ = observe(run.dir / "b", run.spaces, run.space, session=session_token(name),
                      epoch=run.epoch, final_exit=rec["last_exit"],
-                     final_done=rec["state"] == "done", ledgers=run.state.ledgers(),
+                     final_done=rec["state"] == "done", ledgers=run.state.ledgers(run.space),
                      foreign_keys=first_keys)
     return {"scenario": second_scenario_params(run.spec.seed), "observation": obs.to_json()}
 
@@ -394,7 +394,7 @@ def observe_second(run: Run) -> dict[str, Any] | None:
 def keys_of(run: Run, token: str) -> list[str]:
     """Every exec key of session ``token`` in the run's Space, its lost generations too."""
     assert run.spaces is not None
-    ledgers = list(run.state.ledgers())
+    ledgers = list(run.state.ledgers(run.space))
     try:
         ledgers.append(save_ledger(run.spaces, run.space, run.dir / "ledgers" / "keys", "keys"))
     except Exception:  # noqa: BLE001 - gone: the saved generations are all there is

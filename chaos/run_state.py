@@ -59,7 +59,7 @@ class RunState:
         self._untested: list[str] = []
         self._latencies: list[dict[str, Any]] = []
         #: The ledgers of the Space's generations the nemesis destroyed, by generation.
-        self._ledgers: dict[int, dict[str, Any]] = {}
+        self._ledgers: dict[int, tuple[str, dict[str, Any]]] = {}
         self._generations = 0
         self._attempt = 0
         self._driver: Driver | None = None
@@ -152,13 +152,16 @@ class RunState:
             self._generations += 1
             return self._generations - 1
 
-    def add_ledger(self, generation: int, ledger: dict[str, Any]) -> None:
+    def add_ledger(self, generation: int, space: str, ledger: dict[str, Any]) -> None:
+        """The ledger record of a generation of ``space`` (the run's, or its fork's)."""
         with self._lock:
-            self._ledgers[generation] = ledger
+            self._ledgers[generation] = (space, ledger)
 
-    def ledgers(self) -> list[dict[str, Any]]:
+    def ledgers(self, space: str) -> list[dict[str, Any]]:
+        """The ledger records of ``space``'s earlier generations, oldest first."""
         with self._lock:
-            return [self._ledgers[g] for g in sorted(self._ledgers)]
+            return [self._ledgers[g][1] for g in sorted(self._ledgers)
+                    if self._ledgers[g][0] == space]
 
     # ------------------------------------------------------------------ the attempt
 

@@ -28,8 +28,9 @@ import traceback
 from typing import Any
 
 from durable.adapter.space_names import session_token, space_name
-from durable.log import ROOT_CONVERSATION
+from durable.log import ROOT_CONVERSATION, Log
 from durable.session_driver import EXIT_FENCED, EXIT_OK, EXIT_PERMANENT
+from durable.session_log import open_for_audit
 from scenarios import scenario_of
 from scenarios.plan import Scenario
 
@@ -50,6 +51,7 @@ from .faults import (
     reachable_points,
     with_held_faults,
 )
+from .forked_run import forks_of
 from .golden import Golden, GoldenFailed, golden_for
 from .holds import Holds
 from .launch import OtherSession, driver_argv, driver_env
@@ -152,9 +154,9 @@ class Run:
         self.holds.release_all()
 
     @staticmethod
-    def space_of(session: str) -> str:
-        """The name of the Space of conversation 1 of ``session``."""
-        return space_name(SPACE_PREFIX, session_token(session), ROOT_CONVERSATION)
+    def space_of(session: str, conversation: int = ROOT_CONVERSATION) -> str:
+        """The name of the Space of ``conversation`` of ``session``."""
+        return space_name(SPACE_PREFIX, session_token(session), conversation)
 
     # ------------------------------------------------------------------ drivers
 
@@ -290,7 +292,8 @@ class Run:
             self.link = LinkProxy(self.spaces.endpoint(self.space))
             self.links.publish(self.space, self.link)
         self.nemesis.setup(Target(self.spaces, self.space, self.dir / "ledgers", self.state,
-                                  self.schedule.armed, self.link))
+                                  self.schedule.armed, self.link,
+                                  self.scenario.fork_after is not None))
         seed_space(self.spaces, self.space, self.scenario)
         if self.spec.campaign_mode == "stale":
             return run_kind(self, rv)
@@ -315,10 +318,12 @@ class Run:
             obs, events = observe(self.dir, self.spaces, self.space,
                                   session=session_token(self.session), epoch=self.epoch,
                                   final_exit=final_exit, final_done=final_exit == EXIT_OK,
-                                  ledgers=self.state.ledgers(), stale_error=self.stale_error,
+                                  ledgers=self.state.ledgers(self.space),
+                                  stale_error=self.stale_error,
                                   foreign_keys=self.foreign_keys)
         obs.coordinator = self.redrive
         obs.second = observe_second(self)
+        obs.forks = self._observe_forks(final_exit)
         if self.spec.golden:  # the oracle itself: it must only have finished
             return obs, events, Verdict(True if final_exit == EXIT_OK else "unknown",
                                         [] if final_exit == EXIT_OK else
@@ -340,6 +345,33 @@ class Run:
                               verdict.errors, ["untested", *verdict.checks])
         self.state.add_history(agent_history(obs.calls, self.state.t0))
         return obs, events, verdict
+
+    def _observe_forks(self, final_exit: int | None) -> list[dict[str, Any]]:
+        """The observation of each fork of the agent's conversation (``Scenario.fork_after``),
+        each in its own Space, for the checks to run on too."""
+        if self.scenario.fork_after is None:
+            return []
+        log = Log.open(open_for_audit(self.dir / "state"))
+        try:
+            forks = forks_of(log)
+        finally:
+            log.close()
+        out = []
+        for conversation in forks:
+            common: dict[str, Any] = {
+                "session": session_token(self.session), "epoch": self.epoch,
+                "final_exit": final_exit, "final_done": final_exit == EXIT_OK,
+                "conversation": conversation}
+            if self.spec.backend == VIRTUAL:
+                obs, _ = observe_virtual(self.dir, initial_tree(self.scenario), **common)
+            else:
+                assert self.spaces is not None
+                name = self.space_of(self.session, conversation)
+                obs, _ = observe(self.dir, self.spaces, name, ledgers=self.state.ledgers(name),
+                                 **common)
+            out.append({"conversation": conversation, "after_step": self.scenario.fork_after,
+                        "observation": obs.to_json()})
+        return out
 
     def _golden(self, obs: Observation) -> Golden | None:
         """A workload's oracle for this run: the golden run without the calls this run

@@ -308,6 +308,7 @@ class Harness:
             slot = self.log.slot(ctx.conversation, ctx.call_id) or ctx.slot
             try:
                 with self.log.transaction() as tx:
+                    ctx.records_into(tx)
                     entry = tx.append(ctx.conversation, "tool_result", {
                         "call_id": slot.call_id, "name": slot.name, **result.to_json()})
                     tx.put_slot(replace(slot, state="done", result_entry=entry,

@@ -226,7 +226,11 @@ class Log:
         batch = tx.batch
         if batch.is_empty():
             return
-        at = batch.next_id - 1
+        # The entry the documents are read as of (``read_doc(as_of=)``, a fork's copy): the
+        # transaction's first, when it appended any, so that a fork at an entry sees what
+        # was committed with it (a result's documents, with recovery events after it in one
+        # transaction); else the entry before them.
+        at = batch.base_id if batch.next_id > batch.base_id else batch.base_id - 1
         batch.docs = [replace(d, at=at) for d in batch.docs]
         try:
             self.storage.commit(batch)
@@ -332,7 +336,8 @@ class Log:
                  fresh: bool = False) -> DocValue:
         """The value of ``doc`` in ``conversation`` (migrated to the code's version).
 
-        ``as_of`` an entry id reads the value as it was right after that entry; it needs a
+        ``as_of`` an entry id reads the value as it was right after that entry (a
+        transaction's documents count as written with its first entry); it needs a
         rewindable document. ``fresh`` reads it from the storage first, with what other
         processes committed (``refresh_doc``); otherwise this log's view is read.
         """

@@ -100,6 +100,7 @@ class CallContext:
         self.recovering = recovering
         self._staged: dict[str, tuple[Doc, list[tuple[str, Any]]]] = {}
         self._hooks: list[ResultHook] = []
+        self._records: list[Callable[[Transaction], object]] = []
         self._progress = slot.progress
         self._progress_sent = slot.progress
         self._progress_at = 0.0
@@ -150,10 +151,23 @@ class CallContext:
         """Drop the staged edits and result hooks (the call failed: it changes nothing)."""
         self._staged.clear()
         self._hooks.clear()
+        self._records.clear()
 
     def on_result(self, hook: ResultHook) -> None:
-        """Run ``hook(tx, result_entry_id)`` inside the transaction that commits the result."""
+        """Run ``hook(tx, result_entry_id)`` inside the transaction that commits the result,
+        after the result's entry."""
         self._hooks.append(hook)
+
+    def record_before_result(self, hook: Callable[[Transaction], object]) -> None:
+        """Run ``hook(tx)`` inside the transaction that commits the result, before the
+        result's entry: the entries it appends (what the call left the workspace as) come
+        before the result, so a conversation forked at the result holds them."""
+        self._records.append(hook)
+
+    def records_into(self, tx: Transaction) -> None:
+        """Called by the harness inside the result transaction, before the result's entry."""
+        for hook in self._records:
+            hook(tx)
 
     def stage_into(self, tx: Transaction) -> None:
         for doc, _ops in self._staged.values():

@@ -54,6 +54,10 @@ class Scenario:
     #: A user's workload (``scenarios.workload``): its steps' effects come from a golden
     #: run, not from a model.
     workload: Workload | None = None
+    #: The step after whose result the agent, once its script is done, forks its
+    #: conversation and plays the steps after that one again in the fork (which starts from
+    #: the state as of that result, in a Space of its own); None: no fork.
+    fork_after: int | None = None
 
     def keep(self, indices: tuple[int, ...] | None, simple: tuple[int, ...] = ()) -> Scenario:
         """A shrunk scenario: only the steps whose index is in ``indices`` (all for None),
@@ -76,7 +80,8 @@ class Scenario:
             if s.kind == "edit":  # a scripted edit (a workload's is the user's own)
                 s = _edit(s.index, s.params["slot"], slots)
             out.append(s)
-        return Scenario(self.seed, self.preset, self.initial, out, self.workload)
+        fork_after = self.fork_after if self.fork_after in chosen else None
+        return Scenario(self.seed, self.preset, self.initial, out, self.workload, fork_after)
 
     def model(self) -> ScriptedModel:
         return ScriptedModel(
@@ -273,4 +278,14 @@ def generate(seed: int, preset: Preset, *, steps: int | None = None,
     for k in range(steps or preset.steps):
         kind = preset.sequence[k % len(preset.sequence)] if preset.sequence else rng.choice(kinds)
         out.append(_step(k, kind, rng, preset, slots))
-    return Scenario(seed, preset, initial, out).keep(keep, simple)
+    return Scenario(seed, preset, initial, out, fork_after=_fork_after(seed, preset, out)
+                    ).keep(keep, simple)
+
+
+def _fork_after(seed: int, preset: Preset, steps: list[Step]) -> int | None:
+    """Whether and after which step the agent forks (its own RNG: the steps drawn are the
+    same with forks or without); never after the last, so the fork has a step to play."""
+    rng = random.Random(f"fork:{preset.name}:{seed}")
+    if len(steps) < 2 or rng.random() >= preset.forks:
+        return None
+    return rng.choice(steps[:-1]).index

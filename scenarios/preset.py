@@ -54,6 +54,8 @@ class Preset:
     reissue: float = 0.5
     #: A fixed order of step kinds (cycled); when set, ``mix`` is not drawn from.
     sequence: tuple[str, ...] = ()
+    #: Probability that a run's agent forks its conversation (``Scenario.fork_after``).
+    forks: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "steps": self.steps, "mix": dict(self.mix),
@@ -61,7 +63,8 @@ class Preset:
                 "many_files": self.many_files, "big_output_lines": self.big_output_lines,
                 "large_bytes": self.large_bytes, "initial_files": self.initial_files,
                 "max_files": self.max_files, "max_bytes": self.max_bytes,
-                "reissue": self.reissue, "sequence": list(self.sequence)}
+                "reissue": self.reissue, "sequence": list(self.sequence),
+                "forks": self.forks}
 
 
 def _expect(raw: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
@@ -95,14 +98,15 @@ def parse(raw: Any, where: str) -> Preset:
     if kw.get("big_output_lines", 0) > 99_999:
         raise PresetError(f"{where}: big_output_lines is at most 99999 (the lines are numbered "
                           f"with six digits), got {kw['big_output_lines']}")
-    for key in ("long_seconds", "reissue"):
+    for key in ("long_seconds", "reissue", "forks"):
         if key in raw:
             kw[key] = float(_expect(raw, key, (int, float), where))
             if not math.isfinite(kw[key]) or kw[key] < 0:
                 raise PresetError(f"{where}: {key} must be a finite number >= 0, got "
                                   f"{raw[key]!r}")
-    if "reissue" in kw and not 0 <= kw["reissue"] <= 1:
-        raise PresetError(f"{where}: reissue is a probability in [0, 1], got {kw['reissue']}")
+    for key in ("reissue", "forks"):
+        if key in kw and not 0 <= kw[key] <= 1:
+            raise PresetError(f"{where}: {key} is a probability in [0, 1], got {kw[key]}")
     if "file_size" in raw:
         fs = raw["file_size"]
         if (not isinstance(fs, list) or len(fs) != 2 or not all(isinstance(x, int) for x in fs)

@@ -240,7 +240,8 @@ class MicroVMSpaces:
         ``create`` boots it meanwhile, its network link is cut (the daemon answers nothing
         more; a stopped machine is booted with its link cut before its daemon can serve),
         its audit files as that instant left them are read through the guest agent into
-        ``keep`` (as ``save_state``), and the machine is killed and removed. Raises
+        ``keep`` (as ``save_state``), with those kept before each machine restore
+        (``keep/audit-history``), and the machine is killed and removed. Raises
         ``SpaceNotFound``."""
         with self._locked(name):
             if not self.exists(name):
@@ -250,6 +251,9 @@ class MicroVMSpaces:
                     self._boot(name)
                 self.qmp(name).command("set_link", name="n0", up=False)
                 self._read_state(name, keep, timeout=BOOT_TIMEOUT_S)
+                history = self.space_dir(name) / "audit-history"
+                if history.is_dir():
+                    shutil.move(history, keep / "audit-history")
             finally:
                 self._remove(name)
 

@@ -22,7 +22,9 @@ if TYPE_CHECKING:
 
 def check(inp: CheckInput) -> list[str]:
     obs = inp.obs
-    recoveries = [e for e in obs.events if e.get("kind") in ("restored", "reverted")]
+    # A fork's history holds its parent's recoveries too: they were in the parent's Space.
+    recoveries = [e for e in obs.events if e.get("kind") in ("restored", "reverted")
+                  and e.get("conversation", obs.conversation) == obs.conversation]
     if obs.ledgers is None:
         if recoveries:
             raise Undecided("the run recorded no fence records of its Space")

@@ -138,10 +138,10 @@ class CallRunner:
             verdict = policy.after_call(self.modes.requested, self.image.over_limits(scan),
                                         scan.running, scan.running_keys)
             if verdict.action == "keep":
-                def stage(tx: Transaction, _entry: int) -> None:
+                def stage(tx: Transaction) -> None:
                     self.image.stage(tx, conv, handle.client, scan, ctx.call_id,
                                      known=() if written is None else (written,))
-                ctx.on_result(stage)
+                ctx.record_before_result(stage)
                 return result
             problem = verdict.problem
             assert problem is not None

@@ -29,7 +29,7 @@ from ..log import Log
 from ..session_log import open_log_at
 from ..spaces_loader import BadProvider, load_spaces, pairs
 from ..storage.base import Storage
-from .workspace_state import NoWorkspaceState, extract, state_at, unified_diff
+from .workspace_state import NoWorkspaceState, extract, state_at, unified_diff, with_its_commit
 
 EXIT_BAD_ARGS = 254
 
@@ -116,12 +116,17 @@ def _what(kind: str, d: dict[str, Any]) -> str:
 
 
 def _before(log: Log, conversation: int, entry: int) -> int:
-    """The entry just before ``entry`` in the conversation's history."""
-    ids = [e.id for e in log.entries(conversation)]
+    """The entry just before ``entry`` in the conversation's history; for a call's result,
+    before the hidden entries committed with it (its image change comes right before it)."""
+    history = log.entries(conversation)
+    ids = [e.id for e in history]
     if entry not in ids:
         raise NoWorkspaceState(f"entry {entry} is not in the history of conversation "
                                f"{conversation}; `python -m durable.review entries` lists them")
     at = ids.index(entry)
+    if history[at].kind == "tool_result":
+        while at > 0 and history[at - 1].kind == "system" and history[at - 1].data.get("hidden"):
+            at -= 1
     if at == 0:
         raise NoWorkspaceState(f"entry {entry} is the conversation's first: nothing came "
                                "before it")
@@ -158,7 +163,7 @@ def _fork(args: argparse.Namespace, log: Log) -> int:
     # What the fork starts from must be there before anything is made: a conversation once
     # forked stays in the log (it cannot be taken back).
     state_at(log, args.conversation, args.entry, store=args.store)
-    conv = log.fork(args.conversation, args.entry)
+    conv = log.fork(args.conversation, with_its_commit(log, args.conversation, args.entry))
     store = DirectoryCheckpointStore(args.store) if args.store else None
     adapter = durable_spaces(session=args.session or _session_of(args.log), spaces=spaces,
                              snapshots=WorkspaceSnapshots(spaces, "", store), mode=args.mode,

@@ -47,7 +47,7 @@ def state_at(log: Log, conversation: int, entry: int, *, store: Path | None = No
              ) -> tuple[WorkspaceState, str]:
     """The workspace as of ``entry`` (right after it and what committed with it) and where
     it came from."""
-    entry = _with_its_commit(log, conversation, entry)
+    entry = with_its_commit(log, conversation, entry)
     space = SPACE.read(log, conversation, as_of=entry)
     if space.mode == "checkpoint":
         if space.checkpoint is None:
@@ -62,16 +62,21 @@ def state_at(log: Log, conversation: int, entry: int, *, store: Path | None = No
     return _from_image(log, conversation, entry), "the image in the log"
 
 
-def _with_its_commit(log: Log, conversation: int, entry: int) -> int:
-    """``entry`` and the hidden entries right after it: a result commits its call's image
-    change and checkpoint in the same transaction, as the entries that follow it."""
+def with_its_commit(log: Log, conversation: int, entry: int) -> int:
+    """``entry``, or for a call's result the hidden entries right after it: logs written
+    before 2026-12-03 committed a call's image change after its result, in the same
+    transaction (now it comes before, and the result's documents are read as of its
+    transaction's first entry; what follows a result now is its recovery events)."""
     history = log.entries(conversation)
     ids = [e.id for e in history]
     if entry not in ids:
         raise NoWorkspaceState(f"entry {entry} is not in the history of conversation "
                                f"{conversation}; `python -m durable.review entries` lists them")
+    at = ids.index(entry)
     last = entry
-    for e in history[ids.index(entry) + 1:]:
+    if history[at].kind != "tool_result":
+        return last
+    for e in history[at + 1:]:
         if e.kind != "system" or not e.data.get("hidden"):
             break
         last = e.id

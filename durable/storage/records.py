@@ -65,11 +65,13 @@ class SlotRecord:
 class DocRecord:
     """One write of a document.
 
-    ``at`` is the log position the write takes effect at: the highest id allocated when the
-    batch committed (its ``next_id - 1``). Reading ``as_of`` entry E sees the last write with
-    ``at <= E``. ``revision`` counts writes of this (conversation, kind) from 1; a write must
-    carry the stored revision + 1, else the storage raises ``DocConflict``. For
-    ``history="latest"`` a storage may keep only the newest write.
+    ``at`` is the log position the write takes effect at: the first entry its batch
+    appended, or the highest id allocated before it when it appended none (``next_id -
+    1``; written before 2026-12-03: always that). Reading ``as_of`` entry E sees the last
+    write with ``at <= E``, so a fork at an entry sees the documents committed with it.
+    ``revision`` counts writes of this (conversation, kind) from 1; a write must carry the
+    stored revision + 1, else the storage raises ``DocConflict``. For ``history="latest"``
+    a storage may keep only the newest write.
     """
 
     conversation: int

@@ -113,7 +113,7 @@ class LogWorkspaces:
         """Commit the change from the log's files to ``after`` with the call's result."""
         data = self._change(ctx.log, ctx.conversation, after, ctx.call_id)
         if data is not None:
-            ctx.on_result(lambda tx, _entry: tx.append(ctx.conversation, "system", data))
+            ctx.record_before_result(lambda tx: tx.append(ctx.conversation, "system", data))
 
     def seed(self, log: Log, conversation: int) -> None:
         """Commit ``initial`` as the conversation's files if nothing was committed yet (the

@@ -203,9 +203,14 @@ def test_auto_switches_to_checkpoint(tmp_path: Path, spaces: LocalSpaces, call: 
     s.harness.close()
 
 
-def test_fork_gets_the_parents_state_at_the_fork_entry(tmp_path: Path,
-                                                       spaces: LocalSpaces) -> None:
-    s = open_session(tmp_path, spaces, steps(WRITE, APPEND, EDIT), epoch=1, mode="checkpoint")
+@pytest.mark.parametrize("mode", ["checkpoint", "transactional"])
+def test_fork_gets_the_parents_state_at_the_fork_entry(tmp_path: Path, spaces: LocalSpaces,
+                                                       mode: str) -> None:
+    """A fork at a call's result starts from the workspace that call left: in
+    transactional mode the call's image entry must precede its result in the log (it came
+    after it, so a fork there lacked the call's own change: found by the campaign's forks
+    preset, seed 1), in checkpoint mode its checkpoint must be read as of the result."""
+    s = open_session(tmp_path, spaces, steps(WRITE, APPEND, EDIT), epoch=1, mode=mode)
     run(s)
     entries = s.harness.log.entries(1)
     after_append = [e for e in entries if e.kind == "tool_result"][1]

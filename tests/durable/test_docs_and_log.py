@@ -109,6 +109,33 @@ def test_rewindable_as_of_and_fork(open_storage: Callable[[], Storage]) -> None:
     log.close()
 
 
+def test_a_fork_at_an_entry_sees_the_documents_committed_with_it(
+        open_storage: Callable[[], Storage]) -> None:
+    """A transaction's documents go with its first entry: a call's result is committed with
+    the adapter's recovery events after it and its Space's new checkpoint, so a fork at the
+    result must see that checkpoint (it saw the one before, and started from a state
+    without the call's effects: found by the campaign's forks, seed 1 of the forks preset),
+    and a read as of the entry before the transaction must not."""
+    log = Log.open(open_storage())
+    root = log.create_root("agent")
+    with log.transaction() as tx:
+        before = tx.append(root, "input", {"content": "go"})
+        tx.write_doc(root, NOTES, {"items": [0]})
+    with log.transaction() as tx:
+        result = tx.append(root, "tool_result", {"call_id": "c1"})
+        tx.append(root, "system", {"event": "recovered"})
+        tx.write_doc(root, NOTES, {"items": [0, 1]})
+    assert log.read_doc(root, NOTES, as_of=before).value == {"items": [0]}
+    assert log.read_doc(root, NOTES, as_of=result).value == {"items": [0, 1]}
+    child = log.fork(root, result)
+    assert log.read_doc(child, NOTES).value == {"items": [0, 1]}
+    with log.transaction() as tx:  # documents alone: after every entry before them
+        tx.write_doc(root, NOTES, {"items": [0, 1, 2]})
+    assert log.read_doc(root, NOTES, as_of=result).value == {"items": [0, 1]}
+    assert log.read_doc(root, NOTES).value == {"items": [0, 1, 2]}
+    log.close()
+
+
 def test_latest_doc_cannot_be_read_as_of(open_storage: Callable[[], Storage]) -> None:
     log = Log.open(open_storage())
     root = log.create_root("agent")

@@ -67,13 +67,13 @@ def test_review_a_transactional_session(tmp_path: Path, local_spaces: LocalSpace
     assert "Binary files entry-" in out and "bin.dat differ" in out
     assert "mode a.txt: 644 -> 700" in out
     shown = tmp_path / "shown"
-    assert main(["show", str(log), "1", str(edited - 1), "--to", str(shown)]) == 0
-    assert (shown / "a.txt").read_text() == "alpha\n"  # before the edit's decision
-    assert main(["show", str(log), "1", str(edited - 1), "--to", str(shown)]) == 1
+    assert main(["show", str(log), "1", str(edited), "--to", str(shown)]) == 0
+    assert (shown / "a.txt").read_text() == "alpha\n"  # before the edit's result committed
+    assert main(["show", str(log), "1", str(edited), "--to", str(shown)]) == 1
     assert "is not empty" in capsys.readouterr().err
     forks = LocalSpaces(tmp_path / "forks")
     try:
-        assert main(["fork", str(log), "1", str(edited - 1), "--spaces",
+        assert main(["fork", str(log), "1", str(wrote), "--spaces",
                      "backends.local:LocalSpaces", "--spaces-arg",
                      f"base_dir={tmp_path / 'forks'}"]) == 0
         out = capsys.readouterr().out
