@@ -248,6 +248,13 @@ SLICES: tuple[Slice, ...] = (
           "daemon carries out what reached it, its answers are lost) past the drivers' "
           "request timeout, at seeded points and where a request is in the daemon",
           {"mode": "checkpoint", "cut_links": True, "seeds": (1, 2, 3, 5), "plans": CUTS}),
+    Slice("forks-transactional", "an agent that forks its conversation at a seeded step's "
+          "result and plays the rest again in the fork, under faults: the fork's Space must "
+          "start from the log's image as of that result",
+          {"mode": "transactional", "preset": "forks", "seeds": (1, 2, 3, 4, 5, 6)}),
+    Slice("forks-checkpoint", "the same in checkpoint mode: the fork's Space must start from "
+          "its parent's checkpoint of that result",
+          {"mode": "checkpoint", "preset": "forks", "seeds": (1, 2, 3, 4, 5, 6)}),
     Slice("microvm-power", "power cuts of a microVM Space while a command that fsynced its "
           "append runs: the next driver must learn from the ledger that it ran",
           {"mode": "transactional", "backend": "microvm", "plans": POWER_CUTS},

@@ -8,7 +8,7 @@
 #      /var/cache/durable-spaces/microvm: a second build with nothing changed is instant);
 #   3. pytest -m microvm;
 #   4. a short campaign per mode on microVM Spaces (transactional, checkpoint with machine
-#      snapshots, machine), SUMMARY lines.
+#      snapshots and a forking agent, machine), SUMMARY lines.
 # `--prepare` stops after step 2; `--campaign` skips step 3. Needs root for the first build
 # (debootstrap). Environment: MICROVM_CAMPAIGN_RUNS (default 3), JOBS (default 2),
 # RESULTS (default results).
@@ -32,8 +32,12 @@ status=0
 if [ "${1:-}" != "--campaign" ]; then
     .venv/bin/python -m pytest -m microvm -q || status=1
 fi
+# checkpoint mode's agent forks (the forks preset): whole-machine checkpoints outside the
+# Space give a lost Space and a fork their state.
 for mode in transactional checkpoint machine; do
-    .venv/bin/python -m chaos run --mode "$mode" --backend microvm \
+    preset=default
+    [ "$mode" = checkpoint ] && preset=forks
+    .venv/bin/python -m chaos run --mode "$mode" --backend microvm --preset "$preset" \
         --runs "${MICROVM_CAMPAIGN_RUNS:-3}" --jobs "${JOBS:-2}" --results "${RESULTS:-results}" \
         | grep -Ev '^run [0-9]+ seed=[0-9]+ ok ' || status=1
 done

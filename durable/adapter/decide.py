@@ -218,8 +218,9 @@ UNREACHABLE: tuple[tuple[Cell, str], ...] = (
       "start and records the mode in the same commit; a Space is rebuilt only after that")),
     (("*", "*", "space", "new_space"),
      ("the adopted seeded Space is recorded before any fault can land (Space faults arm "
-      "after the adoption) and the scenarios do not fork, so the adapter never builds a "
-      "conversation's first Space")),
+      "after the adoption), so only a fork's Space is a conversation's first: a campaign "
+      "whose agent forks (the forks preset) reaches these cells, beyond the N of its "
+      "cells=K/N")),
 )
 
 #: Reachable only by a conversation that ``auto`` switched to checkpoint mode: the switch

@@ -160,6 +160,49 @@ def test_a_machine_checkpoint_brings_processes_back_and_writes_after_it_are_gone
     assert len([p for p in snaps.store.iterdir() if p.is_dir()]) == 3
 
 
+def _wait_for(what: str, ready: Callable[[], bool], timeout: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert time.monotonic() < deadline, f"waited {timeout:.0f} s for {what}"
+        time.sleep(0.02)
+
+
+def test_a_checkpoint_whose_caller_is_killed_ends_whole(vm_module, vms,
+                                                         tmp_path: Path) -> None:
+    """A machine checkpoint is a job of its own: its caller SIGKILLed in the middle (as a
+    campaign kills drivers) leaves the machine running, not stopped between the end of its
+    state's stream and the ``cont`` after the copy; the state it saved has no record, and
+    the next take of that id clears it away."""
+    import psutil
+
+    vms.create("a")
+    store = tmp_path / "machines"
+    code = ("import sys; from backends.microvm import MicroVMSpaces, SandboxSnapshots; "
+            "SandboxSnapshots(MicroVMSpaces(sys.argv[1]), sys.argv[2]).checkpoint('a', 'k1')")
+    caller = subprocess.Popen([sys.executable, "-c", code, str(vms.base_dir), str(store)])
+    try:
+        _wait_for("the save job to begin", lambda: any(store.glob("k1.*")))
+    finally:
+        caller.kill()
+        caller.wait()
+
+    def job_running() -> bool:
+        for proc in psutil.process_iter(["cmdline"]):
+            if str(store) in " ".join(proc.info["cmdline"] or []):
+                return True
+        return False
+
+    _wait_for("the save job to end by itself", lambda: not job_running())
+    assert vms.qmp("a").status() == "running"
+    snaps = vm_module.SandboxSnapshots(vms, store)
+    assert snaps.list("a") == []  # no record: the caller died before it
+    c = vms.connect("a", epoch=1)
+    c.write_file("alive.txt", b"the machine runs")
+    snaps.take(c, "k1")
+    assert snaps.list("a") == ["k1"]
+    assert len([p for p in store.iterdir() if p.is_dir()]) == 1
+
+
 def test_a_lost_space_and_a_fork_start_from_machine_checkpoints(vm_module, vms,
                                                                  tmp_path: Path) -> None:
     """Machine checkpoints live outside the Space: a Space lost in checkpoint mode is

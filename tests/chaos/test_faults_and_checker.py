@@ -318,6 +318,26 @@ def test_g5_catches_never_tool_twice_and_errors_and_interrupts() -> None:
     assert "ended interrupted in transactional mode" in text
 
 
+def test_every_check_runs_on_each_fork_and_a_missing_fork_fails_the_run() -> None:
+    """A forking agent's run is valid only with its fork there and valid too: a fork whose
+    Space lacks a file its history implies fails G1, named by the fork; the parent's
+    recoveries in a fork's history were in the parent's Space (G3 leaves them to it)."""
+    s = replace(_scenario(), fork_after=3)
+    obs = _clean_run(s)
+    checks, text = _verdict(obs, s)
+    assert checks == ["run"] and "the log has no fork" in text, text
+    fork = _clean_run(s)
+    fork.conversation = 7
+    fork.events.append({"kind": "restored", "call_id": "10.0", "entry": 60, "time_ms": 7,
+                        "epoch": 4, "conversation": 1})
+    obs.forks = [{"conversation": 7, "after_step": 3, "observation": fork.to_json()}]
+    assert check(s, obs, campaign_mode="checkpoint").valid is True
+    fork.workspace = fork.workspace[1:]
+    obs.forks = [{"conversation": 7, "after_step": 3, "observation": fork.to_json()}]
+    checks, text = _verdict(obs, s)
+    assert checks == ["G1"] and text.startswith("fork c7 (after step 3): G1 state"), text
+
+
 def test_checker_requires_progress_and_a_finished_session() -> None:
     s = _scenario()
     obs = _clean_run(s)

@@ -157,6 +157,40 @@ def test_two_losses_due_at_once_lose_the_space_once(tmp_path: Path,
     assert state.counts()["lost_spaces"] == 1 and state.errors() == []
 
 
+class NamedSpaces:
+    """A provider of named Spaces whose losses are recorded."""
+
+    def __init__(self, *names: str) -> None:
+        self.present = list(names)
+        self.lost: list[str] = []
+
+    def names(self) -> list[str]:
+        return sorted(self.present)
+
+    def lose(self, name: str, keep: Path) -> None:
+        self.lost.append(name)
+        self.present.remove(name)
+
+
+def test_a_loss_strikes_the_forks_space_once_it_exists(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forking agent works in its fork's Space once that exists: the fault strikes there
+    (not another session's Space on the provider), and its ledger is the fork Space's."""
+    monkeypatch.setattr("chaos.fault_kinds.read_ledger", lambda dest, why: {"audit": {}})
+    state, armed = RunState(), threading.Event()
+    armed.set()
+    lose = Fault("delete_space", "failpoint", "call.result", 1, kill_driver=False)
+    nemesis = ValidatingNemesis(FaultNemesis(), FaultPlan(1, (lose, lose)), state)
+    spaces = NamedSpaces("cua-run-1-c1", "cua-run-10-c3")
+    nemesis.setup(Target(spaces, "cua-run-1-c1", tmp_path, state, armed,  # type: ignore[arg-type]
+                         forks=True))
+    assert nemesis.invoke(_op(0, lose)).type == "info"
+    spaces.present += ["cua-run-1-c1", "cua-run-1-c9"]
+    assert nemesis.invoke(_op(1, lose)).type == "info"
+    assert spaces.lost == ["cua-run-1-c1", "cua-run-1-c9"]
+    assert len(state.ledgers("cua-run-1-c9")) == 1 and len(state.ledgers("cua-run-1-c1")) == 1
+
+
 class BrokenLossSpaces:
     """A provider whose loss breaks off after the Space was harmed, or finds no Space."""
 
@@ -184,7 +218,7 @@ def test_a_loss_whose_ledger_was_not_saved_leaves_the_audits_undecided(
                          armed))
     done = nemesis.invoke(_op(0, lose))
     assert done.type == "fail" and str(error) in str(done.value)
-    assert state.ledgers() == ledgers
+    assert state.ledgers("cua-c1") == ledgers
 
 
 def _hit(point: str, occurrence: int, process: str | None = None) -> Hit:

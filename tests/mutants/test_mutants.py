@@ -162,6 +162,21 @@ MUTANTS: tuple[Mutant, ...] = (
         "a write is idempotent), though a cut link never delivered it: the log says written, "
         "the file is not there (a pause delivers it late, so only a cut shows it)",
         "cut-links", "G1", "a write sent into a cut link"),
+    # ---------------------------------------------------------------- forks
+    Mutant(
+        "fork-misses-its-calls-image", "durable/tools.py",
+        (("        self._records.append(hook)\n",
+          "        self._hooks.append(lambda tx, _entry: hook(tx))\n"),),
+        "a call's record of the workspace it left (its image change) is committed after its "
+        "result again, so a conversation forked at the result lacks that call's own change",
+        "forks-transactional", "G1", "a fork's Space rebuilt from the image as of its entry"),
+    Mutant(
+        "fork-reads-the-checkpoint-before", "durable/log.py",
+        (("        at = batch.base_id if batch.next_id > batch.base_id else batch.base_id - 1\n",
+          "        at = batch.next_id - 1\n"),),
+        "a transaction's documents are read as of its last entry again, so a fork at a "
+        "result (followed by its recovery events) reads the checkpoint before that call",
+        "forks-checkpoint", "G1", "a fork's Space restored from its parent's checkpoint"),
     # ---------------------------------------------------------------- the fenced log
     Mutant(
         "commit-skips-the-fence", "durable/storage/sqlite.py",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -71,12 +72,33 @@ def test_scripted_model_plays_the_plan_and_reissues_by_seed() -> None:
     assert (again.meta["step"], again.meta["attempt"]) == expected
 
 
+def test_a_forking_agent_forks_after_a_seeded_step_and_its_steps_are_the_same() -> None:
+    """``forks`` draws from an RNG of its own: a preset's steps are the same with it or
+    without, and the fork follows a step that has another after it. A shrunk scenario
+    keeps its fork only where it keeps the step the fork follows."""
+    forks, plain = load("forks"), load("default")
+    assert forks.forks == 1.0 and plain.forks == 0.0
+    after = set()
+    for seed in range(1, 30):
+        a, b = generate(seed, forks), generate(seed, replace(forks, forks=0.0))
+        assert [s.args for s in a.steps] == [s.args for s in b.steps]
+        assert b.fork_after is None and a.fork_after is not None
+        assert a.fork_after in [s.index for s in a.steps[:-1]]
+        after.add(a.fork_after)
+        assert a.keep((a.fork_after,)).fork_after == a.fork_after
+        others = tuple(s.index for s in a.steps if s.index != a.fork_after)
+        assert a.keep(others).fork_after is None
+    assert len(after) > 3, "the step the fork follows varies with the seed"
+
+
 @pytest.mark.parametrize(("raw", "message"), [
     ({"steps": "10"}, "Expected int for 'steps'"),
     ({"mix": {"telepathy": 1}}, "unknown step kind"),
     ({"stepz": 3}, "unknown field"),
     ({"file_size": [10, 1]}, "file_size"),
     ({"reissue": 2}, "probability"),
+    ({"forks": -0.5}, "forks must be a finite number >= 0"),
+    ({"forks": 1.5}, "forks is a probability"),
     ({"mix": {"write": 0}}, "no step kind"),
     ({"name": [1, 2]}, "name is a non-empty string"),
     ({"steps": 100_000_000}, "steps is at most 10000"),
