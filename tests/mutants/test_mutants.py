@@ -59,8 +59,8 @@ MUTANTS: tuple[Mutant, ...] = (
     # ---------------------------------------------------------------- virtual workspaces
     Mutant(
         "virtual-change-before-result", "durable/virtual/workspace.py",
-        (("            ctx.on_result(lambda tx, _entry: tx.append(ctx.conversation, \"system\", "
-          "data))\n",
+        (("            ctx.record_before_result(lambda tx: tx.append(ctx.conversation, "
+          "\"system\", data))\n",
           "            ctx.commit_now(lambda tx: tx.append(ctx.conversation, \"system\", "
           "data))\n"),),
         "a virtual workspace's call commits its change to the files right away instead of "
