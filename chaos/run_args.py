@@ -16,7 +16,7 @@ from pathlib import Path
 
 from durable.session_log import LOG_NAMES
 from scenarios import load, scenario_of, workload
-from scenarios.preset import MAX_STEPS
+from scenarios.preset import MAX_STEPS, VIRTUAL_SHELL_LACKS
 
 from .campaign import MODES, CampaignConfig
 from .cluster import check_address
@@ -180,5 +180,14 @@ def campaign_config(args: argparse.Namespace) -> CampaignConfig:
     if cfg.preset_name.startswith(workload.PREFIX) or cfg.preset_name == workload.REAL:
         scenario_of(cfg.preset_name, cfg.seed_base)  # a bad workload: before anything runs
     else:
-        load(cfg.preset_name)  # a bad preset is a bad argument, before anything runs
+        preset = load(cfg.preset_name)  # a bad preset is a bad argument, before anything runs
+        lacking = sorted(preset.kinds & set(VIRTUAL_SHELL_LACKS))
+        if cfg.backend == VIRTUAL and lacking:
+            raise BadArguments(
+                f"--preset {cfg.preset_name} draws step kinds a virtual workspace's shell does "
+                "not run as bash does (" + "; ".join(f"{k}: {VIRTUAL_SHELL_LACKS[k]}"
+                                                      for k in lacking)
+                + "), so its runs would fail for the shell, not for a crash; use --preset "
+                "virtual (or virtual-small), or a preset without those kinds, or a backend "
+                "with Spaces")
     return cfg

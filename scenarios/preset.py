@@ -21,6 +21,17 @@ STEP_KINDS = ("write", "edit", "append", "long", "background", "many_files", "ne
               "empty_dir", "hardlink", "fifo", "abs_symlink", "odd_name", "sparse", "dated",
               "setid")
 PRESET_DIR = Path(__file__).parent
+#: The step kinds a virtual workspace's shell (``durable.virtual.shell``: pure Python, no
+#: processes) does not run as bash does, each with what it lacks; a scripted agent drawing
+#: any of them there would fail runs that did nothing wrong. Found by running a campaign of
+#: each kind on ``--backend virtual``; docs/workloads.md has the workspace side.
+VIRTUAL_SHELL_LACKS: dict[str, str] = {
+    "background": "background jobs (it runs them to their end in the foreground)",
+    "detached": "setsid", "big_output": "seq -f", "symlink": "ln -n",
+    "abs_symlink": "ln -n", "binary": "printf escapes above \\177", "large": "yes",
+    "synced_append": "sync", "hardlink": "hard links (ln copies)", "fifo": "mkfifo",
+    "odd_name": "newlines and backslashes in names", "sparse": "truncate and dd",
+    "dated": "touch -d (it keeps no mtime)"}
 
 
 class PresetError(ValueError):
@@ -56,6 +67,11 @@ class Preset:
     sequence: tuple[str, ...] = ()
     #: Probability that a run's agent forks its conversation (``Scenario.fork_after``).
     forks: float = 0.0
+
+    @property
+    def kinds(self) -> set[str]:
+        """Every step kind this preset can draw."""
+        return {k for k, weight in self.mix.items() if weight > 0} | set(self.sequence)
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "steps": self.steps, "mix": dict(self.mix),

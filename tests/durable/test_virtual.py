@@ -45,6 +45,7 @@ from durable.virtual import (
     workspace_tools,
 )
 from durable.virtual.tools import SCRATCH_NOTE, Virtual
+from scenarios.preset import STEP_KINDS, VIRTUAL_SHELL_LACKS
 
 
 def play(log_path: Path | None, v: Virtual, calls: list[tuple[str, dict[str, Any]]], *,
@@ -326,6 +327,46 @@ def test_review_shows_a_virtual_workspaces_changes(tmp_path: Path) -> None:
 def test_a_virtual_campaign_only_runs_in_the_log_modes(capsys: pytest.CaptureFixture) -> None:
     assert chaos_main(["run", "--backend", "virtual", "--mode", "checkpoint"]) == 254
     assert "--backend virtual keeps the workspace in the log" in capsys.readouterr().err
+
+
+def test_a_virtual_campaign_refuses_a_preset_its_shell_cannot_run(
+        capsys: pytest.CaptureFixture) -> None:
+    assert chaos_main(["run", "--backend", "virtual", "--mode", "transactional",
+                       "--preset", "default"]) == 254
+    err = capsys.readouterr().err
+    assert "binary: printf escapes above" in err and "--preset virtual" in err, err
+
+
+#: The step kinds that run a command, but ``background``: each of its calls runs into the
+#: shell's 60 s limit (its job runs 120 s in the foreground).
+_COMMAND_KINDS = sorted(set(STEP_KINDS) - {"write", "edit", "never_tool", "safe_tool",
+                                           "background"})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", _COMMAND_KINDS)
+def test_the_virtual_shell_lacks_exactly_what_its_table_says(tmp_path: Path,
+                                                             kind: str) -> None:
+    """Each command step kind, alone, through a virtual workspace's campaign (one run, its
+    faults included): valid exactly when ``VIRTUAL_SHELL_LACKS`` does not name it, so the
+    table that makes ``chaos run`` refuse a preset is neither too strict nor too lax."""
+    preset = tmp_path / f"only-{kind}.yaml"
+    preset.write_text(textwrap.dedent(f"""\
+        name: only-{kind}
+        steps: 3
+        mix: {{write: 1, {kind}: 3}}
+        long_seconds: 0.3
+        large_bytes: 40000
+        many_files: 5
+        initial_files: 2
+        """), encoding="utf-8")
+    out = io.StringIO()
+    run_campaign(CampaignConfig(mode="transactional", backend="virtual", preset=str(preset),
+                                runs=1, results_root=tmp_path / "results"), out)
+    summary = parse_summary(next(x for x in out.getvalue().splitlines()
+                                 if x.startswith("SUMMARY ")))
+    assert summary["unknown"] == "0", out.getvalue()
+    assert (summary["verdict"] == "valid") == (kind not in VIRTUAL_SHELL_LACKS), out.getvalue()
 
 
 @pytest.mark.slow
