@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
+from durable.adapter.space_names import session_spaces
+
 from .errors import NemesisContractError
 from .faults import Action, Fault, FaultPlan
 from .link_proxy import LinkProxy
@@ -58,7 +60,7 @@ class Target:
         work there from then on: the only other Space of the run's session), else the
         run's. A cut link is the run's Space's only."""
         if self.forks and self.spaces is not None:
-            prefix = self.space.rpartition("-c")[0] + "-c"
+            prefix = session_spaces(self.space)
             others = [n for n in self.spaces.names() if n.startswith(prefix) and n != self.space]
             if others:
                 return others[0]

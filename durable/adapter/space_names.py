@@ -48,6 +48,16 @@ def space_name(prefix: str, token: str, conversation: int) -> str:
     return f"{prefix}-{token}-c{conversation}"
 
 
+def session_spaces(name: str) -> str:
+    """The prefix every Space of the session that ``name`` (one of its Spaces) serves shares:
+    its other conversations' Spaces are ``session_spaces(name) + str(conversation)``."""
+    stem, sep, conversation = name.rpartition("-c")
+    if not sep or not stem or not conversation.isdigit():
+        raise ValueError(f"{name!r} is not a conversation's Space name "
+                         "(<prefix>-<session>-c<conversation>)")
+    return f"{stem}-c"
+
+
 def exec_key(token: str, conversation: int, call_id: str, n: int, epoch: int) -> str:
     """The idempotency key of the ``n``-th command of a call:
     ``<session>:<conversation>:<call>:<n>@<epoch>``."""

@@ -17,7 +17,7 @@ from backends.local import LocalSpaces
 from backends.local.procs import start_time
 from backends.space_client import HttpSpaceClient
 from durable.adapter import DurableSpaces, WorkspaceSnapshots, durable_spaces
-from durable.adapter.space_names import session_token, space_name
+from durable.adapter.space_names import session_spaces, session_token, space_name
 from durable.coding_tools import coding_tools
 from durable.errors import EpochTaken, SpaceNotFound, StaleEpochError
 from durable.fence_contract import Fence
@@ -67,6 +67,11 @@ def test_session_tokens_are_safe_bounded_and_distinct() -> None:
         assert len(token) <= 33 and ":" not in token and "@" not in token
         name = space_name("cua", token, 12345)
         assert name[0].isalnum() and all(c.isalnum() or c in "._-" for c in name)
+        # a session's Spaces share one prefix, whatever its token holds ("-c" included)
+        assert session_spaces(name) + "7" == space_name("cua", token, 7)
+    assert session_spaces(space_name("cua", "x-c1-c", 3)) == "cua-x-c1-c-c"
+    with pytest.raises(ValueError, match="not a conversation's Space name"):
+        session_spaces("cua-run-1")
     with pytest.raises(ValueError, match="non-empty name"):
         session_token("")
 
