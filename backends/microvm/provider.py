@@ -381,9 +381,10 @@ class MicroVMSpaces:
         self.agent(name).call(f"kill {int(pid)}")
 
     def set_clock(self, name: str) -> None:
-        """The guest's clock set to the host's: a booted guest has the RTC's whole seconds,
-        a restored one the checkpoint's time, and the campaign's checks compare the
-        daemon's records with the host's."""
+        """The guest's clock set to the host's, as a guest kept in time (NTP) would be: a
+        booted guest has the RTC's whole seconds, a restored one the checkpoint's time. No
+        check depends on it (G3 orders a Space's fences by its journal, never by its
+        clock), but new files' mtimes and the daemon's records then read in host time."""
         self.agent(name).call(f"time {time.time_ns()}")
 
     def sync(self, name: str) -> None:

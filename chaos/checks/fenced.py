@@ -7,8 +7,13 @@ of an older epoch it still found alive afterwards, and at each checkpoint restor
 request's epoch, the floor, what it killed and what started at or below the request's epoch
 it still found alive (``fences.jsonl``). Checked: nothing alive after any advance, sweep or
 restore; every restore comes from the owner of the floor (a restore by a higher epoch did
-not advance first); and every restore or revert the adapter recorded at epoch ``e`` follows
-an ``advance_epoch(e)`` of the Space."""
+not advance first) and follows an ``advance_epoch`` of its epoch in the journal; and every
+restore or revert the adapter recorded at epoch ``e`` has an ``advance_epoch(e)`` of the
+Space (one that changed files has its restore record, ordered above).
+
+Order is the journal's, never a clock's: the journal's times are the Space's clock and the
+adapter's events the driver's, and a microVM's clock is its own (stepped by a clock jump,
+behind after a pause or a boot), so comparing the two judged by whichever clock ran ahead."""
 
 from __future__ import annotations
 
@@ -30,7 +35,7 @@ def check(inp: CheckInput) -> list[str]:
             raise Undecided("the run recorded no fence records of its Space")
         return []
     errors: list[str] = []
-    advances: dict[int, int] = {}  # epoch -> earliest advance time
+    advanced: set[int] = set()  # epochs advanced to so far, in the journals' order
     for ledger in obs.ledgers:
         for r in ledger["audit"]["fences"]:
             alive = r.get("alive_after", r.get("alive_older", []))
@@ -40,17 +45,19 @@ def check(inp: CheckInput) -> list[str]:
                 errors.append(f"{r['t']} at epoch {r.get('epoch', r.get('floor'))} left "
                               f"{len(alive)} process(es) {started} alive: {alive[:3]}")
             if r["t"] == "advance":
-                advances[r["epoch"]] = min(advances.get(r["epoch"], r["ms"]), r["ms"])
+                advanced.add(r["epoch"])
             if r["t"] == "restore" and r["epoch"] != r["floor"]:
                 errors.append(f"checkpoint {r['id']} was restored by epoch {r['epoch']} while "
                               f"the Space's floor was {r['floor']}: the Space was not fenced "
                               "at that epoch first")
+            elif r["t"] == "restore" and r["epoch"] not in advanced:
+                errors.append(f"checkpoint {r['id']} was restored by epoch {r['epoch']} before "
+                              f"any advance_epoch({r['epoch']}) in the Space's fence journal")
     for e in recoveries:
         epoch = e.get("epoch")
         if epoch is None:
             continue  # an event of an older adapter: nothing to match
-        at = advances.get(epoch)
-        if at is None or at > e["time_ms"]:
+        if epoch not in advanced:
             errors.append(f"{e['kind']} of {e.get('call_id') or 'the Space'} at epoch {epoch} "
                           f"(entry {e['entry']}) was not preceded by advance_epoch({epoch}) "
                           "in the Space")

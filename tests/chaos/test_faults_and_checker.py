@@ -276,6 +276,31 @@ def test_g3_catches_the_restoring_drivers_own_process_alive_at_its_restore() -> 
         f"alive: ['run-1:1:3.0:1@{floor}']" in text, text
 
 
+def test_g3_orders_by_the_journal_never_by_the_spaces_clock() -> None:
+    """A microVM's clock is its own: one an hour ahead of the driver's (a clock jump) dates
+    the advance after the restore that followed it; the journal's order decides. A restore
+    the journal holds before any advance of its epoch is caught, however it is dated."""
+    s = _scenario()
+    obs = _clean_run(s)
+    assert obs.ledgers is not None
+    fences = obs.ledgers[0]["audit"]["fences"]
+    floor = max(f.get("epoch", 0) for f in fences)
+    hour_ahead = 10 + 3_600_000
+    fences.append({"t": "advance", "epoch": floor + 1, "floor_before": floor, "raised": True,
+                   "killed": [], "alive_after": [], "ms": hour_ahead})
+    fences.append({"t": "restore", "id": "c1", "epoch": floor + 1, "floor": floor + 1,
+                   "alive_after": [], "ms": hour_ahead + 5})
+    obs.events.append({"kind": "restored", "call_id": "10.0", "entry": 60, "time_ms": 20,
+                       "epoch": floor + 1})
+    assert _verdict(obs, s, "checkpoint")[0] == [], _verdict(obs, s, "checkpoint")[1]
+    # the same restore journalled before its epoch's advance (dated after it)
+    fences.insert(len(fences) - 2, fences.pop())
+    checks, text = _verdict(obs, s, "checkpoint")
+    assert checks == ["G3"], text
+    assert f"checkpoint c1 was restored by epoch {floor + 1} before any " \
+        f"advance_epoch({floor + 1})" in text, text
+
+
 def test_g4_catches_a_stale_entry_and_a_refusal_as_a_result() -> None:
     s = _scenario()
     obs = _clean_run(s)
