@@ -24,7 +24,7 @@ from . import code_identity, live
 from .bytecode import compile_packages
 from .errors import BackendUnavailable
 from .exits import EXIT_INTERRUPTED
-from .faults import FaultPlan, exhaustive_plans, leads_exhaustive
+from .faults import FaultPlan, HeldAction, exhaustive_plans, held_flags, leads_exhaustive
 from .plots import campaign_plots
 from .progress import Progress, faults_fired
 from .records import ResultsDir
@@ -107,10 +107,9 @@ class CampaignConfig:
     coordinators: int | None = None
     #: The drivers' log storage, each with its fence: ``sqlite`` or ``jsonl``.
     log_storage: str = DEFAULT_LOG_STORAGE
-    #: Standard modes: each run's plan also freezes its Space, or cuts its link to the
-    #: drivers (``faults.with_held_faults``).
-    pause_spaces: bool = False
-    cut_links: bool = False
+    #: Standard modes: each run's plan also holds these kinds of fault (``faults.HELD_KINDS``:
+    #: a frozen Space, a cut link, a clock jump; ``faults.with_held_faults``).
+    held: tuple[HeldAction, ...] = ()
 
     @property
     def coordinator_count(self) -> int:
@@ -143,6 +142,8 @@ class CampaignConfig:
         d["durable_mode"] = self.adapter_mode
         d["store"] = redacted(self.store)
         d["coordinators"] = self.coordinator_count
+        del d["held"]
+        d.update(held_flags(self.held))  # one field per kind: older campaigns read the same
         return d
 
 
@@ -190,8 +191,7 @@ def _specs(cfg: CampaignConfig, work: Path, pool: RunPool
                    stale_kind=cfg.stale_kind, redrive_kind=cfg.redrive_kind,
                    snapshots=cfg.snapshots,
                    redrive_store=cfg.store, coordinators=cfg.coordinator_count,
-                   log_storage=cfg.log_storage, pause_spaces=cfg.pause_spaces,
-                   cut_links=cfg.cut_links)
+                   log_storage=cfg.log_storage, held=cfg.held)
     if cfg.mode != "exhaustive":
         drawn = 0 if cfg.plans and cfg.runs is None else cfg.runs or DEFAULT_RUNS
         seeds = cfg.seeds or range(cfg.seed_base, cfg.seed_base + drawn)
@@ -410,7 +410,7 @@ def publish(cfg: CampaignConfig, results: ResultsDir, records: list[dict[str, An
                         seed_base=cfg.seeds[0] if cfg.seeds else cfg.seed_base,
                         records=records, seconds=seconds, covered=covered,
                         durable_mode=cfg.adapter_mode, log_storage=cfg.log_storage,
-                        pause_spaces=cfg.pause_spaces, cut_links=cfg.cut_links)
+                        held=cfg.held)
     missed = sorted(campaign_cells(cfg.backend, cfg.adapter_mode) - cells_hit(records))
     if missed:
         print(f"cells not reached ({len(missed)}; mode, decision, tool, cause):", file=out)

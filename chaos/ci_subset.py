@@ -242,12 +242,12 @@ SLICES: tuple[Slice, ...] = (
     Slice("pause-spaces", "a Space frozen (every process stopped) past the drivers' request "
           "timeout, at seeded points and where a request is left unanswered: what it does "
           "once thawed must match what the log says",
-          {"mode": "transactional", "pause_spaces": True, "seeds": (1, 2, 3, 5, 6, 8),
+          {"mode": "transactional", "held": ("pause_space",), "seeds": (1, 2, 3, 5, 6, 8),
            "plans": PAUSES}),
     Slice("cut-links", "the link between the drivers and the Space cut (a partition: the "
           "daemon carries out what reached it, its answers are lost) past the drivers' "
           "request timeout, at seeded points and where a request is in the daemon",
-          {"mode": "checkpoint", "cut_links": True, "seeds": (1, 2, 3, 5), "plans": CUTS}),
+          {"mode": "checkpoint", "held": ("cut_link",), "seeds": (1, 2, 3, 5), "plans": CUTS}),
     Slice("forks-transactional", "an agent that forks its conversation at a seeded step's "
           "result and plays the rest again in the fork, under faults: the fork's Space must "
           "start from the log's image as of that result",

@@ -38,6 +38,7 @@ from .ci_subset import BY_NAME, run_slices
 from .clean import clean
 from .errors import BackendUnavailable, BadArguments, BadResults
 from .exits import EXIT_BAD_ARGS, guarded
+from .faults import HELD_KINDS
 from .merge import merge
 from .redrive import KINDS as REDRIVE_KINDS
 from .repro import analyze, repro, shrink
@@ -69,10 +70,9 @@ def _one_run(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="redrive: a PostgreSQL server for the coordinator store")
     p.add_argument("--log", choices=tuple(LOG_NAMES), dest="log_storage",
                    default=DEFAULT_LOG_STORAGE, help="with --seed: the drivers' log storage")
-    p.add_argument("--pause-spaces", action="store_true",
-                   help="with --seed: the campaign paused its Spaces (chaos run --pause-spaces)")
-    p.add_argument("--cut-links", action="store_true",
-                   help="with --seed: the campaign cut its links (chaos run --cut-links)")
+    for kind in HELD_KINDS.values():
+        p.add_argument(kind.flag, action="store_true",
+                       help=f"with --seed: the campaign ran with chaos run {kind.flag}")
     p.add_argument("--any-code", action="store_true",
                    help="replay a run made by other code than this checkout's (refused "
                    "otherwise: it would drive a different system)")
@@ -131,19 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
                      default=os.environ.get("CRASH_LOG") or DEFAULT_LOG_STORAGE,
                      help="the drivers' log: SQLite with its exact fence (default), or JSONL "
                           "with the file fence")
-    run.add_argument("--pause-spaces", action="store_true",
-                     default=os.environ.get("CRASH_PAUSE_SPACES", "") == "1",
-                     help="also freeze each run's Space once or twice (SIGSTOP of its "
-                          "processes, docker pause, QMP stop) at seeded points for seeded "
-                          "times, most past the faulted drivers' request timeout, which "
-                          "drops to 2 s (transactional, checkpoint and auto modes)")
-    run.add_argument("--cut-links", action="store_true",
-                     default=os.environ.get("CRASH_CUT_LINKS", "") == "1",
-                     help="also cut the link between each run's drivers and its Space once "
-                          "or twice (a partition: nothing crosses, what reached the daemon "
-                          "is carried out, its answers are lost) at seeded points for "
-                          "seeded times, then heal it; the faulted drivers' request timeout "
-                          "drops to 2 s (transactional, checkpoint and auto modes)")
+    for kind in HELD_KINDS.values():  # --pause-spaces, or CRASH_PAUSE_SPACES=1, ...
+        run.add_argument(kind.flag, action="store_true",
+                         default=os.environ.get(f"CRASH_{kind.field.upper()}", "") == "1",
+                         help=kind.help)
     run.add_argument("--stop-on-failure", action="store_true",
                      help="start no more runs once one failed")
     run.add_argument("--shard", default=os.environ.get("CRASH_SHARD") or None,

@@ -6,8 +6,9 @@ kept), ``LoseSpace`` (the Space is lost at one instant; its ledger is saved, for
 G3), ``KillProcess`` (the one process of the Space that reported the failpoint: a
 command's shim), ``PowerLoss`` (a microVM's power cut: unsynced writes lost, the machine
 booted again), ``PauseDriver`` (SIGSTOP of the driver's process group), ``PauseSpace``
-(the whole Space frozen for the fault's ``hold``, then thawed) and ``CutLink`` (the link
-between the drivers and the Space cut for its ``hold``, then healed). ``FaultNemesis`` holds
+(the whole Space frozen for the fault's ``hold``, then thawed), ``CutLink`` (the link
+between the drivers and the Space cut for its ``hold``, then healed) and ``JumpClock`` (the
+Space's clock stepped for its ``hold``, then set right). ``FaultNemesis`` holds
 them all, by action. Each ends an operation in one completion
 (``chaos.nemesis`` has the contract): ``info`` when it struck, ``fail`` with the reason when
 it could not.
@@ -23,10 +24,10 @@ from typing import TYPE_CHECKING, ClassVar
 
 from durable.errors import SpaceError, SpaceNotFound
 
-from .faults import HELD_ACTIONS, Action
+from .faults import HELD_ACTIONS, Action, Fault
 from .nemesis import Completion, Operation, Target
 from .observe import kept_ledgers, read_ledger, unread_ledger
-from .space_providers import Pausable
+from .space_providers import Clocked, Pausable
 
 if TYPE_CHECKING:
     from .space_providers import CampaignSpaces
@@ -206,7 +207,7 @@ class _Held(_SpaceKind):
         """Raise ``SpaceError`` (the fault is then skipped) when this run cannot have it."""
 
     @abstractmethod
-    def begin(self) -> None: ...
+    def begin(self, fault: Fault) -> None: ...
 
     @abstractmethod
     def end(self) -> None: ...
@@ -218,7 +219,7 @@ class _Held(_SpaceKind):
             self._holding = True  # before the call: one that raises may have taken effect
             self._deadline = max(self._deadline, time.monotonic() + op.fault.hold)
             self._schedule(self._deadline - time.monotonic())
-            self.begin()
+            self.begin(op.fault)
 
     def _schedule(self, delay: float) -> None:
         """(Under the lock.) The one timer, due in ``delay`` seconds; any earlier one is
@@ -286,7 +287,7 @@ class PauseSpace(_Held):
             raise SpaceError(f"the {self.spaces.kind} backend cannot freeze a Space; pauses "
                              "need local, docker or microvm")
 
-    def begin(self) -> None:
+    def begin(self, fault: Fault) -> None:
         assert isinstance(self.spaces, Pausable)
         self._paused = self.target.space_now()  # the one thawed at the end
         self.spaces.pause(self._paused)
@@ -308,7 +309,7 @@ class CutLink(_Held):
             raise SpaceError("this run's drivers reach the Space directly: no link to cut "
                              "(the runner proxies the link only when the plan cuts it)")
 
-    def begin(self) -> None:
+    def begin(self, fault: Fault) -> None:
         assert self.target.link is not None
         self.target.link.cut()
 
@@ -317,8 +318,35 @@ class CutLink(_Held):
         self.target.link.heal()
 
 
+class JumpClock(_Held):
+    """The Space's clock stepped by the fault's ``jump`` (``Clocked.set_clock``), and set
+    to the host's again at the end of its hold, as NTP would step it back. An overlapping
+    jump steps it again, from the host's time. Nothing that decides recovery, or a check,
+    may depend on a Space's clock agreeing with the driver's."""
+
+    action = "jump_clock"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._jumped = ""
+
+    def able(self) -> None:
+        if not isinstance(self.spaces, Clocked):
+            raise SpaceError(f"the {self.spaces.kind} backend shares the host's clock; clock "
+                             "jumps need --backend microvm")
+
+    def begin(self, fault: Fault) -> None:
+        assert isinstance(self.spaces, Clocked) and fault.jump is not None
+        self._jumped = self.target.space_now()
+        self.spaces.set_clock(self._jumped, offset=fault.jump)
+
+    def end(self) -> None:
+        assert isinstance(self.spaces, Clocked)
+        self.spaces.set_clock(self._jumped)
+
+
 KINDS: tuple[type[_Kind], ...] = (KillDriver, KillDaemon, RestartSpace, LoseSpace, KillProcess,
-                                  PowerLoss, PauseDriver, PauseSpace, CutLink)
+                                  PowerLoss, PauseDriver, PauseSpace, CutLink, JumpClock)
 
 
 class FaultNemesis:

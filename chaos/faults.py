@@ -22,7 +22,9 @@ replaces it; redrive only), ``pause_space`` (the whole Space frozen where it sta
 SIGCONT of every process of a local Space, ``docker pause``, QMP ``stop``; campaigns with
 ``--pause-spaces``), ``cut_link`` (the link between the drivers and the Space cut for
 ``hold`` seconds, then healed: a partition in ``chaos.link_proxy``; campaigns with
-``--cut-links``). A Space fault may also kill the driver (``kill_driver=True``) or let it
+``--cut-links``), ``jump_clock`` (the Space's clock stepped by ``jump`` seconds for
+``hold`` seconds, then set to the host's again: a microVM's own clock; campaigns with
+``--jump-clocks``). A Space fault may also kill the driver (``kill_driver=True``) or let it
 run into the fault itself.
 
 Combined faults: a plan's later faults often aim at the recovery of an earlier one (a Space
@@ -44,11 +46,73 @@ from scenarios.plan import Scenario
 from spacesd.failpoints import POINTS as SPACE_POINTS
 
 Action = Literal["kill_driver", "kill_daemon", "restart_space", "delete_space", "kill_process",
-                 "power_loss", "pause_driver", "pause_space", "cut_link"]
-HeldAction = Literal["pause_space", "cut_link"]
-#: The faults that hold for a while (``Fault.hold``), each with the name its drawing is
-#: seeded by (``with_held_faults``).
-HELD_ACTIONS: dict[str, str] = {"pause_space": "pauses", "cut_link": "cuts"}
+                 "power_loss", "pause_driver", "pause_space", "cut_link", "jump_clock"]
+HeldAction = Literal["pause_space", "cut_link", "jump_clock"]
+
+
+@dataclass(frozen=True)
+class HeldKind:
+    """A fault that holds for a while (``Fault.hold``) and is then undone, drawn beside a
+    plan's own faults (``with_held_faults``) when its campaign flag is on. The one place a
+    held kind is named: the flag, the campaign's and a run's field, the counter and the
+    SUMMARY key all come from here."""
+
+    action: HeldAction
+    #: ``chaos run``'s flag; without its dashes, the field of the campaign's settings and of
+    #: its JSON files (``pause_spaces``).
+    flag: str
+    #: Its count, in a run's counters and the SUMMARY line (printed with the flag on).
+    key: str
+    #: What its drawing is seeded by, apart from the plan's own faults.
+    seed: str
+    #: The backends it needs (empty: any backend with Spaces), and why.
+    backends: tuple[str, ...]
+    backends_why: str
+    #: The faulted drivers' request timeout drops to ``HOLD_REQUEST_TIMEOUT_S``, so that the
+    #: fault outlasts a request (a frozen Space, a cut link); not for a clock jump.
+    outlasts_requests: bool
+    #: ``chaos run --help``'s text.
+    help: str
+
+    @property
+    def field(self) -> str:
+        return self.flag.removeprefix("--").replace("-", "_")
+
+
+HELD_KINDS: dict[str, HeldKind] = {k.action: k for k in (
+    HeldKind("pause_space", "--pause-spaces", "space_pauses", "pauses", (), "", True,
+             "also freeze each run's Space once or twice (SIGSTOP of its processes, docker "
+             "pause, QMP stop) at seeded points for seeded times, most past the faulted "
+             "drivers' request timeout, which drops to 2 s (transactional, checkpoint and "
+             "auto modes)"),
+    HeldKind("cut_link", "--cut-links", "link_cuts", "cuts", (), "", True,
+             "also cut the link between each run's drivers and its Space once or twice (a "
+             "partition: nothing crosses, what reached the daemon is carried out, its answers "
+             "are lost) at seeded points for seeded times, then heal it; the faulted drivers' "
+             "request timeout drops to 2 s (transactional, checkpoint and auto modes)"),
+    HeldKind("jump_clock", "--jump-clocks", "clock_jumps", "jumps", ("microvm",),
+             "a microVM keeps a clock of its own; local and docker Spaces share the host's, "
+             "which a campaign must not step", False,
+             "also step each run's Space clock once or twice (seconds to a year, back or "
+             "forward) at seeded points, and back to the host's after a seeded time, as NTP "
+             "would (a microVM's own clock: --backend microvm; transactional, checkpoint and "
+             "auto modes)"),
+)}
+#: The faults that hold for a while, each with the name its drawing is seeded by.
+HELD_ACTIONS: dict[str, str] = {a: k.seed for a, k in HELD_KINDS.items()}
+
+
+def held_of(raw: dict[str, Any]) -> tuple[HeldAction, ...]:
+    """The held kinds a campaign's settings (``campaign.json``, a ``shrunk.json``, a
+    summary) turn on, by their fields (``pause_spaces: true``)."""
+    return tuple(k.action for k in HELD_KINDS.values() if raw.get(k.field))
+
+
+def held_flags(held: tuple[str, ...]) -> dict[str, bool]:
+    """Each held kind's field, on or off: how the settings' JSON holds ``held``."""
+    return {k.field: a in held for a, k in HELD_KINDS.items()}
+
+
 SPACE_ACTIONS: tuple[Action, ...] = ("kill_daemon", "restart_space", "delete_space")
 #: Every failpoint a plan may name: the drivers' and the Space's.
 ALL_POINTS: dict[str, str] = {**DRIVER_POINTS, **SPACE_POINTS}
@@ -61,6 +125,11 @@ SHIM_POINTS = ("spacesd.exec.exit_writing",)
 PARK_ONLY_POINTS = ("log.commit",)
 #: The longest a held fault (``HELD_ACTIONS``) may hold.
 MAX_HOLD_S = 600.0
+#: The farthest a ``jump_clock`` steps a clock, either way (seconds: ten years).
+MAX_JUMP_S = 10 * 365 * 86400.0
+#: How far a drawn ``jump_clock`` steps the clock: a leap second's worth, an hour (a time
+#: zone or daylight-saving mistake), a day, a year; back or forward.
+JUMPS = (1.0, 3600.0, 86400.0, 365 * 86400.0)
 #: Points reached only while an earlier fault is being recovered from.
 RECOVERY_POINTS = ("recovery.begin", "recovery.decided", "recovery.reimage", "recovery.restore",
                    "spacesd.restore.partial")
@@ -90,6 +159,9 @@ class Fault:
     after_output: bool = False
     #: A held fault only (``HELD_ACTIONS``): how long it holds, in seconds.
     hold: float | None = None
+    #: A ``jump_clock`` only: the seconds the Space's clock is stepped by (back if
+    #: negative) for the hold.
+    jump: float | None = None
 
     def __post_init__(self) -> None:
         """A plan read back (a results directory, a shrunk.json) is input: refuse what no
@@ -119,6 +191,14 @@ class Fault:
                                       not isinstance(self.hold, int | float) or
                                       not 0 < self.hold <= MAX_HOLD_S):
             raise ValueError(f"hold {self.hold!r} is not seconds above 0, at most {MAX_HOLD_S}")
+        if (self.action == "jump_clock") != (self.jump is not None):
+            raise ValueError(f"{self.action}: a jump_clock fault needs jump (the seconds the "
+                             "Space's clock is stepped by), and only it has one")
+        if self.jump is not None and (isinstance(self.jump, bool) or
+                                      not isinstance(self.jump, int | float) or
+                                      not 0 < abs(self.jump) <= MAX_JUMP_S):
+            raise ValueError(f"jump {self.jump!r} is not seconds, not 0, at most {MAX_JUMP_S} "
+                             "either way")
 
     def describe(self) -> str:
         where = (f"{self.point}#{self.occurrence}" if self.trigger == "failpoint"
@@ -127,12 +207,15 @@ class Fault:
             where += " once its command printed"
         extra = " +kill driver" if self.action != "kill_driver" and self.kill_driver else ""
         held = f" for {self.hold:g}s" if self.hold is not None else ""
+        if self.jump is not None:
+            held = f" by {self.jump:+g}s{held}"
         return f"{self.action}{held}{extra} at {where}"
 
     def to_json(self) -> dict[str, Any]:
-        """As a plan file holds it (``hold`` only where there is one: older plans read the
-        same)."""
-        return {k: v for k, v in asdict(self).items() if k != "hold" or v is not None}
+        """As a plan file holds it (``hold`` and ``jump`` only where there is one: older
+        plans read the same)."""
+        return {k: v for k, v in asdict(self).items()
+                if k not in ("hold", "jump") or v is not None}
 
 
 @dataclass(frozen=True)
@@ -291,8 +374,8 @@ HOLD_POINTS = ("call.intent", "space.start_mark", "space.before_spawn", "space.r
 def with_held_faults(plan: FaultPlan, action: HeldAction, scenario: Scenario,
                      durable_mode: str, *, guest: bool = False,
                      long_seconds: float = 1.0) -> FaultPlan:
-    """``plan`` with one or two faults more of a held ``action`` (``pause_space`` or
-    ``cut_link``; pure: from the plan's seed, and drawn apart from it, so the plan's own
+    """``plan`` with one or two faults more of a held ``action`` (``HELD_KINDS``; pure:
+    from the plan's seed, and drawn apart from it, so the plan's own
     faults are unchanged). Each holds for a time of ``HOLDS``, from a point of
     ``HOLD_POINTS``, a recovery's point, or a seeded time. ``guest``: a microVM, whose
     daemon's points land at the driver's (``GUEST_POINT``)."""
@@ -305,17 +388,18 @@ def with_held_faults(plan: FaultPlan, action: HeldAction, scenario: Scenario,
         hold = round(rng.uniform(*HOLDS[bisect.bisect(HOLD_BANDS, rng.random())]), 3)
         kill = rng.random() < 0.2
         roll = rng.random()
+        jump = rng.choice((-1, 1)) * rng.choice(JUMPS) if action == "jump_clock" else None
         if roll < 0.6 and names:
             point = rng.choice(names)
             fault = Fault(action, "failpoint", point, rng.randint(1, points[point]),
-                          kill_driver=kill, hold=hold)
+                          kill_driver=kill, hold=hold, jump=jump)
         elif roll < 0.8 and recovery:
             fault = Fault(action, "failpoint", rng.choice(recovery), 1, kill_driver=kill,
-                          hold=hold)
+                          hold=hold, jump=jump)
         else:
             fault = Fault(action, "time", attempt=rng.choice((1, 1, 2)),
                           delay=round(rng.uniform(0.05, _budget(scenario, long_seconds)), 3),
-                          kill_driver=kill, hold=hold)
+                          kill_driver=kill, hold=hold, jump=jump)
         if guest:
             fault = replace(fault, point=GUEST_POINT.get(fault.point or "", fault.point))
         held.append(fault)
@@ -342,7 +426,7 @@ def on_virtual(plan: FaultPlan) -> FaultPlan:
     """``plan`` for a virtual workspace (pure, and a no-op on a plan already made for one):
     every fault kills the driver (there is no Space to fault), at the point of the same
     moment (``VIRTUAL_POINT``)."""
-    faults = tuple(replace(f, action="kill_driver", kill_driver=True, hold=None,
+    faults = tuple(replace(f, action="kill_driver", kill_driver=True, hold=None, jump=None,
                            point=VIRTUAL_POINT.get(f.point or "", f.point))
                    for f in plan.faults)
     return replace(plan, faults=faults)

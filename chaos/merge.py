@@ -19,6 +19,7 @@ from durable.session_log import DEFAULT_LOG_STORAGE
 
 from .campaign import CampaignConfig, publish
 from .errors import BadResults
+from .faults import held_of
 from .records import ResultsDir
 
 #: Settings that may differ between the shards of one campaign.
@@ -143,5 +144,4 @@ def _config(raw: dict[str, Any]) -> CampaignConfig:
                           durable_mode=raw.get("durable_mode"),
                           stale_kind=raw.get("stale_kind", "race"),
                           log_storage=raw.get("log_storage") or DEFAULT_LOG_STORAGE,
-                          pause_spaces=bool(raw.get("pause_spaces")),
-                          cut_links=bool(raw.get("cut_links")))
+                          held=held_of(raw))

@@ -29,7 +29,7 @@ from typing import Literal, Protocol
 from durable.adapter.space_names import session_spaces
 
 from .errors import NemesisContractError
-from .faults import Action, Fault, FaultPlan
+from .faults import HELD_KINDS, Action, Fault, FaultPlan
 from .link_proxy import LinkProxy
 from .processes import Driver
 from .rendezvous import Hit
@@ -100,8 +100,8 @@ class Nemesis(Protocol):
 COUNTERS: dict[str, str] = {"kill_driver": "kills", "kill_daemon": "daemon_kills",
                             "restart_space": "space_restarts", "delete_space": "lost_spaces",
                             "kill_process": "process_kills", "power_loss": "power_losses",
-                            "pause_driver": "pauses", "pause_space": "space_pauses",
-                            "cut_link": "link_cuts"}
+                            "pause_driver": "pauses",
+                            **{a: k.key for a, k in HELD_KINDS.items()}}
 
 
 class NoopNemesis:

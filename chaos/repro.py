@@ -21,7 +21,7 @@ from . import code_identity
 from .campaign import EXIT, CampaignConfig
 from .checker import VERDICT_NAMES, Observation, Valid, check, merge
 from .errors import BadArguments
-from .faults import Fault, FaultPlan
+from .faults import Fault, FaultPlan, held_of
 from .records import ResultsDir
 from .run_spec import RunSpec
 from .runner import Run
@@ -60,8 +60,7 @@ def stored_spec(results_dir: Path, index: int | None, store_url: str | None = No
                    redrive_kind=campaign.get("redrive_kind"), redrive_store=store,
                    coordinators=campaign.get("coordinators") or 1 if store else 1,
                    log_storage=campaign.get("log_storage") or DEFAULT_LOG_STORAGE,
-                   pause_spaces=bool(campaign.get("pause_spaces")),
-                   cut_links=bool(campaign.get("cut_links")))
+                   held=held_of(campaign))
 
 
 def drawn_spec(args: argparse.Namespace) -> RunSpec:
@@ -78,7 +77,7 @@ def drawn_spec(args: argparse.Namespace) -> RunSpec:
                    work_dir=Path("results") / "repro", keep=True, stale_kind=args.stale_kind,
                    redrive_kind=args.redrive_kind, redrive_store=args.store,
                    coordinators=cfg.coordinator_count, log_storage=args.log_storage,
-                   pause_spaces=args.pause_spaces, cut_links=args.cut_links)
+                   held=held_of(vars(args)))
 
 
 def repro(args: argparse.Namespace) -> int:

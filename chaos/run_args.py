@@ -21,15 +21,15 @@ from scenarios.preset import MAX_STEPS, VIRTUAL_SHELL_LACKS
 from .campaign import MODES, CampaignConfig
 from .cluster import check_address
 from .errors import BadArguments
-from .faults import ALL_POINTS
+from .faults import ALL_POINTS, HELD_KINDS, HeldAction, held_of
 from .space_providers import BACKENDS, VIRTUAL
 from .stale import KINDS
 
 #: The most runs one campaign takes (more is a typo, or a job for ``--shard``/a cluster).
 MAX_RUNS = 1_000_000
 DURABLE_MODES = ("auto", "transactional", "checkpoint")
-#: The campaign modes whose drawn plans may hold a fault on a Space (``--pause-spaces``,
-#: ``--cut-links``).
+#: The campaign modes whose drawn plans may hold a fault on a Space (``faults.HELD_KINDS``:
+#: ``--pause-spaces``, ``--cut-links``, ``--jump-clocks``).
 HELD_MODES = ("transactional", "checkpoint", "auto")
 
 
@@ -93,14 +93,18 @@ def _log_storage(args: argparse.Namespace) -> str:
     return str(args.log_storage)
 
 
-def _held(args: argparse.Namespace, flag: str) -> bool:
-    """Whether ``--pause-spaces`` or ``--cut-links`` (``flag``) is on, where it can be."""
-    on = bool(getattr(args, flag.removeprefix("--").replace("-", "_")))
-    if on and (args.mode not in HELD_MODES or args.backend == VIRTUAL):
-        raise BadArguments(f"{flag} holds a fault on a Space in --mode "
-                           f"{', '.join(HELD_MODES)} on a backend with Spaces, not --mode "
-                           f"{args.mode} --backend {args.backend}")
-    return on
+def _held(args: argparse.Namespace) -> tuple[HeldAction, ...]:
+    """The held kinds whose flags (``--pause-spaces``...) are on, where they can be."""
+    held = held_of(vars(args))
+    for kind in (HELD_KINDS[a] for a in held):
+        if args.mode not in HELD_MODES or args.backend == VIRTUAL:
+            raise BadArguments(f"{kind.flag} holds a fault on a Space in --mode "
+                               f"{', '.join(HELD_MODES)} on a backend with Spaces, not --mode "
+                               f"{args.mode} --backend {args.backend}")
+        if kind.backends and args.backend not in kind.backends:
+            raise BadArguments(f"{kind.flag} needs --backend {' or '.join(kind.backends)}, "
+                               f"not {args.backend}: {kind.backends_why}")
+    return held
 
 
 def _store(args: argparse.Namespace) -> str | None:
@@ -171,8 +175,7 @@ def campaign_config(args: argparse.Namespace) -> CampaignConfig:
                          snapshots=_snapshots(args),
                          coordinators=args.coordinators,
                          log_storage=_log_storage(args),
-                         pause_spaces=_held(args, "--pause-spaces"),
-                         cut_links=_held(args, "--cut-links"),
+                         held=_held(args),
                          cluster=None if args.cluster is None else check_address(args.cluster))
     unknown = sorted(set(cfg.points) - set(ALL_POINTS))
     if unknown:

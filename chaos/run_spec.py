@@ -7,7 +7,7 @@ from pathlib import Path
 
 from durable.session_log import DEFAULT_LOG_STORAGE
 
-from .faults import FaultPlan
+from .faults import FaultPlan, HeldAction
 
 
 @dataclass(frozen=True)
@@ -49,8 +49,7 @@ class RunSpec:
     #: A workload's golden run (``chaos.golden``): no faults, no checks; its observation is
     #: the oracle of the faulted runs.
     golden: bool = False
-    #: A drawn plan also freezes the Space, or cuts its link to the drivers
-    #: (``faults.with_held_faults``), and the faulted drivers wait
+    #: A drawn plan also holds these kinds of fault (``faults.HELD_KINDS``,
+    #: ``faults.with_held_faults``); with one that outlasts requests, the faulted drivers wait
     #: ``faults.HOLD_REQUEST_TIMEOUT_S`` for an answer.
-    pause_spaces: bool = False
-    cut_links: bool = False
+    held: tuple[HeldAction, ...] = ()

@@ -31,13 +31,13 @@ import threading
 import time
 from typing import Any
 
-from .faults import Fault
+from .faults import HELD_KINDS, Fault
 from .processes import Driver
 
 #: The counts of a run record, in the order records have always had them.
 COUNTS = ("kills", "daemon_kills", "space_restarts", "lost_spaces", "process_kills", "fenced",
           "timeouts", "attempts", "foreign", "drives", "refused_tokens", "coordinator_kills",
-          "power_losses", "machine_checks", "pauses", "space_pauses", "link_cuts")
+          "power_losses", "machine_checks", "pauses", *(k.key for k in HELD_KINDS.values()))
 
 
 class RunState:

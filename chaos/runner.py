@@ -41,10 +41,9 @@ from .driver import SPACE_PREFIX, initial_tree
 from .fault_kinds import FaultNemesis
 from .fault_schedule import FaultSchedule
 from .faults import (
-    HELD_ACTIONS,
+    HELD_KINDS,
     HOLD_REQUEST_TIMEOUT_S,
     FaultPlan,
-    HeldAction,
     draw_plan,
     on_machine,
     on_virtual,
@@ -133,11 +132,9 @@ class Run:
                          long_seconds=self.preset.long_seconds)
         if spec.backend == "microvm":
             plan = on_machine(plan)
-        held: tuple[tuple[HeldAction, bool], ...] = (("pause_space", spec.pause_spaces),
-                                                     ("cut_link", spec.cut_links))
-        for action, on in held:
-            if on:
-                plan = with_held_faults(plan, action, self.scenario, spec.durable_mode,
+        for kind in HELD_KINDS.values():  # in the registry's order, whatever the flags' order
+            if kind.action in spec.held:
+                plan = with_held_faults(plan, kind.action, self.scenario, spec.durable_mode,
                                         guest=spec.backend == "microvm",
                                         long_seconds=self.preset.long_seconds)
         return plan
@@ -161,10 +158,12 @@ class Run:
     # ------------------------------------------------------------------ drivers
 
     def request_timeout(self, *, faulted: bool) -> float | None:
-        """A faulted driver's request timeout when the run freezes its Space or cuts its
-        link: one those outlast (None: the default; a clean driver runs after them)."""
-        held = self.spec.pause_spaces or self.spec.cut_links or \
-            any(f.action in HELD_ACTIONS for f in self.plan.faults)
+        """A faulted driver's request timeout when the run holds a fault that outlasts
+        requests (freezes its Space, cuts its link): one those outlast (None: the default;
+        a clean driver runs after them)."""
+        held = any(HELD_KINDS[a].outlasts_requests for a in self.spec.held) or \
+            any(HELD_KINDS[f.action].outlasts_requests for f in self.plan.faults
+                if f.action in HELD_KINDS)
         return HOLD_REQUEST_TIMEOUT_S if held and faulted else None
 
     def launch(self, attempt: int, failpoints: str | None, *, heartbeat: float = 0.5,

@@ -53,7 +53,7 @@ from scenarios.steps import SIMPLE_KIND
 
 from . import code_identity, live
 from .errors import BadArguments
-from .faults import Fault, FaultPlan
+from .faults import Fault, FaultPlan, held_flags, held_of
 from .progress import Progress, faults_fired
 from .run_record import RunRecord
 from .run_spec import RunSpec
@@ -334,7 +334,7 @@ def shrunk_document(spec: RunSpec, check: str, original: Candidate, best: Candid
             "steps": best.steps, "keep_steps": list(best.keep),
             "simple_steps": list(best.simple), "driver": spec.driver,
             "stale_kind": spec.stale_kind, "log_storage": spec.log_storage,
-            "pause_spaces": spec.pause_spaces, "cut_links": spec.cut_links,
+            **held_flags(spec.held),
             "plan": replace(spec.plan, faults=best.faults).to_json(), "check": check,
             "original": {"faults": len(original.faults), "steps": len(original.keep)},
             "replays": {"failed": replays[0], "of": replays[1]},
@@ -355,8 +355,7 @@ def spec_of_shrunk(path: Path, work: Path, *, any_code: bool = False) -> RunSpec
                        keep_steps=tuple(doc["keep_steps"]) if doc.get("keep_steps") else None,
                        simple_steps=tuple(doc.get("simple_steps") or ()),
                        log_storage=doc.get("log_storage") or DEFAULT_LOG_STORAGE,
-                       pause_spaces=bool(doc.get("pause_spaces")),
-                       cut_links=bool(doc.get("cut_links")))
+                       held=held_of(doc))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise BadArguments(f"--plan {path}: not a shrunk plan ({type(exc).__name__}: {exc}); "
                            f"pass the {SHRUNK_NAME} that chaos shrink wrote") from None

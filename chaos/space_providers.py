@@ -69,6 +69,14 @@ class Pausable(Protocol):
     def resume(self, name: str) -> None: ...
 
 
+@runtime_checkable
+class Clocked(Protocol):
+    """A provider whose Spaces keep a clock of their own (a microVM's), which it can set:
+    to the host's, or ``offset`` seconds from it (the nemesis's ``jump_clock``)."""
+
+    def set_clock(self, name: str, offset: float = 0.0) -> None: ...
+
+
 def make_spaces(backend: str, run_dir: Path, *, failpoints: str | None = None,
                 request_timeout: float = REQUEST_TIMEOUT_S,
                 via: Via | None = None) -> CampaignSpaces:

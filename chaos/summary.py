@@ -23,6 +23,7 @@ from durable.adapter.decide import Cell, cell_of, reachable_cells
 from durable.session_log import DEFAULT_LOG_STORAGE
 
 from .checker import VERDICT_NAMES, merge
+from .faults import HELD_KINDS, held_flags
 
 FAULT_KEYS = ("kills", "daemon_kills", "space_restarts", "lost_spaces", "fenced", "timeouts")
 RECOVERY_KINDS = ("adopted", "reattached", "replayed", "ran", "restored", "reverted", "reimaged")
@@ -37,7 +38,7 @@ def summarize(*, mode: str, backend: str, seed_base: int, records: list[dict[str
               seconds: float, covered: int | None = None,
               durable_mode: str | None = None,
               log_storage: str = DEFAULT_LOG_STORAGE,
-              pause_spaces: bool = False, cut_links: bool = False) -> dict[str, Any]:
+              held: tuple[str, ...] = ()) -> dict[str, Any]:
     valid = [r["verdict"]["valid"] for r in records]
     out: dict[str, Any] = {
         "mode": mode, "backend": backend, "log": log_storage, "seed_base": seed_base,
@@ -56,10 +57,9 @@ def summarize(*, mode: str, backend: str, seed_base: int, records: list[dict[str
     out["process_kills"] = sum(r["counts"].get("process_kills", 0) for r in records)
     out["foreign"] = sum(r["counts"].get("foreign", 0) for r in records)
     out["pauses"] = sum(r["counts"].get("pauses", 0) for r in records)
-    out["space_pauses"] = sum(r["counts"].get("space_pauses", 0) for r in records)
-    out["link_cuts"] = sum(r["counts"].get("link_cuts", 0) for r in records)
-    # the campaign's flags: not keys of the line
-    out["pause_spaces"], out["cut_links"] = pause_spaces, cut_links
+    for held_kind in HELD_KINDS.values():
+        out[held_kind.key] = sum(r["counts"].get(held_kind.key, 0) for r in records)
+    out.update(held_flags(held))  # the campaign's flags: not keys of the line
     reachable = campaign_cells(backend, durable_mode or mode)
     out["cells"] = f"{len(cells_hit(records) & reachable)}/{len(reachable)}"
     out.update(redrive_summary(records))
@@ -161,6 +161,8 @@ def redrive_table(records: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+#: The held kinds' counts (``faults.HELD_KINDS``), each printed with its flag on.
+HELD_KEYS = tuple(k.key for k in HELD_KINDS.values())
 #: The keys of the coordinator's group (redrive).
 REDRIVE_KEYS = ("drives", "refused_tokens", "coordinator_kills", "redrive_kinds",
                 "resume_p50_ms", "resume_p95_ms", "race_start_p50_ms", "race_start_max_ms")
@@ -171,7 +173,7 @@ POWER_BACKENDS = frozenset({"microvm"})
 #: Every key of a summary, in the order a SUMMARY line prints them.
 KEYS = ("mode", "backend", "log", "seed_base", "runs", "ok", "failed", "unknown", *FAULT_KEYS,
         *RECOVERY_KINDS, "interrupted", "mode_switches", "covered", "process_kills", "foreign",
-        "pauses", "space_pauses", "link_cuts", "cells", *REDRIVE_KEYS, "power_losses",
+        "pauses", *HELD_KEYS, "cells", *REDRIVE_KEYS, "power_losses",
         "seconds", "verdict")
 
 
@@ -183,15 +185,14 @@ def printed_keys(summary: dict[str, Any]) -> list[str]:
                "adapter": backend != "virtual", "covered": mode == "exhaustive",
                "stale": mode == "stale", "redrive": mode == "redrive",
                "pauses": mode in ("stale", "redrive"),
-               "space_pauses": bool(summary.get("pause_spaces")),
-               "link_cuts": bool(summary.get("cut_links")),
+               **{k.key: bool(summary.get(k.field)) for k in HELD_KINDS.values()},
                "power": backend in POWER_BACKENDS}
     keys = []
     for key in KEYS:
         group = ("adapter" if key in (*RECOVERY_KINDS, "mode_switches", "cells") else
                  "redrive" if key in REDRIVE_KEYS else
                  "power" if key == "power_losses" else
-                 key if key in ("log", "covered", "pauses", "space_pauses", "link_cuts") else
+                 key if key in ("log", "covered", "pauses", *HELD_KEYS) else
                  "stale" if key == "foreign" else None)
         if key in summary and (group is None or applies[group]):
             keys.append(key)

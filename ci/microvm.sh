@@ -7,7 +7,7 @@
 #   2. build the guest once (kernel, initramfs, base disk; cached by recipe hash under
 #      /var/cache/durable-spaces/microvm: a second build with nothing changed is instant);
 #   3. pytest -m microvm;
-#   4. a short campaign per mode on microVM Spaces (transactional, checkpoint with machine
+#   4. a short campaign per mode on microVM Spaces (transactional with clock jumps, checkpoint with machine
 #      snapshots and a forking agent, machine), SUMMARY lines.
 # `--prepare` stops after step 2; `--campaign` skips step 3. Needs root for the first build
 # (debootstrap). Environment: MICROVM_CAMPAIGN_RUNS (default 3), JOBS (default 2),
@@ -34,10 +34,12 @@ if [ "${1:-}" != "--campaign" ]; then
 fi
 # checkpoint mode's agent forks (the forks preset): whole-machine checkpoints outside the
 # Space give a lost Space and a fork their state.
+# transactional mode's runs also step the guest's clock (--jump-clocks).
 for mode in transactional checkpoint machine; do
-    preset=default
+    preset=default extra=()
     [ "$mode" = checkpoint ] && preset=forks
-    .venv/bin/python -m chaos run --mode "$mode" --backend microvm --preset "$preset" \
+    [ "$mode" = transactional ] && extra=(--jump-clocks)
+    .venv/bin/python -m chaos run --mode "$mode" --backend microvm --preset "$preset" "${extra[@]}" \
         --runs "${MICROVM_CAMPAIGN_RUNS:-3}" --jobs "${JOBS:-2}" --results "${RESULTS:-results}" \
         | grep -Ev '^run [0-9]+ seed=[0-9]+ ok ' || status=1
 done

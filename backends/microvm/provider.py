@@ -380,12 +380,14 @@ class MicroVMSpaces:
     def kill_process(self, name: str, pid: int) -> None:
         self.agent(name).call(f"kill {int(pid)}")
 
-    def set_clock(self, name: str) -> None:
+    def set_clock(self, name: str, offset: float = 0.0) -> None:
         """The guest's clock set to the host's, as a guest kept in time (NTP) would be: a
         booted guest has the RTC's whole seconds, a restored one the checkpoint's time. No
         check depends on it (G3 orders a Space's fences by its journal, never by its
-        clock), but new files' mtimes and the daemon's records then read in host time."""
-        self.agent(name).call(f"time {time.time_ns()}")
+        clock), but new files' mtimes and the daemon's records then read in host time.
+        ``offset``: that many seconds from the host's instead (back if negative: a clock
+        jump)."""
+        self.agent(name).call(f"time {time.time_ns() + int(offset * 1e9)}")
 
     def sync(self, name: str) -> None:
         self.agent(name).call("sync")

@@ -305,5 +305,29 @@ def test_no_escape_survives_the_fence(vms) -> None:
     check_the_fence_kills_every_escape(vms.connect("s", epoch=1))
 
 
+def test_a_clock_jump_steps_the_guests_clock_and_set_clock_sets_it_right(vms) -> None:
+    """The nemesis's ``jump_clock``: the guest's clock an hour back (then a day ahead) of
+    the host's while the Space goes on serving, and the host's again after."""
+    vms.create("clock")
+    c = vms.connect("clock", epoch=1)
+
+    def offset(key: str) -> float:
+        """The guest's clock minus the host's (to within half the read's time)."""
+        before = time.time()
+        guest = float(sh(c, key, "date +%s.%N"))
+        return guest - (before + time.time()) / 2
+
+    slack = 30.0  # a busy host's: neither the read nor the request that sets it is instant
+    assert abs(offset("t0@1")) < slack
+    vms.set_clock("clock", offset=-3600.0)
+    assert abs(offset("t1@1") + 3600.0) < slack
+    vms.set_clock("clock", offset=86400.0)
+    assert abs(offset("t2@1") - 86400.0) < slack
+    c.write_file("after-jump.txt", b"the Space serves on")
+    vms.set_clock("clock")
+    assert abs(offset("t3@1")) < slack
+    assert c.read_file("after-jump.txt") == b"the Space serves on"
+
+
 def test_a_pause_stops_the_machine_and_a_resume_goes_on(vms) -> None:
     check_a_pause_freezes_the_space(vms, "vm", late_requests_land=False)

@@ -160,6 +160,9 @@ def test_bad_arguments_exit_254(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert main(["run", "--mode", "transactional", "--backend", "virtual", "--cut-links"]) \
         == 254
     assert "--cut-links holds a fault on a Space" in capsys.readouterr().err
+    assert main(["run", "--mode", "auto", "--jump-clocks"]) == 254
+    assert "--jump-clocks needs --backend microvm, not local: a microVM keeps a clock of " \
+        "its own" in capsys.readouterr().err
     assert main(["ci", "--slice", "nowhere"]) == 254
     assert "no CI slice ['nowhere']; known: transactional" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:

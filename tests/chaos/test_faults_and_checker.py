@@ -103,7 +103,7 @@ def test_pauses_reach_the_drivers_as_their_request_timeout(tmp_path: Path) -> No
 
     spec = RunSpec(index=0, seed=3, campaign_mode="transactional", durable_mode="transactional",
                    backend="local", preset="default", steps=4, work_dir=tmp_path)
-    paused = Run(replace(spec, pause_spaces=True))
+    paused = Run(replace(spec, held=("pause_space",)))
     assert any(f.action == "pause_space" for f in paused.plan.faults)
     assert paused.request_timeout(faulted=True) == HOLD_REQUEST_TIMEOUT_S
     assert paused.request_timeout(faulted=False) is None
@@ -410,9 +410,15 @@ def test_merge_and_summary_line() -> None:
     assert not {"drives", "resume_p50_ms", "covered", "foreign", "pauses", "power_losses",
                 "log", "space_pauses", "pause_spaces"} & set(parsed)
     paused = parse_summary(summary_line(summarize(
-        mode="checkpoint", backend="local", seed_base=1, pause_spaces=True, seconds=1.0,
+        mode="checkpoint", backend="local", seed_base=1, held=("pause_space",), seconds=1.0,
         records=[{**record, "counts": {**record["counts"], "space_pauses": 2}}, record])))
     assert paused["space_pauses"] == "2" and "pause_spaces" not in paused
+    assert "clock_jumps" not in paused and "link_cuts" not in paused
+    jumped = summary_line(summarize(
+        mode="auto", backend="microvm", seed_base=1, held=("jump_clock",), seconds=1.0,
+        records=[{**record, "counts": {**record["counts"], "clock_jumps": 3}}]))
+    assert " pauses=" not in jumped and " link_cuts=0 clock_jumps=3 cells=" not in jumped
+    assert " clock_jumps=3 cells=" in jumped, jumped
     jsonl = summary_line(summarize(mode="stale", backend="local", seed_base=1, records=[record],
                                    seconds=1.0, durable_mode="transactional",
                                    log_storage="jsonl"))
