@@ -27,7 +27,7 @@ from durable.errors import SpaceError, SpaceNotFound
 from .faults import HELD_ACTIONS, Action, Fault
 from .nemesis import Completion, Operation, Target
 from .observe import kept_ledgers, read_ledger, unread_ledger
-from .space_providers import Clocked, Pausable
+from .space_providers import Clocked, DaemonPausable, Pausable
 
 if TYPE_CHECKING:
     from .space_providers import CampaignSpaces
@@ -318,6 +318,31 @@ class CutLink(_Held):
         self.target.link.heal()
 
 
+class PauseDaemon(_Held):
+    """The Space's daemon alone frozen (``DaemonPausable.pause_daemon``) while its commands
+    run on and end, thawed at the end of its hold; a fault that ends processes thaws it
+    first, as it does a frozen Space."""
+
+    action = "pause_daemon"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._paused = ""
+
+    def able(self) -> None:
+        if not isinstance(self.spaces, DaemonPausable):
+            raise SpaceError(f"the {self.spaces.kind} backend cannot freeze a daemon alone")
+
+    def begin(self, fault: Fault) -> None:
+        assert isinstance(self.spaces, DaemonPausable)
+        self._paused = self.target.space_now()
+        self.spaces.pause_daemon(self._paused)
+
+    def end(self) -> None:
+        assert isinstance(self.spaces, DaemonPausable)
+        self.spaces.resume_daemon(self._paused)
+
+
 class JumpClock(_Held):
     """The Space's clock stepped by the fault's ``jump`` (``Clocked.set_clock``), and set
     to the host's again at the end of its hold, as NTP would step it back. An overlapping
@@ -346,28 +371,32 @@ class JumpClock(_Held):
 
 
 KINDS: tuple[type[_Kind], ...] = (KillDriver, KillDaemon, RestartSpace, LoseSpace, KillProcess,
-                                  PowerLoss, PauseDriver, PauseSpace, CutLink, JumpClock)
+                                  PowerLoss, PauseDriver, PauseSpace, CutLink, JumpClock,
+                                  PauseDaemon)
 
 
 class FaultNemesis:
     """Every kind of fault, by action."""
 
+    #: The held kinds that freeze processes, which a fault that ends processes thaws first.
+    FREEZES = ("pause_space", "pause_daemon")
+
     def __init__(self) -> None:
         self.kinds = {kind.action: kind() for kind in KINDS}
-        pause = self.kinds["pause_space"]
-        assert isinstance(pause, PauseSpace)
-        self._pause = pause
+        self._freezes = [k for a, k in self.kinds.items() if a in self.FREEZES]
 
     def setup(self, target: Target) -> None:
         for kind in self.kinds.values():
             kind.setup(target)
 
     def invoke(self, op: Operation) -> Completion:
-        # A fault that ends processes (a kill, a restart, a loss) thaws a paused Space first;
-        # a pause or a cut leaves it frozen.
+        # A fault that ends processes (a kill, a restart, a loss) thaws a paused Space or
+        # daemon first; a held fault leaves it frozen.
         if isinstance(self.kinds[op.action], _SpaceKind) and op.action not in HELD_ACTIONS:
-            with contextlib.suppress(SpaceError):  # a kill gets through a freeze; teardown
-                self._pause.release()              # tries the thaw again
+            for freeze in self._freezes:
+                assert isinstance(freeze, _Held)
+                with contextlib.suppress(SpaceError):  # a kill gets through a freeze;
+                    freeze.release()                   # teardown tries the thaw again
         return self.kinds[op.action].invoke(op)
 
     def teardown(self) -> None:

@@ -46,8 +46,9 @@ from scenarios.plan import Scenario
 from spacesd.failpoints import POINTS as SPACE_POINTS
 
 Action = Literal["kill_driver", "kill_daemon", "restart_space", "delete_space", "kill_process",
-                 "power_loss", "pause_driver", "pause_space", "cut_link", "jump_clock"]
-HeldAction = Literal["pause_space", "cut_link", "jump_clock"]
+                 "power_loss", "pause_driver", "pause_space", "cut_link", "jump_clock",
+                 "pause_daemon"]
+HeldAction = Literal["pause_space", "cut_link", "jump_clock", "pause_daemon"]
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,12 @@ HELD_KINDS: dict[str, HeldKind] = {k.action: k for k in (
              "forward) at seeded points, and back to the host's after a seeded time, as NTP "
              "would (a microVM's own clock: --backend microvm; transactional, checkpoint and "
              "auto modes)"),
+    HeldKind("pause_daemon", "--pause-daemons", "daemon_pauses", "daemon_pauses", (), "",
+             True,
+             "also freeze each run's daemon alone once or twice (SIGSTOP of spacesd; its "
+             "commands run on and end while it is frozen) at seeded points for seeded times, "
+             "most past the faulted drivers' request timeout, which drops to 2 s "
+             "(transactional, checkpoint and auto modes)"),
 )}
 #: The faults that hold for a while, each with the name its drawing is seeded by.
 HELD_ACTIONS: dict[str, str] = {a: k.seed for a, k in HELD_KINDS.items()}

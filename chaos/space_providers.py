@@ -70,6 +70,16 @@ class Pausable(Protocol):
 
 
 @runtime_checkable
+class DaemonPausable(Protocol):
+    """A provider that can freeze a Space's daemon alone, its commands running on, and thaw
+    it (the nemesis's ``pause_daemon``)."""
+
+    def pause_daemon(self, name: str) -> None: ...
+
+    def resume_daemon(self, name: str) -> None: ...
+
+
+@runtime_checkable
 class Clocked(Protocol):
     """A provider whose Spaces keep a clock of their own (a microVM's), which it can set:
     to the host's, or ``offset`` seconds from it (the nemesis's ``jump_clock``)."""

@@ -11,6 +11,8 @@ through spacesd (which may be down, or the thing being injured):
                          boot (the RTC has whole seconds) and a restore (back in time)
     sync                 flush every filesystem (``sync(2)``): what a clean shutdown does
     kill-daemon          SIGKILL spacesd and wait for the supervisor's next one
+    signal-daemon SIG    SIGSTOP (``STOP``) or SIGCONT (``CONT``) spacesd alone; answers
+                         0 (signalled) or 1 (no daemon was running)
     kill PID             SIGKILL one process of the guest (by the pid the guest sees)
     state                the daemon's audit files (``protocol.is_audit_file``), as a
                          base64 tar on the answer line
@@ -30,7 +32,7 @@ import tarfile
 import time
 
 from . import protocol
-from .supervisor import kill_daemon
+from .supervisor import kill_daemon, signal_daemon
 
 #: How long ``kill-daemon`` waits for the supervisor's next daemon.
 KILL_DAEMON_WAIT_S = 150.0
@@ -88,10 +90,12 @@ class Agent:
         if command == "kill":
             os.kill(int(arg), signal.SIGKILL)
             return ""
+        if command == "signal-daemon":  # answers 0 (signalled) or 1 (no daemon running)
+            return str(signal_daemon(self.pid_file, arg))
         if command == "state":
             return self._state()
         raise ValueError(f"unknown command {command!r}; known: ping, time NS, sync, "
-                         "kill-daemon, kill PID, state")
+                         "kill-daemon, signal-daemon SIG, kill PID, state")
 
     def _state(self) -> str:
         buf = io.BytesIO()

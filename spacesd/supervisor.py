@@ -2,6 +2,7 @@
 
     python -m spacesd.supervisor run [--pid-file F] [--port-file F] -- SPACESD_ARGS...
     python -m spacesd.supervisor kill-daemon --pid-file F [--timeout S]
+    python -m spacesd.supervisor signal-daemon --pid-file F --signal STOP|CONT
 
 Why a supervisor: a Space has two different faults that must stay different. When only the
 daemon dies (a crash, an OOM kill, the campaign's ``kill_daemon``), the commands it started
@@ -27,6 +28,10 @@ pid file (``<pid> <start time>``, checked against ``/proc`` so a reused pid is n
 then wait until the supervisor has started a new one that listens (a new pid file), and
 print the new pid. Exit 0 when killed and back, 1 when no daemon was running (nothing
 killed), 2 when the new daemon did not come up within ``--timeout``.
+
+``signal-daemon`` freezes the daemon alone (``STOP``: its commands run on, its requests
+wait in their sockets) or thaws it (``CONT``): the fault ``pause_daemon``. The same pid
+check; exit 0 when signalled, 1 when no daemon was running.
 
 Standard library only, and nothing outside ``spacesd``: it is copied into Space images.
 """
@@ -197,6 +202,26 @@ def kill_daemon(pid_file: str, *, timeout: float) -> int:
     return 2
 
 
+#: The signals ``signal-daemon`` sends.
+DAEMON_SIGNALS = {"STOP": signal.SIGSTOP, "CONT": signal.SIGCONT}
+
+
+def signal_daemon(pid_file: str, name: str) -> int:
+    """Send ``name`` (``DAEMON_SIGNALS``) to the daemon named by ``pid_file`` (see the
+    module docstring for the exit codes)."""
+    if name not in DAEMON_SIGNALS:
+        raise ValueError(f"signal-daemon sends {' or '.join(DAEMON_SIGNALS)}, not {name!r}")
+    daemon = _read_pid_file(pid_file)
+    if daemon is None or not procfs.is_alive(*daemon):
+        print(f"signal-daemon: no running daemon in {pid_file}", file=sys.stderr)
+        return 1
+    try:
+        os.kill(daemon[0], DAEMON_SIGNALS[name])
+    except ProcessLookupError:
+        return 1
+    return 0
+
+
 # ------------------------------------------------------------------ CLI
 
 
@@ -216,6 +241,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     kill = sub.add_parser("kill-daemon", help="SIGKILL the daemon; wait for the next one")
     kill.add_argument("--pid-file", required=True)
     kill.add_argument("--timeout", type=float, default=30.0)
+    sig = sub.add_parser("signal-daemon", help="SIGSTOP or SIGCONT the daemon alone")
+    sig.add_argument("--pid-file", required=True)
+    sig.add_argument("--signal", required=True, choices=tuple(DAEMON_SIGNALS))
     return p.parse_args(argv)
 
 
@@ -223,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     if args.command == "kill-daemon":
         return kill_daemon(args.pid_file, timeout=args.timeout)
+    if args.command == "signal-daemon":
+        return signal_daemon(args.pid_file, args.signal)
     spacesd_args = list(args.spacesd_args)
     if spacesd_args[:1] == ["--"]:
         spacesd_args = spacesd_args[1:]

@@ -435,6 +435,24 @@ class DockerSpaces:
                                    f"\n{self._log_tail(self.container_name(name))}")
         self._wait_healthy(name)
 
+    def pause_daemon(self, name: str) -> None:
+        """spacesd alone frozen (SIGSTOP, through ``docker exec``): its commands run on.
+        Raises ``SpaceUnavailable`` when no daemon runs."""
+        if self._signal_daemon(name, "STOP") == 1:
+            raise SpaceUnavailable(f"Space {name!r} has no daemon running to freeze")
+
+    def resume_daemon(self, name: str) -> None:
+        """SIGCONT to spacesd; none running is nothing to thaw."""
+        self._signal_daemon(name, "CONT")
+
+    def _signal_daemon(self, name: str, sig: str) -> int:
+        code, out = self.exec_in(name, ["python3", "-m", "spacesd.supervisor", "signal-daemon",
+                                        "--pid-file", PID_FILE, "--signal", sig])
+        if code not in (0, 1):
+            raise SpaceUnavailable(f"Space {name!r}: signal-daemon {sig} exited {code}: "
+                                   f"{out.strip()}")
+        return code
+
     def pause(self, name: str) -> None:
         """``docker pause``: every process of the Space frozen where it stands (the cgroup
         freezer); ``resume`` thaws them. A paused Space is left as it is; a stopped one

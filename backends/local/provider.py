@@ -264,6 +264,23 @@ class LocalSpaces:
         if not stopped:
             raise SpaceUnavailable(f"Space {name!r} has no process running to freeze")
 
+    def pause_daemon(self, name: str) -> None:
+        """Freeze the Space's daemon alone (SIGSTOP): its commands run on, a request sent
+        meanwhile waits in its socket. Raises ``SpaceUnavailable`` when no daemon runs."""
+        running = self.get(name).daemon()
+        if running is None:
+            raise SpaceUnavailable(f"Space {name!r} has no daemon running to freeze")
+        with suppress(ProcessLookupError):
+            os.kill(running[0], signal.SIGSTOP)
+
+    def resume_daemon(self, name: str) -> None:
+        """SIGCONT to the Space's daemon; none running (a ``create`` replaced the frozen
+        one) is nothing to thaw."""
+        running = self.get(name).daemon()
+        if running is not None:
+            with suppress(ProcessLookupError):
+                os.kill(running[0], signal.SIGCONT)
+
     def resume(self, name: str) -> None:
         """SIGCONT to every process of the Space (a running one ignores it)."""
         for proc in procs.space_processes(str(self.get(name).state)):

@@ -364,6 +364,17 @@ class MicroVMSpaces:
         self.qmp(name).command("cont")
         self.set_clock(name)
 
+    def pause_daemon(self, name: str) -> None:
+        """spacesd alone frozen (SIGSTOP, through the guest agent): its commands run on.
+        Raises ``SpaceUnavailable`` when no daemon runs."""
+        if self.agent(name).call("signal-daemon STOP").strip() != "0":
+            raise SpaceUnavailable(f"Space {name!r} has no daemon running to freeze")
+
+    def resume_daemon(self, name: str) -> None:
+        """SIGCONT to spacesd; none running, or the machine off, is nothing to thaw."""
+        if self.exists(name) and self.running(name):
+            self.agent(name).call("signal-daemon CONT")
+
     def restart(self, name: str) -> None:
         """A clean reboot: the guest flushes its filesystems (through the agent), then the
         machine is reset (QMP ``system_reset``: every process gone, the synced disk kept);

@@ -50,3 +50,30 @@ def check_a_pause_freezes_the_space(spaces: Any, name: str, *,
         until("the write sent while frozen", lambda: client.stat("late.txt") is not None)
         assert client.read_file("late.txt") == b"sent while frozen"
     client.exec_kill("ticker@1")
+
+
+def check_a_daemon_pause_freezes_the_daemon_alone(spaces: Any, name: str) -> None:
+    """``pause_daemon`` (``chaos.space_providers.DaemonPausable``): the daemon answers
+    nothing (a request meanwhile has an unknown outcome), while its commands run on: one
+    that ends while it is frozen (most likely: a short sleep against the frozen request's
+    seconds of timeouts) is reported exited, with its output, once it is thawed; a long one
+    is still running, not killed."""
+    spaces.create(name)
+    client = spaces.connect(name, epoch=1)
+    client.exec_start("ticker@1", "n=0; while :; do n=$((n+1)); echo $n; sleep 0.05; done")
+    until("the ticker's first output", lambda: client.exec_status("ticker@1").output_size > 0)
+    client.exec_start("short@1", "sleep 0.3; echo ended")
+
+    spaces.pause_daemon(name)
+    frozen = spaces.connect(name, epoch=1)
+    frozen.timeout, frozen.retry_for = 1.0, 0.5
+    with pytest.raises(SpaceUnavailable, match="unknown"):
+        frozen.write_file("late.txt", b"sent while frozen")
+
+    spaces.resume_daemon(name)
+    spaces.resume_daemon(name)  # a running daemon is left as it is
+    short = client.exec_wait("short@1")
+    assert (short.state, short.exit_code, short.output) == ("exited", 0, "ended\n"), short
+    ticker = client.exec_status("ticker@1")
+    assert ticker.state == "running", f"the daemon's pause ended the ticker: {ticker}"
+    client.exec_kill("ticker@1")

@@ -22,7 +22,10 @@ import pytest
 from durable.errors import SpaceError, SpaceNotFound, StaleEpochError
 from durable.spaces import Spaces
 from tests.backends.loss_contract import check_a_loss_is_one_instant
-from tests.backends.pause_contract import check_a_pause_freezes_the_space
+from tests.backends.pause_contract import (
+    check_a_daemon_pause_freezes_the_daemon_alone,
+    check_a_pause_freezes_the_space,
+)
 from tests.escapes import check_the_fence_kills_every_escape
 
 pytestmark = pytest.mark.docker
@@ -231,6 +234,10 @@ def test_a_loss_saves_the_state_of_its_instant(spaces, tmp_path: Path) -> None:
 
     kept = spaces._api.containers(all=True, filters={"label": f"{LABEL_SCOPE}={spaces.scope}"})
     assert [c["Id"] for c in kept] == [spaces.get("s").id], "the lost container is left"
+
+
+def test_a_daemon_pause_freezes_the_daemon_and_its_commands_run_on(spaces) -> None:
+    check_a_daemon_pause_freezes_the_daemon_alone(spaces, "sd")
 
 
 def test_a_pause_freezes_the_container_and_a_resume_thaws_it(spaces) -> None:

@@ -18,7 +18,10 @@ from backends.local.procs import kill_process
 from chaos.rendezvous import Answer, Hit, Rendezvous
 from durable.errors import SpaceError, SpaceNotFound, SpaceUnavailable
 from durable.spaces import Spaces
-from tests.backends.pause_contract import check_a_pause_freezes_the_space
+from tests.backends.pause_contract import (
+    check_a_daemon_pause_freezes_the_daemon_alone,
+    check_a_pause_freezes_the_space,
+)
 
 ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -195,6 +198,10 @@ def test_files_commands_create_have_the_daemons_umask_not_the_creators(
     work = spaces.get("s").work
     assert (stat.S_IMODE(os.stat(work / "f").st_mode),
             stat.S_IMODE(os.stat(work / "d").st_mode)) == (0o644, 0o755)
+
+
+def test_a_daemon_pause_freezes_the_daemon_and_its_commands_run_on(spaces: LocalSpaces) -> None:
+    check_a_daemon_pause_freezes_the_daemon_alone(spaces, "sd")
 
 
 def test_a_pause_freezes_every_process_and_a_resume_thaws_them(spaces: LocalSpaces) -> None:

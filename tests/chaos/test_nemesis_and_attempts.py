@@ -328,7 +328,8 @@ def test_a_run_record_is_the_line_every_campaign_wrote() -> None:
                                       "attempts", "foreign", "drives", "refused_tokens",
                                       "coordinator_kills", "power_losses",
                                       "machine_checks", "pauses", "space_pauses",
-                                      "link_cuts", "clock_jumps"]  # appended only
+                                      "link_cuts", "clock_jumps",
+                                      "daemon_pauses"]  # appended only
     assert json.loads(json.dumps(record)) == record
 
 
