@@ -20,14 +20,14 @@ import contextlib
 import threading
 import time
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, cast
 
 from durable.errors import SpaceError, SpaceNotFound
 
 from .faults import HELD_ACTIONS, Action, Fault
 from .nemesis import Completion, Operation, Target
 from .observe import kept_ledgers, read_ledger, unread_ledger
-from .space_providers import Clocked, DaemonPausable, Pausable
+from .space_providers import Clocked, DaemonPausable, Pausable, PowerSwitched
 
 if TYPE_CHECKING:
     from .space_providers import CampaignSpaces
@@ -165,11 +165,10 @@ class PowerLoss(_SpaceKind):
     action = "power_loss"
 
     def strike(self, op: Operation) -> None:
-        power_loss = getattr(self.spaces, "power_loss", None)
-        if power_loss is None:
+        if not isinstance(self.spaces, PowerSwitched):
             raise SpaceError(f"the {self.spaces.kind} backend has no power to cut; "
                              "power losses need --backend microvm")
-        power_loss(self.target.space_now())
+        self.spaces.power_loss(self.target.space_now())
 
 
 class KillProcess(_SpaceKind):
@@ -271,30 +270,84 @@ class _Held(_SpaceKind):
             self.target.state.fault_error(f"ending {self.action}", exc)
 
 
-class PauseSpace(_Held):
+class _SpaceHeld(_Held):
+    """A held fault on one Space, through a protocol its provider implements (``needs``):
+    the Space it struck (a fork's, once one exists) is the one its end undoes."""
+
+    needs: ClassVar[type]
+    #: What a backend without ``needs`` cannot do, and what it takes.
+    lacks: ClassVar[str]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._struck = ""
+
+    def able(self) -> None:
+        if not isinstance(self.spaces, self.needs):
+            raise SpaceError(f"the {self.spaces.kind} backend {self.lacks}")
+
+    def begin(self, fault: Fault) -> None:
+        self._struck = self.target.space_now()
+        self.hold_on(self._struck, fault)
+
+    def end(self) -> None:
+        self.release_on(self._struck)
+
+    @abstractmethod
+    def hold_on(self, space: str, fault: Fault) -> None: ...
+
+    @abstractmethod
+    def release_on(self, space: str) -> None: ...
+
+
+class PauseSpace(_SpaceHeld):
     """The Space frozen where it stands (``Pausable.pause``), thawed at the end of its
     hold; any other Space fault thaws it first (a killed, restarted or lost machine is not
     frozen any more)."""
 
     action = "pause_space"
+    needs = Pausable
+    lacks = "cannot freeze a Space; pauses need local, docker or microvm"
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._paused = ""
+    def hold_on(self, space: str, fault: Fault) -> None:
+        cast(Pausable, self.spaces).pause(space)
 
-    def able(self) -> None:
-        if not isinstance(self.spaces, Pausable):
-            raise SpaceError(f"the {self.spaces.kind} backend cannot freeze a Space; pauses "
-                             "need local, docker or microvm")
+    def release_on(self, space: str) -> None:
+        cast(Pausable, self.spaces).resume(space)
 
-    def begin(self, fault: Fault) -> None:
-        assert isinstance(self.spaces, Pausable)
-        self._paused = self.target.space_now()  # the one thawed at the end
-        self.spaces.pause(self._paused)
 
-    def end(self) -> None:
-        assert isinstance(self.spaces, Pausable)
-        self.spaces.resume(self._paused)
+class PauseDaemon(_SpaceHeld):
+    """The Space's daemon alone frozen (``DaemonPausable.pause_daemon``) while its commands
+    run on and end, thawed at the end of its hold; a fault that ends processes thaws it
+    first, as it does a frozen Space."""
+
+    action = "pause_daemon"
+    needs = DaemonPausable
+    lacks = "cannot freeze a daemon alone"
+
+    def hold_on(self, space: str, fault: Fault) -> None:
+        cast(DaemonPausable, self.spaces).pause_daemon(space)
+
+    def release_on(self, space: str) -> None:
+        cast(DaemonPausable, self.spaces).resume_daemon(space)
+
+
+class JumpClock(_SpaceHeld):
+    """The Space's clock stepped by the fault's ``jump`` (``Clocked.set_clock``), and set
+    to the host's again at the end of its hold, as NTP would step it back. An overlapping
+    jump steps it again, from the host's time. Nothing that decides recovery, or a check,
+    may depend on a Space's clock agreeing with the driver's."""
+
+    action = "jump_clock"
+    needs = Clocked
+    lacks = "shares the host's clock; clock jumps need --backend microvm"
+
+    def hold_on(self, space: str, fault: Fault) -> None:
+        assert fault.jump is not None  # a jump_clock fault has one (Fault checks)
+        cast(Clocked, self.spaces).set_clock(space, offset=fault.jump)
+
+    def release_on(self, space: str) -> None:
+        cast(Clocked, self.spaces).set_clock(space)
 
 
 class CutLink(_Held):
@@ -316,58 +369,6 @@ class CutLink(_Held):
     def end(self) -> None:
         assert self.target.link is not None
         self.target.link.heal()
-
-
-class PauseDaemon(_Held):
-    """The Space's daemon alone frozen (``DaemonPausable.pause_daemon``) while its commands
-    run on and end, thawed at the end of its hold; a fault that ends processes thaws it
-    first, as it does a frozen Space."""
-
-    action = "pause_daemon"
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._paused = ""
-
-    def able(self) -> None:
-        if not isinstance(self.spaces, DaemonPausable):
-            raise SpaceError(f"the {self.spaces.kind} backend cannot freeze a daemon alone")
-
-    def begin(self, fault: Fault) -> None:
-        assert isinstance(self.spaces, DaemonPausable)
-        self._paused = self.target.space_now()
-        self.spaces.pause_daemon(self._paused)
-
-    def end(self) -> None:
-        assert isinstance(self.spaces, DaemonPausable)
-        self.spaces.resume_daemon(self._paused)
-
-
-class JumpClock(_Held):
-    """The Space's clock stepped by the fault's ``jump`` (``Clocked.set_clock``), and set
-    to the host's again at the end of its hold, as NTP would step it back. An overlapping
-    jump steps it again, from the host's time. Nothing that decides recovery, or a check,
-    may depend on a Space's clock agreeing with the driver's."""
-
-    action = "jump_clock"
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._jumped = ""
-
-    def able(self) -> None:
-        if not isinstance(self.spaces, Clocked):
-            raise SpaceError(f"the {self.spaces.kind} backend shares the host's clock; clock "
-                             "jumps need --backend microvm")
-
-    def begin(self, fault: Fault) -> None:
-        assert isinstance(self.spaces, Clocked) and fault.jump is not None
-        self._jumped = self.target.space_now()
-        self.spaces.set_clock(self._jumped, offset=fault.jump)
-
-    def end(self) -> None:
-        assert isinstance(self.spaces, Clocked)
-        self.spaces.set_clock(self._jumped)
 
 
 KINDS: tuple[type[_Kind], ...] = (KillDriver, KillDaemon, RestartSpace, LoseSpace, KillProcess,

@@ -27,7 +27,7 @@ from spacesd.audit import read_state
 from spacesd.protocol import ScanEntry
 
 from .checker import Observation, ObservedCall
-from .space_providers import CampaignSpaces
+from .space_providers import CampaignSpaces, Restorable
 
 
 def _shown(content: str, limit: int = 2000) -> str:
@@ -139,7 +139,8 @@ def observe(run_dir: Path, spaces: CampaignSpaces, space_name: str, *, session: 
     decided = not any(ledger["audit"] is None for ledger in ledgers)
     # A machine restore takes the Space's audit files back in time: what they said before
     # each one was kept on the host (microVM Spaces).
-    for kept in getattr(spaces, "audit_history", lambda _name: [])(space_name):
+    history = spaces.audit_history(space_name) if isinstance(spaces, Restorable) else []
+    for kept in history:
         all_ledgers.append({"why": "before a machine restore", "audit": read_state(str(kept))
                             .to_json()})
     try:

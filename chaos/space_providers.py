@@ -70,6 +70,22 @@ class Pausable(Protocol):
 
 
 @runtime_checkable
+class PowerSwitched(Protocol):
+    """A provider whose Spaces have power to cut: their unsynced writes are lost and the
+    machine is booted again (the nemesis's ``power_loss``)."""
+
+    def power_loss(self, name: str) -> None: ...
+
+
+@runtime_checkable
+class Restorable(Protocol):
+    """A provider whose restores take a Space's audit files back in time (a microVM's
+    machine checkpoints), and that keeps what they said before each one."""
+
+    def audit_history(self, name: str) -> list[Path]: ...
+
+
+@runtime_checkable
 class DaemonPausable(Protocol):
     """A provider that can freeze a Space's daemon alone, its commands running on, and thaw
     it (the nemesis's ``pause_daemon``)."""
