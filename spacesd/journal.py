@@ -30,6 +30,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
+from .shim import write_whole
+
 CHECKSUM = "c"
 
 
@@ -156,8 +158,16 @@ class Journal:
         line = json.dumps({**record, CHECKSUM: _checksum(record)},
                           separators=(",", ":")).encode() + b"\n"
         with self._lock:
-            os.write(self._fd, line)
-            os.fdatasync(self._fd)
+            start = os.lseek(self._fd, 0, os.SEEK_END)
+            try:
+                write_whole(self._fd, line)
+                os.fdatasync(self._fd)
+            except BaseException:
+                # A record a full disk cut short must not stay: the next append would
+                # follow it, and a torn record in the middle reads as damage (the Space
+                # would refuse to start). Not recorded, then, and the caller is told so.
+                os.ftruncate(self._fd, start)
+                raise
 
     def close(self) -> None:
         os.close(self._fd)

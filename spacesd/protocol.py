@@ -44,6 +44,9 @@ ERR_EPOCH_TAKEN = "epoch_taken"
 #: The daemon's own stored state needed for the request is damaged (a checkpoint's manifest
 #: or object): nothing was changed from it; the message names the file.
 ERR_DAMAGED = "damaged"
+#: The Space's disk is full (``ENOSPC``, ``EDQUOT``) where the daemon keeps its own state:
+#: what the request recorded before that stays recorded (an exec key then reads as lost).
+ERR_NO_SPACE = "no_space"
 ERR_INTERNAL = "internal"
 
 
@@ -224,6 +227,7 @@ ERROR_STATUS: dict[str, int] = {
     ERR_STALE_EPOCH: 412,
     ERR_TOO_LARGE: 413,
     ERR_DAMAGED: 500,
+    ERR_NO_SPACE: 507,
     ERR_INTERNAL: 500,
 }
 

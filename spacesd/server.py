@@ -27,6 +27,8 @@ Resource limits (defaults in ``protocol``), so that no client can exhaust the ho
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hmac
 import json
 import socket
@@ -35,7 +37,6 @@ import threading
 import time
 import traceback
 from collections.abc import Iterator
-from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, NoReturn
 from urllib.parse import parse_qsl, urlsplit
@@ -215,6 +216,17 @@ class _BodyReader:
         return data
 
 
+def _print_traceback() -> None:
+    """The exception being handled, on stderr, unless stderr cannot take it (the daemon's
+    log on a full disk): the request still gets its answer."""
+    with contextlib.suppress(OSError):
+        traceback.print_exc(file=sys.stderr)
+
+
+def _internal(exc: BaseException) -> dict[str, Any]:
+    return {"error": {"code": protocol.ERR_INTERNAL, "message": f"{type(exc).__name__}: {exc}"}}
+
+
 class _ChunkedWriter:
     """Writes HTTP/1.1 chunked transfer encoding, in chunks of about ``_CHUNK`` bytes."""
 
@@ -297,10 +309,20 @@ class Handler(BaseHTTPRequestHandler):
             self._send_json(protocol.BUSY_STATUS, Busy(
                 "the daemon ran out of memory for this request; retry later, or send less "
                 "per request").to_json())
+        except OSError as exc:
+            _print_traceback()
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                self._send_json(500, _internal(exc))
+                return
+            self._send_json(protocol.ERROR_STATUS[protocol.ERR_NO_SPACE], {"error": {
+                "code": protocol.ERR_NO_SPACE,
+                "message": f"the Space's disk is full ({exc}): free space in the Space (its "
+                           "workspace, or the daemon's state directory) and send the request "
+                           "again; an exec key it recorded before the disk filled reads as "
+                           "lost"}})
         except Exception as exc:  # noqa: BLE001 - keep serving, report it
-            traceback.print_exc(file=sys.stderr)
-            self._send_json(500, {"error": {"code": protocol.ERR_INTERNAL,
-                                            "message": f"{type(exc).__name__}: {exc}"}})
+            _print_traceback()
+            self._send_json(500, _internal(exc))
 
     # ---------------------------------------------------------------- request parts
 
@@ -338,7 +360,7 @@ class Handler(BaseHTTPRequestHandler):
         self._drain(length, most)
         raise exc
 
-    @contextmanager
+    @contextlib.contextmanager
     def _admitted(self, op: str, length: int, body_bytes: int) -> Iterator[None]:
         """Hold a request slot and ``body_bytes`` of the body budget, or refuse with 503."""
         server = self.server
@@ -360,7 +382,7 @@ class Handler(BaseHTTPRequestHandler):
                 server.budget.give(body_bytes)
             server.slots.release()
 
-    @contextmanager
+    @contextlib.contextmanager
     def _answer_room(self, op: str, cost: int) -> Iterator[None]:
         """Hold ``cost`` bytes of the body budget (at most all of it) while a large answer
         is built and sent, or refuse with 503."""
@@ -467,7 +489,7 @@ class Handler(BaseHTTPRequestHandler):
             # Headers are gone: the only way left to say "failed" is to cut the stream
             # short, which the client sees as an incomplete read.
             self.close_connection = True
-            traceback.print_exc(file=sys.stderr)
+            _print_traceback()
             return
         out.close()
 

@@ -140,11 +140,10 @@ class Output:
         if self.dropping:
             return
         try:
-            while data:
-                n = os.write(self.fd, data)
-                self.size += n
-                data = data[n:]
+            write_whole(self.fd, data)
+            self.size += len(data)
         except OSError:  # a full or failing state disk: the output is lost, not the command
+            self.size = os.fstat(self.fd).st_size  # what part of it fitted
             self.dropping = True
             return
         if self.size - self.punched > self.keep:
@@ -226,16 +225,28 @@ def publish(path: str, text: str) -> bool:
     tmp = f"{path}.{os.getpid()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
-    try:
+        try:
+            write_whole(fd, text.encode())
+        finally:
+            os.close(fd)
         os.link(tmp, path)
         return True
     except FileExistsError:
         return False
-    finally:
+    finally:  # a full disk refused it: no half-written claim, no leftover either
         os.unlink(tmp)
+
+
+def write_whole(fd: int, data: bytes) -> None:
+    """Write all of ``data`` or raise. A full disk takes what fits and returns a short
+    count (no error); the rest is written again, which then raises ``ENOSPC``: a caller
+    that wrote once and went on would keep a record cut short as if it were whole."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        if written == 0:
+            raise OSError(28, os.strerror(28))  # ENOSPC: nothing more fits
+        view = view[written:]
 
 
 def _start_time() -> str:
@@ -270,11 +281,15 @@ def _write_exit(path: str, status: int, failpoints: str | None, sync: bool = Fal
     tmp = path + ".tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        os.write(fd, record.encode())
-        if sync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
+        try:
+            write_whole(fd, record.encode())
+            if sync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+    except BaseException:  # a full state disk: no exit (read as lost), no leftover either
+        os.unlink(tmp)
+        raise
     if failpoints:
         _failpoint(failpoints, "spacesd.exec.exit_writing")
     os.replace(tmp, path)

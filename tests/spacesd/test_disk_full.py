@@ -1,0 +1,109 @@
+"""A Space whose disk fills: on a real filesystem of its own (a tmpfs with ``size=``, mounted
+by the test as root), filled whole with a ballast file and freed again. A full disk must
+never leave the daemon's own records torn, never drop a request's answer, and never leave a
+Space that refuses to start once there is room again."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from backends.local import LocalSpaces
+from durable.errors import SpaceError, SpaceUnavailable
+from spacesd.journal import Journal, load
+
+#: Small enough to fill in a moment, big enough for a daemon's state.
+DISK_BYTES = 16 * 1024 * 1024
+PAGE = 4096
+
+
+@pytest.fixture
+def disk(tmp_path: Path) -> Iterator[Path]:
+    """A filesystem of the test's own, ``DISK_BYTES`` in size."""
+    if os.geteuid() != 0:
+        pytest.skip("a disk of the test's own is a tmpfs mount, which needs root")
+    root = tmp_path / "disk"
+    root.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK_BYTES}", "tmpfs", str(root)],
+                   check=True)
+    try:
+        yield root
+    finally:
+        if subprocess.run(["umount", str(root)], capture_output=True).returncode:
+            subprocess.run(["umount", "-l", str(root)], check=True)  # a process still in it
+
+
+def fill(disk: Path) -> Path:
+    """Take every free block of ``disk`` with one ballast file (outside what it holds)."""
+    ballast = disk / "ballast"
+    fd = os.open(ballast, os.O_CREAT | os.O_WRONLY, 0o600)
+    try:
+        st = os.statvfs(disk)
+        os.posix_fallocate(fd, 0, st.f_bavail * st.f_frsize)
+    finally:
+        os.close(fd)
+    assert os.statvfs(disk).f_bavail == 0
+    return ballast
+
+
+def test_a_journal_record_a_full_disk_cut_short_is_not_kept(disk: Path) -> None:
+    """A full disk takes what fits of a write and returns a short count, without an error.
+    Kept, that prefix would be followed by the next record, and a torn record in the middle
+    of a journal reads as damage: the Space would refuse to start."""
+    path = str(disk / "journal")
+    journal = Journal(path)
+    kept = []
+    while os.path.getsize(path) < PAGE - 200:  # the file's one page nearly full
+        kept.append({"n": len(kept), "pad": "x" * 40})
+        journal.append(kept[-1])
+    ballast = fill(disk)
+    with pytest.raises(OSError) as raised:  # the rest of the page fits; the record does not
+        journal.append({"n": "cut", "pad": "y" * 400})
+    assert raised.value.errno == errno.ENOSPC
+    assert os.path.getsize(path) < PAGE, "the record was written whole on a full disk?"
+    ballast.unlink()
+    kept.append({"n": "after"})
+    journal.append(kept[-1])
+    journal.close()
+    assert load(path).records == kept
+    assert Journal(path).records == kept
+
+
+def test_a_space_whose_disk_fills_answers_every_request_and_starts_once_freed(
+        disk: Path) -> None:
+    spaces = LocalSpaces(disk / "spaces")
+    try:
+        spaces.create("s1")
+        state = spaces.get("s1").state
+        client = spaces.connect("s1", epoch=1)
+        client.exec_start("before@1", "echo one > a.txt")
+        assert client.exec_wait("before@1", timeout=60).exit_code == 0
+        ballast = fill(disk)
+        for n in range(2, 6):  # each refused with a reason, none left unanswered
+            with pytest.raises(SpaceError) as refused:
+                client.exec_start(f"full@{n}", f"echo {n} >> a.txt")
+                client.exec_wait(f"full@{n}", timeout=60)
+            assert not isinstance(refused.value, SpaceUnavailable), refused.value
+            assert refused.value.code == "no_space", refused.value
+            assert "disk is full" in str(refused.value), refused.value
+        with pytest.raises(SpaceError, match="No space left on device") as refused:
+            client.write_file("b.txt", b"b" * 2 * PAGE)
+        assert refused.value.code == "conflict"  # the write tool's own error, for the model
+        assert not (spaces.get("s1").work / "b.txt").exists()
+        ballast.unlink()
+        leftovers = [p.name for p in state.rglob("*.tmp")]
+        assert leftovers == [], f"a full disk left half-written files behind: {leftovers}"
+        spaces.restart("s1")  # the daemon reads its ledger and fence journal again
+        client = spaces.connect("s1", epoch=2)
+        assert client.advance_epoch(2)
+        for n in range(2, 6):
+            assert client.exec_wait(f"full@{n}", timeout=60).state in ("lost", "unknown")
+        client.exec_start("after@2", "cat a.txt")
+        assert client.exec_wait("after@2", timeout=60).output == "one\n"
+    finally:
+        spaces.delete_all()
