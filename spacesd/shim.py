@@ -33,7 +33,8 @@ the exit record is written only the replayed tail (``OUTPUT_TAIL_BYTES``) is kep
 command wrote before it exited is in the file before its exit record; orphans that still
 hold the pipe are relayed until they close it. A filesystem that cannot punch holes gets
 the first ``OUTPUT_WINDOW_BYTES`` and a line saying the rest was dropped; a full state disk
-drops output, never the command.
+drops output, never the command, and the output then ends with a line saying so before the
+exit is recorded (no room for that line: no exit either, and the key reads as lost).
 
 Launching: a Python start-up per command would be most of a command's cost (~8 ms against
 ~1.5 ms for the whole of a plain ``bash -c true``), so the daemon keeps one *launcher*,
@@ -135,6 +136,8 @@ class Output:
         self.punched = 0
         self.keep = OUTPUT_WINDOW_BYTES
         self.dropping = False
+        #: Where the output a full disk had no room for begins, if it had none.
+        self.lost_from: int | None = None
 
     def write(self, data: bytes) -> None:
         if self.dropping:
@@ -144,10 +147,19 @@ class Output:
             self.size += len(data)
         except OSError:  # a full or failing state disk: the output is lost, not the command
             self.size = os.fstat(self.fd).st_size  # what part of it fitted
+            self.lost_from = self.size
             self.dropping = True
             return
         if self.size - self.punched > self.keep:
             self.trim()
+
+    def own_up(self) -> None:
+        """Say in the output itself that a full disk lost part of it, before the exit is
+        recorded: a result must never pass for a whole one. Raises if there is still no
+        room; the exit is then not recorded either, and the key reads as lost."""
+        if self.lost_from is not None:
+            write_whole(self.fd, f"\nspacesd: the command's output from byte {self.lost_from}"
+                                 " on was lost: the state disk was full\n".encode())
 
     def ended(self) -> None:
         """From now on keep only what a replay returns."""
@@ -364,6 +376,7 @@ def _main(argv: list[str]) -> None:
         _signal.signal(sig, _signal.SIG_IGN)
     out = Output(1)
     status = relay(pipe, out, child)
+    out.own_up()
     _write_exit(exit_path, status, failpoints, sync)
     out.ended()
     drain(pipe, out)
@@ -452,8 +465,11 @@ def _forked_shim(output: int, argv: list[str], env: dict[str, str]) -> None:
         os.environ.update(env)
         _main(argv)
     except BaseException as exc:  # noqa: BLE001 - without an exit record the key reads as lost
-        os.write(2, f"spacesd: the shim failed: {exc!r}\n".encode())
-    os._exit(0)
+        try:
+            os.write(2, f"spacesd: the shim failed: {exc!r}\n".encode())
+        except OSError:  # a full state disk: the key reads as lost all the same
+            pass
+    os._exit(0)  # never back into the launcher's loop
 
 
 if __name__ == "__main__":

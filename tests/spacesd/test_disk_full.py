@@ -107,3 +107,36 @@ def test_a_space_whose_disk_fills_answers_every_request_and_starts_once_freed(
         assert client.exec_wait("after@2", timeout=60).output == "one\n"
     finally:
         spaces.delete_all()
+
+
+def test_output_a_full_disk_lost_is_said_in_the_output_before_the_exit(disk: Path) -> None:
+    """A command runs on when its output finds no room (the output is lost, never the
+    command), but its result must not pass for whole: the output ends saying what was lost,
+    and its exit is recorded only once that is said."""
+    spaces = LocalSpaces(disk / "spaces")
+    try:
+        spaces.create("s1")
+        work = spaces.get("s1").work
+        client = spaces.connect("s1", epoch=1)
+        client.exec_start("loud@1", "echo start; until [ -e go ]; do sleep 0.05; done; "
+                                    "head -c 100000 /dev/zero | tr '\\0' x; touch wrote; "
+                                    "until [ -e done ]; do sleep 0.05; done; echo end")
+        info = client.exec_wait("loud@1", timeout=0.5)
+        while "start" not in info.output:  # the output file has its first page
+            info = client.exec_wait("loud@1", timeout=0.5)
+        ballast = fill(disk)
+        (work / "go").touch()  # an empty file takes no block
+        while not (work / "wrote").exists():
+            assert client.exec_wait("loud@1", timeout=0.5).state == "running"
+        ballast.unlink()
+        (work / "done").touch()
+        info = client.exec_wait("loud@1", timeout=60)
+        while info.state == "running":
+            info = client.exec_wait("loud@1", timeout=60)
+        assert info.state == "exited" and info.exit_code == 0, info
+        assert info.output.startswith("start\n"), info.output[:200]
+        assert info.output.endswith(" on was lost: the state disk was full\n"), \
+            f"the result passes for whole output: {info.output[-200:]!r}"
+        assert len(info.output) < 100000
+    finally:
+        spaces.delete_all()
