@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 from urllib.parse import urlencode
 
-from durable.errors import EpochTaken, SpaceError, SpaceUnavailable, StaleEpochError
+from durable.errors import EpochTaken, SpaceError, SpaceFull, SpaceUnavailable, StaleEpochError
 from spacesd import protocol
 from spacesd.protocol import CheckpointInfo, ExecInfo, ScanResult
 
@@ -278,6 +278,8 @@ class HttpSpaceClient:
             raise StaleEpochError(f"Space {self.name!r}: {message}",
                                   epoch=self.epoch if epoch is None else epoch,
                                   floor=err.get("floor"))
+        if code == protocol.ERR_NO_SPACE:
+            raise SpaceFull(f"Space {self.name!r}: {message}", code=code, status=status)
         raise SpaceError(f"Space {self.name!r}: {message}", code=code, status=status)
 
     def _call(self, op: str, *, idempotent: bool = True, timeout: float | None = None,

@@ -11,6 +11,7 @@ that must catch it.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -21,7 +22,7 @@ from scenarios import Step, generate, load
 
 from .campaign import CampaignConfig, ScriptedRun, run_campaign
 from .errors import BackendUnavailable
-from .faults import Action, Fault, FaultPlan, HeldAction
+from .faults import HELD_KINDS, Action, Fault, FaultPlan, HeldAction
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,11 @@ class Slice:
     waits: int = 1
     #: A backend the slice needs that a machine may lack (its tests skip without it).
     needs: str | None = None
+
+    @property
+    def needs_root(self) -> bool:
+        """Whether a held kind of its plans needs root to set up (a mount)."""
+        return any(HELD_KINDS[a].root for a in self.config.get("held", ()))
 
     def campaign(self, results_root: Path, jobs: int, **overrides: Any) -> CampaignConfig:
         return replace(CampaignConfig(results_root=results_root, jobs=jobs * self.waits,
@@ -248,6 +254,12 @@ SLICES: tuple[Slice, ...] = (
           "daemon carries out what reached it, its answers are lost) past the drivers' "
           "request timeout, at seeded points and where a request is in the daemon",
           {"mode": "checkpoint", "held": ("cut_link",), "seeds": (1, 2, 3, 5), "plans": CUTS}),
+    Slice("state-disk", "the disk of the daemon's own state full (its ledger, journals, "
+          "command output and checkpoints meet ENOSPC; the workspace keeps its room) at "
+          "seeded points and inside a write, a start and a running command: what the daemon "
+          "refused or cut short must leave the log and the Space consistent",
+          {"mode": "checkpoint", "held": ("fill_state_disk",), "seeds": (1, 2, 3, 4, 5, 6),
+           "plans": _held_plans("fill_state_disk")}),
     Slice("forks-transactional", "an agent that forks its conversation at a seeded step's "
           "result and plays the rest again in the fork, under faults: the fork's Space must "
           "start from the log's image as of that result",
@@ -303,6 +315,12 @@ def run_slices(names: list[str], *, results_root: Path, jobs: int, stop_on_failu
     codes: list[int] = []
     for s in [BY_NAME[n] for n in names] or list(SLICES):
         print(f"slice {s.name}: {s.why}", file=out, flush=True)
+        if s.needs_root and os.geteuid() != 0:
+            if names:
+                raise BackendUnavailable(f"slice {s.name} needs root (a mount); run it as "
+                                         "root")
+            print(f"slice {s.name}: skipped, it needs root (a mount)", file=out, flush=True)
+            continue
         try:
             codes.append(run_campaign(s.campaign(results_root / s.name, jobs,
                                                  stop_on_failure=stop_on_failure), out))

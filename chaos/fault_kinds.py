@@ -8,7 +8,8 @@ command's shim), ``PowerLoss`` (a microVM's power cut: unsynced writes lost, the
 booted again), ``PauseDriver`` (SIGSTOP of the driver's process group), ``PauseSpace``
 (the whole Space frozen for the fault's ``hold``, then thawed), ``CutLink`` (the link
 between the drivers and the Space cut for its ``hold``, then healed) and ``JumpClock`` (the
-Space's clock stepped for its ``hold``, then set right). ``FaultNemesis`` holds
+Space's clock stepped for its ``hold``, then set right), ``FillStateDisk`` (the disk
+of the Space's daemon state full for its ``hold``, then freed). ``FaultNemesis`` holds
 them all, by action. Each ends an operation in one completion
 (``chaos.nemesis`` has the contract): ``info`` when it struck, ``fail`` with the reason when
 it could not.
@@ -19,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+import zlib
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, ClassVar, cast
 
@@ -27,7 +29,13 @@ from durable.errors import SpaceError, SpaceNotFound
 from .faults import HELD_ACTIONS, Action, Fault
 from .nemesis import Completion, Operation, Target
 from .observe import kept_ledgers, read_ledger, unread_ledger
-from .space_providers import Clocked, DaemonPausable, Pausable, PowerSwitched
+from .space_providers import (
+    Clocked,
+    DaemonPausable,
+    Pausable,
+    PowerSwitched,
+    StateDiskFillable,
+)
 
 if TYPE_CHECKING:
     from .space_providers import CampaignSpaces
@@ -350,6 +358,31 @@ class JumpClock(_SpaceHeld):
         cast(Clocked, self.spaces).set_clock(space)
 
 
+class FillStateDisk(_SpaceHeld):
+    """Every free block of the disk that holds the Space's daemon state taken
+    (``StateDiskFillable.fill_state_disk``), freed at the end of its hold: the daemon runs
+    on, its ledger, journals, command output and checkpoints meet ``ENOSPC``; the
+    workspace has room."""
+
+    action = "fill_state_disk"
+    needs = StateDiskFillable
+    lacks = "keeps a Space's daemon state on the Space's one disk; state disk fills need " \
+            "--backend local"
+
+    #: The most a fill leaves free (pages of 4 KiB): what the daemon's next writes take
+    #: before one of them is cut short.
+    LEAVE_PAGES = 4
+
+    def hold_on(self, space: str, fault: Fault) -> None:
+        # The room left is the fault's own (from its description: the same plan leaves the
+        # same room), so the write the disk cuts short falls at a seeded place.
+        pages = zlib.crc32(fault.describe().encode()) % (self.LEAVE_PAGES + 1)
+        cast(StateDiskFillable, self.spaces).fill_state_disk(space, leave=pages * 4096)
+
+    def release_on(self, space: str) -> None:
+        cast(StateDiskFillable, self.spaces).free_state_disk(space)
+
+
 class CutLink(_Held):
     """The link between the drivers and the Space cut (``chaos.link_proxy``), healed at
     the end of its hold: the daemon runs on and carries out what reached it, its answers
@@ -373,7 +406,7 @@ class CutLink(_Held):
 
 KINDS: tuple[type[_Kind], ...] = (KillDriver, KillDaemon, RestartSpace, LoseSpace, KillProcess,
                                   PowerLoss, PauseDriver, PauseSpace, CutLink, JumpClock,
-                                  PauseDaemon)
+                                  PauseDaemon, FillStateDisk)
 
 
 class FaultNemesis:

@@ -24,8 +24,10 @@ SIGCONT of every process of a local Space, ``docker pause``, QMP ``stop``; campa
 ``hold`` seconds, then healed: a partition in ``chaos.link_proxy``; campaigns with
 ``--cut-links``), ``jump_clock`` (the Space's clock stepped by ``jump`` seconds for
 ``hold`` seconds, then set to the host's again: a microVM's own clock; campaigns with
-``--jump-clocks``). A Space fault may also kill the driver (``kill_driver=True``) or let it
-run into the fault itself.
+``--jump-clocks``), ``fill_state_disk`` (every free block of the disk that holds the
+Space's daemon state taken for ``hold`` seconds, then freed: a local Space's state on a
+tmpfs of its own; campaigns with ``--fill-state-disks``). A Space fault may also kill the
+driver (``kill_driver=True``) or let it run into the fault itself.
 
 Combined faults: a plan's later faults often aim at the recovery of an earlier one (a Space
 fault during the next driver's recovery, or a kill in the middle of a restore).
@@ -47,8 +49,8 @@ from spacesd.failpoints import POINTS as SPACE_POINTS
 
 Action = Literal["kill_driver", "kill_daemon", "restart_space", "delete_space", "kill_process",
                  "power_loss", "pause_driver", "pause_space", "cut_link", "jump_clock",
-                 "pause_daemon"]
-HeldAction = Literal["pause_space", "cut_link", "jump_clock", "pause_daemon"]
+                 "pause_daemon", "fill_state_disk"]
+HeldAction = Literal["pause_space", "cut_link", "jump_clock", "pause_daemon", "fill_state_disk"]
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,8 @@ class HeldKind:
     outlasts_requests: bool
     #: ``chaos run --help``'s text.
     help: str
+    #: Only root can set it up (a mount).
+    root: bool = False
 
     @property
     def field(self) -> str:
@@ -104,7 +108,16 @@ HELD_KINDS: dict[str, HeldKind] = {k.action: k for k in (
              "commands run on and end while it is frozen) at seeded points for seeded times, "
              "most past the faulted drivers' request timeout, which drops to 2 s "
              "(transactional, checkpoint and auto modes)"),
+    HeldKind("fill_state_disk", "--fill-state-disks", "state_disk_fills", "state_fills",
+             ("local",), "a local Space's daemon state gets a disk of its own (a tmpfs, "
+             "mounted as root); docker and microvm Spaces keep it on their one disk", False,
+             "also fill each run's Space's state disk (the daemon's ledger, journals, command "
+             "output and checkpoints, on a tmpfs of its own) once or twice at seeded points "
+             "for seeded times, then free it (--backend local, as root; transactional, "
+             "checkpoint and auto modes)", root=True),
 )}
+#: The size of the state disk of its own a run's local Spaces get for ``fill_state_disk``.
+STATE_DISK_BYTES = 32 * 1024 * 1024
 #: The faults that hold for a while, each with the name its drawing is seeded by.
 HELD_ACTIONS: dict[str, str] = {a: k.seed for a, k in HELD_KINDS.items()}
 

@@ -104,6 +104,9 @@ def _held(args: argparse.Namespace) -> tuple[HeldAction, ...]:
         if kind.backends and args.backend not in kind.backends:
             raise BadArguments(f"{kind.flag} needs --backend {' or '.join(kind.backends)}, "
                                f"not {args.backend}: {kind.backends_why}")
+        if kind.root and os.geteuid() != 0:
+            raise BadArguments(f"{kind.flag} needs root ({kind.backends_why}); run the "
+                               "campaign as root, or leave it out")
     return held
 
 

@@ -43,6 +43,7 @@ from .fault_schedule import FaultSchedule
 from .faults import (
     HELD_KINDS,
     HOLD_REQUEST_TIMEOUT_S,
+    STATE_DISK_BYTES,
     FaultPlan,
     draw_plan,
     on_machine,
@@ -286,7 +287,9 @@ class Run:
                                       self.schedule.armed))
             return self._attempts(rv.address)
         # The Space's daemons report their failpoints to the same rendezvous.
-        self.spaces = make_spaces(self.spec.backend, self.dir, failpoints=rv.address)
+        fills = any(f.action == "fill_state_disk" for f in self.plan.faults)
+        self.spaces = make_spaces(self.spec.backend, self.dir, failpoints=rv.address,
+                                  state_disk=STATE_DISK_BYTES if fills else None)
         if any(f.action == "cut_link" for f in self.plan.faults):
             self.link = LinkProxy(self.spaces.endpoint(self.space))
             self.links.publish(self.space, self.link)

@@ -103,18 +103,34 @@ class Clocked(Protocol):
     def set_clock(self, name: str, offset: float = 0.0) -> None: ...
 
 
+@runtime_checkable
+class StateDiskFillable(Protocol):
+    """A provider whose Spaces keep their daemon's state on a disk of their own, which it
+    can fill and free (the nemesis's ``fill_state_disk``)."""
+
+    def fill_state_disk(self, name: str, leave: int = 0) -> None:
+        """Fill it but ``leave`` bytes, until ``free_state_disk``."""
+        ...
+
+    def free_state_disk(self, name: str) -> None: ...
+
+
 def make_spaces(backend: str, run_dir: Path, *, failpoints: str | None = None,
                 request_timeout: float = REQUEST_TIMEOUT_S,
-                via: Via | None = None) -> CampaignSpaces:
+                via: Via | None = None, state_disk: int | None = None) -> CampaignSpaces:
     """The run's Spaces provider. ``failpoints``: the channel the Spaces' daemons report
     their failpoints to (a unix socket; docker containers get its directory mounted).
     ``request_timeout``: how long its clients wait for a daemon's answer; ``via``: where
-    their endpoints are routed (the run's link proxies)."""
+    their endpoints are routed (the run's link proxies); ``state_disk``: the size of the
+    state disk of its own each Space gets (local only; every process of the run then
+    makes Spaces with one)."""
+    if state_disk is not None and backend != "local":
+        raise BackendUnavailable(f"a state disk of its own is for local Spaces, not {backend}")
     if backend == "local":
         from backends.local import LocalSpaces
 
         return LocalSpaces(run_dir / "spaces", failpoints=failpoints,
-                           request_timeout=request_timeout, via=via)
+                           request_timeout=request_timeout, via=via, state_disk=state_disk)
     if backend == "docker":
         try:
             from backends.docker import DockerSpaces, DockerUnavailable

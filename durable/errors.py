@@ -158,5 +158,11 @@ class SpaceUnavailable(SpaceError):
     gone). Recovery treats commands in flight as unknown."""
 
 
+class SpaceFull(SpaceError):
+    """The Space's disk had no room for what the daemon must record (its answer 507
+    ``no_space``): nothing is lost, and a driver that meets it halts (a later one goes on
+    once there is room)."""
+
+
 class SpaceNotFound(SpaceError):
     """No Space with that name exists in this provider. Create it, or check the name."""

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from .errors import EpochTaken, HaltError, PermanentFailure, StaleEpochError
+from .errors import EpochTaken, HaltError, PermanentFailure, SpaceFull, StaleEpochError
 from .failpoints import failpoint
 from .fence_contract import Fence
 from .harness import Harness, Outcome, Submission
@@ -328,6 +328,9 @@ def _attempt(senv: SessionEnv, durable: Callable[[Fence, SessionEnv], Workspaces
     except PermanentFailure as exc:
         fence.halt(f"permanent failure: {exc}")
         return exit_line(EXIT_PERMANENT, f"permanent failure: {exc}")
+    except SpaceFull as exc:  # no room to record a call or a checkpoint: retry with room
+        fence.halt(f"halted: {exc}")
+        return exit_line(EXIT_CRASHED, f"halted: {exc}")
     except Exception as exc:  # noqa: BLE001 - any other error: the driver crashed, said so
         traceback.print_exc()
         return exit_line(EXIT_CRASHED, f"crashed: {type(exc).__name__}: {exc}")

@@ -67,6 +67,8 @@ class Expected:
     #: sha256 of the whole content, when ``content`` is only its head (a golden run's
     #: result as the observation keeps it); None: the content's own.
     sha256: str | None = None
+    #: A command's whole output (None for the other tools and a golden run's results).
+    output: str | None = None
 
 
 @dataclass(frozen=True)
@@ -112,7 +114,7 @@ class Step:
         if self.tool == "bash":
             code, output = EFFECTS[self.kind](self, ws)
             result = bash_result(code, output)
-            return Expected(result.content, result.is_error, code)
+            return Expected(result.content, result.is_error, code, output=output)
         return Expected(f"recorded {self.marker}")  # host tools: record_never, record_safe
 
 

@@ -102,6 +102,8 @@ RESET_SIGNALS = (
 )
 
 
+#: What ends a command's output when a full state disk lost part of it, from byte ``{}``.
+LOST_OUTPUT = "\nspacesd: the command's output from byte {} on was lost: the state disk was full\n"
 #: Output kept on the state disk for a key while its command runs (see the module docstring).
 OUTPUT_WINDOW_BYTES = 8 * 1024 * 1024
 #: Output kept for a key once its exit is recorded: what a replay returns. Equal to
@@ -158,8 +160,7 @@ class Output:
         recorded: a result must never pass for a whole one. Raises if there is still no
         room; the exit is then not recorded either, and the key reads as lost."""
         if self.lost_from is not None:
-            write_whole(self.fd, f"\nspacesd: the command's output from byte {self.lost_from}"
-                                 " on was lost: the state disk was full\n".encode())
+            write_whole(self.fd, LOST_OUTPUT.format(self.lost_from).encode())
 
     def ended(self) -> None:
         """From now on keep only what a replay returns."""

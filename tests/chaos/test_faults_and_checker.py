@@ -21,9 +21,11 @@ from chaos.faults import (
     with_held_faults,
 )
 from chaos.summary import parse_summary, summarize, summary_line
+from durable.coding_tools import bash_result
 from scenarios import generate, load
 from scenarios.plan import Scenario
 from scenarios.preset import parse
+from spacesd.shim import LOST_OUTPUT
 
 
 def test_plans_are_seeded() -> None:
@@ -429,3 +431,25 @@ def test_merge_and_summary_line() -> None:
     virtual = parse_summary(summary_line(summarize(mode="transactional", backend="virtual",
                                                    seed_base=1, records=[], seconds=1.0)))
     assert "cells" not in virtual and "restored" not in virtual and "interrupted" in virtual
+
+
+def test_g5_takes_output_a_full_state_disk_lost_only_as_spacesd_says_it() -> None:
+    """A command whose output a full state disk had no room for ran whole: its result is
+    the step's output up to the byte spacesd names, then spacesd's line; anything else in
+    its place (a different head, a claim to have lost nothing) is still caught."""
+    s = generate(4, load("default"), steps=30)
+    obs = _clean_run(s)
+    call = next(c for c in obs.calls if c.tool == "bash" and c.result == "ok" and c.content)
+    output = s.steps[call.step].apply(s.initial.copy()).output
+    assert output is not None
+
+    def lost(kept: str, at: int) -> None:
+        call.content = bash_result(0, kept + LOST_OUTPUT.format(at)).content
+        call.content_sha256 = hashlib.sha256(call.content.encode()).hexdigest()
+
+    lost(output[:3], 3)
+    assert _verdict(obs, s)[0] == [], _verdict(obs, s)[1]
+    lost(output[:3] + "x", 3)  # more than the byte it names
+    assert _verdict(obs, s)[0] == ["G5"]
+    lost("", len(output) + 10)  # a byte past the output, with none of it kept
+    assert _verdict(obs, s)[0] == ["G5"]

@@ -76,9 +76,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "exhaustive-daemon", "G1", "ran bash key_unknown after a daemon kill at exec.spawned"),
     Mutant(
         "ledger-record-not-synced", "spacesd/journal.py",
-        (("            os.fdatasync(self._fd)\n",
-          "            if record.get(\"t\") != \"start\":\n"
-          "                os.fdatasync(self._fd)\n"),),
+        (("                os.fdatasync(self._fd)\n",
+          "                if record.get(\"t\") != \"start\":\n"
+          "                    os.fdatasync(self._fd)\n"),),
         "the ledger's start record is not fsynced before the command is spawned, so a power "
         "cut while the command runs can lose the record of a command whose writes reached "
         "the disk, and it runs again",
@@ -433,12 +433,20 @@ def test_mutant_is_caught(mutant_id: str, tmp_path: Path) -> None:
 
 
 def test_every_mutant_applies_to_the_code_as_it_is(tmp_path: Path) -> None:
-    """Cheap and always run: a mutant whose text moved is found at once, not at the gate."""
+    """Cheap and always run: a mutant whose text moved is found at once, not at the gate;
+    and one whose patch no longer parses (its text now matches inside a line indented
+    deeper) would be caught by any slice for the wrong reason."""
     for mutant in MUTANTS:
         path = ROOT / mutant.path
         text = path.read_text()
-        for old, _new in mutant.edits:
+        for old, new in mutant.edits:
             assert text.count(old) == 1, f"mutant {mutant.id} no longer applies to {mutant.path}"
+            text = text.replace(old, new)
+        try:
+            compile(text, mutant.path, "exec")
+        except SyntaxError as exc:
+            raise AssertionError(f"mutant {mutant.id} makes {mutant.path} unparsable ({exc}): "
+                                 "update its text to the code as it is") from None
     assert len(MUTANTS) >= 15
     n = len(MUTANTS)
     assert f"**{n}/{n} caught**" in (ROOT / "docs" / "campaigns.md").read_text(), \

@@ -140,3 +140,39 @@ def test_output_a_full_disk_lost_is_said_in_the_output_before_the_exit(disk: Pat
         assert len(info.output) < 100000
     finally:
         spaces.delete_all()
+
+
+def test_local_spaces_get_a_state_disk_of_their_own_to_fill_and_free(tmp_path: Path) -> None:
+    """``LocalSpaces(state_disk=...)``: every Space made in its directory, by any process's
+    provider, keeps its daemon's state on a tmpfs of that size (the campaign's
+    ``fill_state_disk``); filled, the daemon refuses what needs room and the workspace
+    still has it; freed, it runs on; deleted, nothing stays mounted."""
+    if os.geteuid() != 0:
+        pytest.skip("a state disk of its own is a tmpfs mount, which needs root")
+    LocalSpaces(tmp_path / "spaces", state_disk=DISK_BYTES)
+    spaces = LocalSpaces(tmp_path / "spaces")  # as a driver makes it: no size of its own
+    try:
+        spaces.create("s1")
+        state = spaces.get("s1").state
+        assert os.path.ismount(state)
+        assert os.statvfs(state).f_blocks * os.statvfs(state).f_frsize == DISK_BYTES
+        client = spaces.connect("s1", epoch=1)
+        spaces.fill_state_disk("s1")
+        assert os.statvfs(state).f_bavail == 0
+        with pytest.raises(SpaceError) as refused:
+            client.exec_start("k@1", "echo one > a.txt")
+        assert refused.value.code == "no_space", refused.value
+        client.write_file("b.txt", b"the workspace has room")
+        spaces.free_state_disk("s1")
+        client.exec_start("k@2", "cat b.txt")
+        assert client.exec_wait("k@2", timeout=60).output == "the workspace has room"
+    finally:
+        spaces.delete_all()
+    assert not state.exists(), "the Space's state disk stayed behind"
+    plain = LocalSpaces(tmp_path / "plain")
+    try:
+        plain.create("s2")
+        with pytest.raises(SpaceError, match="no state disk of its own"):
+            plain.fill_state_disk("s2")
+    finally:
+        plain.delete_all()
