@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, ClassVar, cast
 
 from durable.errors import SpaceError, SpaceNotFound
 
-from .faults import HELD_ACTIONS, Action, Fault
+from .faults import HELD_KINDS, Action, Fault
 from .nemesis import Completion, Operation, Target
 from .observe import kept_ledgers, read_ledger, unread_ledger
 from .space_providers import (
@@ -426,7 +426,7 @@ class FaultNemesis:
     def invoke(self, op: Operation) -> Completion:
         # A fault that ends processes (a kill, a restart, a loss) thaws a paused Space or
         # daemon first; a held fault leaves it frozen.
-        if isinstance(self.kinds[op.action], _SpaceKind) and op.action not in HELD_ACTIONS:
+        if isinstance(self.kinds[op.action], _SpaceKind) and op.action not in HELD_KINDS:
             for freeze in self._freezes:
                 assert isinstance(freeze, _Held)
                 with contextlib.suppress(SpaceError):  # a kill gets through a freeze;

@@ -47,10 +47,10 @@ from durable.failpoints import POINTS as DRIVER_POINTS
 from scenarios.plan import Scenario
 from spacesd.failpoints import POINTS as SPACE_POINTS
 
-Action = Literal["kill_driver", "kill_daemon", "restart_space", "delete_space", "kill_process",
-                 "power_loss", "pause_driver", "pause_space", "cut_link", "jump_clock",
-                 "pause_daemon", "fill_state_disk"]
+#: The faults that hold for a while (``HELD_KINDS`` describes each).
 HeldAction = Literal["pause_space", "cut_link", "jump_clock", "pause_daemon", "fill_state_disk"]
+Action = Literal["kill_driver", "kill_daemon", "restart_space", "delete_space", "kill_process",
+                 "power_loss", "pause_driver", HeldAction]
 
 
 @dataclass(frozen=True)
@@ -116,10 +116,11 @@ HELD_KINDS: dict[str, HeldKind] = {k.action: k for k in (
              "for seeded times, then free it (--backend local, as root; transactional, "
              "checkpoint and auto modes)", root=True),
 )}
+if set(HELD_KINDS) != set(get_args(HeldAction)):
+    raise ImportError(f"chaos.faults: HeldAction {get_args(HeldAction)} and HELD_KINDS "
+                      f"{tuple(HELD_KINDS)} must name the same held kinds")
 #: The size of the state disk of its own a run's local Spaces get for ``fill_state_disk``.
 STATE_DISK_BYTES = 32 * 1024 * 1024
-#: The faults that hold for a while, each with the name its drawing is seeded by.
-HELD_ACTIONS: dict[str, str] = {a: k.seed for a, k in HELD_KINDS.items()}
 
 
 def held_of(raw: dict[str, Any]) -> tuple[HeldAction, ...]:
@@ -143,7 +144,7 @@ SHIM_POINTS = ("spacesd.exec.exit_writing",)
 #: lock, so a kill there is a kill at the point before; a park there is a driver inside its
 #: commit while a newer one opens the log.
 PARK_ONLY_POINTS = ("log.commit",)
-#: The longest a held fault (``HELD_ACTIONS``) may hold.
+#: The longest a held fault (``HELD_KINDS``) may hold.
 MAX_HOLD_S = 600.0
 #: The farthest a ``jump_clock`` steps a clock, either way (seconds: ten years).
 MAX_JUMP_S = 10 * 365 * 86400.0
@@ -177,7 +178,7 @@ class Fault:
     #: so that a fault meant for a command's later moment waits for it however slow the
     #: machine is, instead of guessing a delay).
     after_output: bool = False
-    #: A held fault only (``HELD_ACTIONS``): how long it holds, in seconds.
+    #: A held fault only (``HELD_KINDS``): how long it holds, in seconds.
     hold: float | None = None
     #: A ``jump_clock`` only: the seconds the Space's clock is stepped by (back if
     #: negative) for the hold.
@@ -204,8 +205,8 @@ class Fault:
         if self.action == "pause_driver" and self.kill_driver:
             raise ValueError("a pause_driver fault freezes the driver and must not also kill "
                              "it: give it kill_driver=False")
-        if (self.action in HELD_ACTIONS) != (self.hold is not None):
-            raise ValueError(f"{self.action}: a {' or '.join(HELD_ACTIONS)} fault needs hold "
+        if (self.action in HELD_KINDS) != (self.hold is not None):
+            raise ValueError(f"{self.action}: a {' or '.join(HELD_KINDS)} fault needs hold "
                              "(the seconds it holds), and only they have one")
         if self.hold is not None and (isinstance(self.hold, bool) or
                                       not isinstance(self.hold, int | float) or
@@ -399,7 +400,7 @@ def with_held_faults(plan: FaultPlan, action: HeldAction, scenario: Scenario,
     faults are unchanged). Each holds for a time of ``HOLDS``, from a point of
     ``HOLD_POINTS``, a recovery's point, or a seeded time. ``guest``: a microVM, whose
     daemon's points land at the driver's (``GUEST_POINT``)."""
-    rng = random.Random(f"{HELD_ACTIONS[action]}:{durable_mode}:{plan.seed}")
+    rng = random.Random(f"{HELD_KINDS[action].seed}:{durable_mode}:{plan.seed}")
     points = reachable_points(scenario, durable_mode)
     names = [p for p in HOLD_POINTS if p in points]
     recovery = MODE_RECOVERY_POINTS.get(durable_mode, RECOVERY_POINTS) if plan.faults else ()
