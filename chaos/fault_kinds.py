@@ -190,6 +190,10 @@ class KillProcess(_SpaceKind):
         self.spaces.kill_process(self.target.space_now(), op.hit.pid)
 
 
+#: The history's operation that ends a held fault (its value names the action).
+RELEASE = "release"
+
+
 class _Held(_SpaceKind):
     """A fault that holds for a while (``Fault.hold``) and is then undone: ``begin`` until
     the latest deadline of the faults holding (overlapping ones each get their whole hold),
@@ -270,6 +274,9 @@ class _Held(_SpaceKind):
             pass
         self._holding = False
         self._deadline = 0.0
+        # Its end in the history (Jepsen's stop of a nemesis interval), for the timeline
+        # and a failure's story.
+        self.target.state.op("nemesis", "info", RELEASE, {"action": self.action})
 
     def teardown(self) -> None:
         try:

@@ -4,15 +4,18 @@ calls, faults and recovery decisions, each in its lane.
 Bars span an operation from its invoke to its completion, coloured by the completion's type
 (ok, fail, info = indeterminate: killed or cut off); a call that spans a kill is one long bar
 finished by a later driver. Faults are markers with a line across every lane, so what a kill
-cut through can be read straight down. Recovery events carry Unix milliseconds while the
-history counts seconds from the run's start; the start is recovered from any call, whose
-observation has both.
+cut through can be read straight down; a held fault (a pause, a cut link, a clock jump, a
+full disk) also spans its lane until its release, as Jepsen shades a nemesis's interval.
+Recovery events carry Unix milliseconds while the history counts seconds from the run's
+start; the start is recovered from any call, whose observation has both.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from chaos.fault_kinds import RELEASE
+from chaos.faults import HELD_KINDS
 from chaos.runner import CLEAN_ATTEMPT
 
 from .figures import plt, png_bytes
@@ -24,8 +27,11 @@ TYPE_LABEL = {"ok": "ok", "fail": "fail (fenced, permanent, tool error)",
               "info": "info (killed or cut off)"}
 FAULT_STYLE = {"kill_driver": ("X", "#c0392b"), "kill_daemon": ("v", "#8e44ad"),
                "restart_space": ("s", "#7f5a1e"), "delete_space": ("D", "#222222"),
+               "kill_process": ("*", "#6c3483"), "power_loss": ("^", "#000000"),
                "hold_driver": ("|", "#777777"), "pause_driver": ("P", "#2471a3"),
-               "pause_space": ("P", "#117a65"), "cut_link": ("x", "#b9770e")}
+               "pause_space": ("P", "#117a65"), "cut_link": ("x", "#b9770e"),
+               "jump_clock": (">", "#1f618d"), "pause_daemon": ("p", "#0e6655"),
+               "fill_state_disk": ("H", "#7b241c")}
 RECOVERY_COLOR = {"adopted": "#2e86c1", "reattached": "#17a589", "replayed": "#48c9b0",
                   "ran": "#5d6d7e", "restored": "#d68910", "reverted": "#ca6f1e",
                   "reimaged": "#a04000", "interrupted": "#c0392b", "mode": "#7d3c98"}
@@ -65,6 +71,21 @@ def _spans(history: list[dict[str, Any]], process: str, keys: tuple[str, ...]
     return spans
 
 
+def held_spans(history: list[dict[str, Any]], end: float
+               ) -> list[tuple[str, float, float]]:
+    """``(action, start, stop)`` of every held fault that struck: from its operation to the
+    first release of its action after it (overlapping ones end together, as the nemesis
+    ends them), or to ``end`` when none was recorded."""
+    spans = []
+    for op in history:
+        if op["process"] == "nemesis" and op["f"] in HELD_KINDS and op["type"] == "info":
+            stop = next((o["time"] for o in history if o["process"] == "nemesis" and
+                         o["f"] == RELEASE and o["time"] >= op["time"] and
+                         (o["value"] or {}).get("action") == op["f"]), end)
+            spans.append((op["f"], op["time"], stop))
+    return spans
+
+
 def figure_png(record: dict[str, Any]) -> bytes:
     """The timeline of ``record`` as PNG bytes."""
     history = record["history"]
@@ -89,9 +110,15 @@ def figure_png(record: dict[str, Any]) -> bytes:
         if width > end / 40:
             ax.text(start + width / 2, y["calls"], f, ha="center", va="center", fontsize=6,
                     color="white", clip_on=True)
+    for action, start, stop in held_spans(history, end):
+        ax.barh(y["faults"], max(stop - start, end / 400), left=start, height=0.35,
+                color=FAULT_STYLE.get(action, ("o", "#555555"))[1], alpha=0.3, zorder=2)
     for op in history:
+        if op["process"] == "nemesis" and op["f"] == RELEASE:
+            continue  # drawn as the end of its fault's span
         if op["process"] == "nemesis":
             marker, color = FAULT_STYLE.get(op["f"], ("o", "#555555"))
+
             ax.axvline(op["time"], color=color, alpha=0.25, linewidth=1)
             seen.setdefault(op["f"] + ("" if op["type"] == "info" else " (failed)"),
                             ax.scatter(op["time"], y["faults"], marker=marker, color=color,

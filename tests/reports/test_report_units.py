@@ -120,6 +120,27 @@ def test_the_timeline_places_recoveries_on_the_run_clock() -> None:
     assert timeline.figure_png(record).startswith(b"\x89PNG")
 
 
+def test_a_held_fault_spans_the_timeline_until_its_release() -> None:
+    """Two overlapping pauses end at the one release of their action; a cut link that was
+    never released runs to the end; a fault that was skipped spans nothing."""
+    def nemesis(type_: str, f: str, value: Any, time: float) -> dict[str, Any]:
+        return {"process": "nemesis", "type": type_, "f": f, "value": value, "time": time}
+
+    record = _record(0)
+    record["history"] += [
+        nemesis("info", "pause_space", "pause_space for 2s at space.running#1", 1.0),
+        nemesis("info", "cut_link", "cut_link for 5s at call.intent#1", 1.2),
+        nemesis("info", "pause_space", "pause_space for 1s at space.exited#1", 1.5),
+        nemesis("fail", "fill_state_disk", "skipped: no Space", 1.6),
+        nemesis("info", "release", {"action": "pause_space"}, 3.0),
+        nemesis("info", "release", {"action": "pause_space"}, 3.5),
+    ]
+    record["history"].sort(key=lambda op: op["time"])
+    assert timeline.held_spans(record["history"], 4.0) == [
+        ("pause_space", 1.0, 3.0), ("cut_link", 1.2, 4.0), ("pause_space", 1.5, 3.0)]
+    assert timeline.figure_png(record).startswith(b"\x89PNG")
+
+
 def test_the_page_has_the_summary_failures_and_inline_images(tmp_path: Path) -> None:
     path = _campaign_dir(tmp_path, [_record(0), _record(1, valid=False)])
     page = html.render(load_all([path]), sample=1)
