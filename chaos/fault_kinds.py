@@ -31,6 +31,7 @@ from .nemesis import Completion, Operation, Target
 from .observe import kept_ledgers, read_ledger, unread_ledger
 from .space_providers import (
     Clocked,
+    CommandPausable,
     DaemonPausable,
     Pausable,
     PowerSwitched,
@@ -347,6 +348,22 @@ class PauseDaemon(_SpaceHeld):
         cast(DaemonPausable, self.spaces).resume_daemon(space)
 
 
+class PauseCommands(_SpaceHeld):
+    """Every process of the Space's commands frozen (``CommandPausable.pause_commands``)
+    while its daemon answers (a wait sees them running), thawed at the end of its hold; a
+    fault that ends processes thaws them first, as it does a frozen Space."""
+
+    action = "pause_commands"
+    needs = CommandPausable
+    lacks = "cannot freeze a Space's commands alone"
+
+    def hold_on(self, space: str, fault: Fault) -> None:
+        cast(CommandPausable, self.spaces).pause_commands(space)
+
+    def release_on(self, space: str) -> None:
+        cast(CommandPausable, self.spaces).resume_commands(space)
+
+
 class JumpClock(_SpaceHeld):
     """The Space's clock stepped by the fault's ``jump`` (``Clocked.set_clock``), and set
     to the host's again at the end of its hold, as NTP would step it back. An overlapping
@@ -413,14 +430,14 @@ class CutLink(_Held):
 
 KINDS: tuple[type[_Kind], ...] = (KillDriver, KillDaemon, RestartSpace, LoseSpace, KillProcess,
                                   PowerLoss, PauseDriver, PauseSpace, CutLink, JumpClock,
-                                  PauseDaemon, FillStateDisk)
+                                  PauseDaemon, FillStateDisk, PauseCommands)
 
 
 class FaultNemesis:
     """Every kind of fault, by action."""
 
     #: The held kinds that freeze processes, which a fault that ends processes thaws first.
-    FREEZES = ("pause_space", "pause_daemon")
+    FREEZES = ("pause_space", "pause_daemon", "pause_commands")
 
     def __init__(self) -> None:
         self.kinds = {kind.action: kind() for kind in KINDS}

@@ -26,7 +26,9 @@ SIGCONT of every process of a local Space, ``docker pause``, QMP ``stop``; campa
 ``hold`` seconds, then set to the host's again: a microVM's own clock; campaigns with
 ``--jump-clocks``), ``fill_state_disk`` (every free block of the disk that holds the
 Space's daemon state taken for ``hold`` seconds, then freed: a local Space's state on a
-tmpfs of its own; campaigns with ``--fill-state-disks``). A Space fault may also kill the
+tmpfs of its own; campaigns with ``--fill-state-disks``), ``pause_commands`` (every process
+of the daemon's commands frozen for ``hold`` seconds while the daemon answers, then thawed;
+campaigns with ``--pause-commands``). A Space fault may also kill the
 driver (``kill_driver=True``) or let it run into the fault itself.
 
 Combined faults: a plan's later faults often aim at the recovery of an earlier one (a Space
@@ -48,7 +50,8 @@ from scenarios.plan import Scenario
 from spacesd.failpoints import POINTS as SPACE_POINTS
 
 #: The faults that hold for a while (``HELD_KINDS`` describes each).
-HeldAction = Literal["pause_space", "cut_link", "jump_clock", "pause_daemon", "fill_state_disk"]
+HeldAction = Literal["pause_space", "cut_link", "jump_clock", "pause_daemon", "fill_state_disk",
+                     "pause_commands"]
 Action = Literal["kill_driver", "kill_daemon", "restart_space", "delete_space", "kill_process",
                  "power_loss", "pause_driver", HeldAction]
 
@@ -78,6 +81,10 @@ class HeldKind:
     help: str
     #: Only root can set it up (a mount).
     root: bool = False
+    #: Where it is drawn to begin, for a kind that needs something there (a command
+    #: running): these points four times in five, else a seeded time. Empty: anywhere
+    #: the driver uses the Space (``HOLD_POINTS``), a recovery's point, or a seeded time.
+    points: tuple[str, ...] = ()
 
     @property
     def field(self) -> str:
@@ -115,6 +122,13 @@ HELD_KINDS: dict[str, HeldKind] = {k.action: k for k in (
              "output and checkpoints, on a tmpfs of its own) once or twice at seeded points "
              "for seeded times, then free it (--backend local, as root; transactional, "
              "checkpoint and auto modes)", root=True),
+    HeldKind("pause_commands", "--pause-commands", "command_pauses", "command_pauses", (), "",
+             False,
+             "also freeze each run's running commands once or twice (SIGSTOP of every process "
+             "of the daemon's commands, not the daemon: it answers on, their waits see them "
+             "running) at seeded points for seeded times, then thaw them (transactional, "
+             "checkpoint and auto modes)",
+             points=("spacesd.exec.spawned", "space.running", "spacesd.exec.exit_writing")),
 )}
 if set(HELD_KINDS) != set(get_args(HeldAction)):
     raise ImportError(f"chaos.faults: HeldAction {get_args(HeldAction)} and HELD_KINDS "
@@ -396,21 +410,23 @@ def with_held_faults(plan: FaultPlan, action: HeldAction, scenario: Scenario,
                      durable_mode: str, *, guest: bool = False,
                      long_seconds: float = 1.0) -> FaultPlan:
     """``plan`` with one or two faults more of a held ``action`` (``HELD_KINDS``; pure:
-    from the plan's seed, and drawn apart from it, so the plan's own
-    faults are unchanged). Each holds for a time of ``HOLDS``, from a point of
-    ``HOLD_POINTS``, a recovery's point, or a seeded time. ``guest``: a microVM, whose
-    daemon's points land at the driver's (``GUEST_POINT``)."""
-    rng = random.Random(f"{HELD_KINDS[action].seed}:{durable_mode}:{plan.seed}")
+    from the plan's seed, and drawn apart from it, so the plan's own faults are
+    unchanged). Each holds for a time of ``HOLDS``, from a point of ``HOLD_POINTS`` (or
+    the kind's own ``points``), a recovery's point, or a seeded time. ``guest``: a
+    microVM, whose daemon's points land at the driver's (``GUEST_POINT``)."""
+    kind = HELD_KINDS[action]
+    rng = random.Random(f"{kind.seed}:{durable_mode}:{plan.seed}")
     points = reachable_points(scenario, durable_mode)
-    names = [p for p in HOLD_POINTS if p in points]
-    recovery = MODE_RECOVERY_POINTS.get(durable_mode, RECOVERY_POINTS) if plan.faults else ()
+    names = [p for p in kind.points or HOLD_POINTS if p in points]
+    recovery = MODE_RECOVERY_POINTS.get(durable_mode, RECOVERY_POINTS) \
+        if plan.faults and not kind.points else ()
     held: list[Fault] = []
     for _ in range(rng.choice((1, 1, 1, 2))):
         hold = round(rng.uniform(*HOLDS[bisect.bisect(HOLD_BANDS, rng.random())]), 3)
         kill = rng.random() < 0.2
         roll = rng.random()
         jump = rng.choice((-1, 1)) * rng.choice(JUMPS) if action == "jump_clock" else None
-        if roll < 0.6 and names:
+        if roll < (0.8 if kind.points else 0.6) and names:
             point = rng.choice(names)
             fault = Fault(action, "failpoint", point, rng.randint(1, points[point]),
                           kill_driver=kill, hold=hold, jump=jump)

@@ -104,6 +104,16 @@ class Clocked(Protocol):
 
 
 @runtime_checkable
+class CommandPausable(Protocol):
+    """A provider that can freeze every process of a Space's commands, its daemon
+    answering, and thaw them (the nemesis's ``pause_commands``)."""
+
+    def pause_commands(self, name: str) -> None: ...
+
+    def resume_commands(self, name: str) -> None: ...
+
+
+@runtime_checkable
 class StateDiskFillable(Protocol):
     """A provider whose Spaces keep their daemon's state on a disk of their own, which it
     can fill and free (the nemesis's ``fill_state_disk``)."""

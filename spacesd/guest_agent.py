@@ -13,6 +13,8 @@ through spacesd (which may be down, or the thing being injured):
     kill-daemon          SIGKILL spacesd and wait for the supervisor's next one
     signal-daemon SIG    SIGSTOP (``STOP``) or SIGCONT (``CONT``) spacesd alone; answers
                          0 (signalled) or 1 (no daemon was running)
+    signal-commands SIG  the same to every process of spacesd's commands, not spacesd;
+                         answers 0 (signalled) or 1 (no command was running)
     kill PID             SIGKILL one process of the guest (by the pid the guest sees)
     state                the daemon's audit files (``protocol.is_audit_file``), as a
                          base64 tar on the answer line
@@ -32,7 +34,7 @@ import tarfile
 import time
 
 from . import protocol
-from .supervisor import kill_daemon, signal_daemon
+from .supervisor import kill_daemon, signal_commands, signal_daemon
 
 #: How long ``kill-daemon`` waits for the supervisor's next daemon.
 KILL_DAEMON_WAIT_S = 150.0
@@ -92,10 +94,13 @@ class Agent:
             return ""
         if command == "signal-daemon":  # answers 0 (signalled) or 1 (no daemon running)
             return str(signal_daemon(self.pid_file, arg))
+        if command == "signal-commands":  # answers 0 (signalled) or 1 (no command running)
+            return str(signal_commands(self.state_dir, self.pid_file, arg))
         if command == "state":
             return self._state()
         raise ValueError(f"unknown command {command!r}; known: ping, time NS, sync, "
-                         "kill-daemon, signal-daemon SIG, kill PID, state")
+                         "kill-daemon, signal-daemon SIG, signal-commands SIG, kill PID, "
+                         "state")
 
     def _state(self) -> str:
         buf = io.BytesIO()

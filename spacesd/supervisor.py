@@ -3,6 +3,7 @@
     python -m spacesd.supervisor run [--pid-file F] [--port-file F] -- SPACESD_ARGS...
     python -m spacesd.supervisor kill-daemon --pid-file F [--timeout S]
     python -m spacesd.supervisor signal-daemon --pid-file F --signal STOP|CONT
+    python -m spacesd.supervisor signal-commands --state D --pid-file F --signal STOP|CONT
 
 Why a supervisor: a Space has two different faults that must stay different. When only the
 daemon dies (a crash, an OOM kill, the campaign's ``kill_daemon``), the commands it started
@@ -33,6 +34,11 @@ killed), 2 when the new daemon did not come up within ``--timeout``.
 wait in their sockets) or thaws it (``CONT``): the fault ``pause_daemon``. The same pid
 check; exit 0 when signalled, 1 when no daemon was running.
 
+``signal-commands`` is its mirror, the fault ``pause_commands``: every process of the
+daemon's commands (its marker's, and their descendants; not the daemon, not its shim
+launcher) frozen or thawed while the daemon answers. Exit 0 when one was signalled, 1 when
+no command runs.
+
 Standard library only, and nothing outside ``spacesd``: it is copied into Space images.
 """
 
@@ -46,6 +52,7 @@ import time
 from types import FrameType
 
 from . import procfs
+from .protocol import ENV_SPACE_STATE
 
 #: A daemon that ran at least this long before dying is restarted at once.
 MIN_UPTIME_S = 2.0
@@ -222,6 +229,58 @@ def signal_daemon(pid_file: str, name: str) -> int:
     return 0
 
 
+def _reads(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:  # gone, or not ours to read
+        return b""
+
+
+def command_processes(state_dir: str, pid_file: str) -> set[int]:
+    """The processes of the commands the daemon of ``state_dir`` started: every process
+    that carries its marker (``SPACESD_STATE``, which its shims and commands inherit) and
+    their descendants, but not the daemon itself nor its shim launcher (a command's own
+    shim is one of them: its command's output stops with it)."""
+    marker = f"{ENV_SPACE_STATE}={os.path.realpath(state_dir)}".encode()
+    daemon = _read_pid_file(pid_file)
+    table = procfs.snapshot()
+    kids: dict[int, list[int]] = {}
+    for proc in table.values():
+        kids.setdefault(proc.ppid, []).append(proc.pid)
+    found = {pid for pid in table
+             if marker in _reads(f"/proc/{pid}/environ").split(b"\0")}
+    todo = list(found)
+    while todo:
+        for kid in kids.get(todo.pop(), []):
+            if kid not in found:
+                found.add(kid)
+                todo.append(kid)
+    spared = {os.getpid()}
+    if daemon is not None:
+        spared.add(daemon[0])
+        spared.update(pid for pid in kids.get(daemon[0], [])
+                      if b"--serve" in _reads(f"/proc/{pid}/cmdline").split(b"\0"))
+    return found - spared
+
+
+def signal_commands(state_dir: str, pid_file: str, name: str) -> int:
+    """Send ``name`` (``DAEMON_SIGNALS``) to every process of the daemon's commands
+    (``command_processes``), twice over for what forked meanwhile: the fault
+    ``pause_commands``. Exit 0 when one was signalled, 1 when none runs."""
+    if name not in DAEMON_SIGNALS:
+        raise ValueError(f"signal-commands sends {' or '.join(DAEMON_SIGNALS)}, not {name!r}")
+    signalled: set[int] = set()
+    for _ in range(2):
+        for pid in command_processes(state_dir, pid_file) - signalled:
+            try:
+                os.kill(pid, DAEMON_SIGNALS[name])
+                signalled.add(pid)
+            except ProcessLookupError:
+                pass
+    return 0 if signalled else 1
+
+
 # ------------------------------------------------------------------ CLI
 
 
@@ -244,6 +303,11 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     sig = sub.add_parser("signal-daemon", help="SIGSTOP or SIGCONT the daemon alone")
     sig.add_argument("--pid-file", required=True)
     sig.add_argument("--signal", required=True, choices=tuple(DAEMON_SIGNALS))
+    cmds = sub.add_parser("signal-commands",
+                          help="SIGSTOP or SIGCONT the daemon's commands, not the daemon")
+    cmds.add_argument("--state", required=True, help="the daemon's state directory")
+    cmds.add_argument("--pid-file", required=True)
+    cmds.add_argument("--signal", required=True, choices=tuple(DAEMON_SIGNALS))
     return p.parse_args(argv)
 
 
@@ -253,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
         return kill_daemon(args.pid_file, timeout=args.timeout)
     if args.command == "signal-daemon":
         return signal_daemon(args.pid_file, args.signal)
+    if args.command == "signal-commands":
+        return signal_commands(args.state, args.pid_file, args.signal)
     spacesd_args = list(args.spacesd_args)
     if spacesd_args[:1] == ["--"]:
         spacesd_args = spacesd_args[1:]

@@ -445,11 +445,22 @@ class DockerSpaces:
         """SIGCONT to spacesd; none running is nothing to thaw."""
         self._signal_daemon(name, "CONT")
 
-    def _signal_daemon(self, name: str, sig: str) -> int:
-        code, out = self.exec_in(name, ["python3", "-m", "spacesd.supervisor", "signal-daemon",
+    def pause_commands(self, name: str) -> None:
+        """Every process of spacesd's commands frozen (SIGSTOP, through ``docker exec``)
+        while spacesd answers. Raises ``SpaceError`` when no command runs."""
+        if self._signal_daemon(name, "STOP", "signal-commands", "--state", STATE_DIR) == 1:
+            raise SpaceError(f"Space {name!r} has no command running to freeze")
+
+    def resume_commands(self, name: str) -> None:
+        """SIGCONT to every process of spacesd's commands."""
+        self._signal_daemon(name, "CONT", "signal-commands", "--state", STATE_DIR)
+
+    def _signal_daemon(self, name: str, sig: str, verb: str = "signal-daemon",
+                       *args: str) -> int:
+        code, out = self.exec_in(name, ["python3", "-m", "spacesd.supervisor", verb, *args,
                                         "--pid-file", PID_FILE, "--signal", sig])
         if code not in (0, 1):
-            raise SpaceUnavailable(f"Space {name!r}: signal-daemon {sig} exited {code}: "
+            raise SpaceUnavailable(f"Space {name!r}: {verb} {sig} exited {code}: "
                                    f"{out.strip()}")
         return code
 

@@ -50,6 +50,7 @@ from spacesd.protocol import (
     STATE_LEDGER,
     is_audit_file,
 )
+from spacesd.supervisor import signal_commands
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 #: In ``base_dir``: the size (bytes) of the state disk of its own that every Space made
@@ -295,6 +296,19 @@ class LocalSpaces:
         if running is not None:
             with suppress(ProcessLookupError):
                 os.kill(running[0], signal.SIGCONT)
+
+    def pause_commands(self, name: str) -> None:
+        """Every process of the daemon's commands frozen (SIGSTOP), the daemon answering
+        (``spacesd.supervisor.signal_commands``). Raises ``SpaceError`` when no command
+        runs."""
+        space = self.get(name)
+        if signal_commands(str(space.state), str(space.pid_file), "STOP") == 1:
+            raise SpaceError(f"Space {name!r} has no command running to freeze")
+
+    def resume_commands(self, name: str) -> None:
+        """SIGCONT to every process of the daemon's commands."""
+        space = self.get(name)
+        signal_commands(str(space.state), str(space.pid_file), "CONT")
 
     def resume(self, name: str) -> None:
         """SIGCONT to every process of the Space (a running one ignores it)."""

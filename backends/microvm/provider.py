@@ -375,6 +375,17 @@ class MicroVMSpaces:
         if self.exists(name) and self.running(name):
             self.agent(name).call("signal-daemon CONT")
 
+    def pause_commands(self, name: str) -> None:
+        """Every process of spacesd's commands frozen (SIGSTOP, through the guest agent)
+        while spacesd answers. Raises ``SpaceError`` when no command runs."""
+        if self.agent(name).call("signal-commands STOP").strip() != "0":
+            raise SpaceError(f"Space {name!r} has no command running to freeze")
+
+    def resume_commands(self, name: str) -> None:
+        """SIGCONT to every process of spacesd's commands; the machine off has none."""
+        if self.exists(name) and self.running(name):
+            self.agent(name).call("signal-commands CONT")
+
     def restart(self, name: str) -> None:
         """A clean reboot: the guest flushes its filesystems (through the agent), then the
         machine is reset (QMP ``system_reset``: every process gone, the synced disk kept);

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from durable.errors import SpaceUnavailable
+from durable.errors import SpaceError, SpaceUnavailable
 
 #: Only a hang gets this far.
 DEADLINE_S = 120.0
@@ -77,3 +77,30 @@ def check_a_daemon_pause_freezes_the_daemon_alone(spaces: Any, name: str) -> Non
     ticker = client.exec_status("ticker@1")
     assert ticker.state == "running", f"the daemon's pause ended the ticker: {ticker}"
     client.exec_kill("ticker@1")
+
+
+def check_a_command_pause_freezes_the_commands_alone(spaces: Any, name: str) -> None:
+    """``pause_commands`` (``chaos.space_providers.CommandPausable``): every process of the
+    daemon's commands is stopped (a command started afterwards reads ``T`` in the first's
+    ``/proc`` stat) while the daemon answers and reports them running; once thawed they go
+    on. With no command running there is nothing to freeze, and it says so."""
+    spaces.create(name)
+    client = spaces.connect(name, epoch=1)
+    client.exec_start("ticker@1", "n=0; while :; do n=$((n+1)); echo $n; sleep 0.05; done")
+    until("the ticker's first output", lambda: client.exec_status("ticker@1").output_size > 0)
+    shim = client.exec_status("ticker@1").pid
+
+    spaces.pause_commands(name)
+    client.exec_start("probe@1", f"read -r pid comm state rest < /proc/{shim}/stat; "
+                                 "echo $state")
+    probe = client.exec_wait("probe@1")
+    assert (probe.state, probe.output) == ("exited", "T\n"), probe
+    ticker = client.exec_status("ticker@1")
+    assert ticker.state == "running", f"the pause ended the ticker: {ticker}"
+
+    spaces.resume_commands(name)
+    until("the ticker to go on after the pause",
+          lambda: client.exec_status("ticker@1").output_size > ticker.output_size)
+    client.exec_kill("ticker@1")
+    with pytest.raises(SpaceError, match="no command running"):
+        spaces.pause_commands(name)

@@ -23,6 +23,7 @@ from durable.errors import SpaceError, SpaceNotFound, StaleEpochError
 from durable.spaces import Spaces
 from tests.backends.loss_contract import check_a_loss_is_one_instant
 from tests.backends.pause_contract import (
+    check_a_command_pause_freezes_the_commands_alone,
     check_a_daemon_pause_freezes_the_daemon_alone,
     check_a_pause_freezes_the_space,
 )
@@ -238,6 +239,10 @@ def test_a_loss_saves_the_state_of_its_instant(spaces, tmp_path: Path) -> None:
 
 def test_a_daemon_pause_freezes_the_daemon_and_its_commands_run_on(spaces) -> None:
     check_a_daemon_pause_freezes_the_daemon_alone(spaces, "sd")
+
+
+def test_a_command_pause_freezes_the_commands_and_the_daemon_answers(spaces) -> None:
+    check_a_command_pause_freezes_the_commands_alone(spaces, "sc")
 
 
 def test_a_pause_freezes_the_container_and_a_resume_thaws_it(spaces) -> None:

@@ -19,6 +19,7 @@ from chaos.rendezvous import Answer, Hit, Rendezvous
 from durable.errors import SpaceError, SpaceNotFound, SpaceUnavailable
 from durable.spaces import Spaces
 from tests.backends.pause_contract import (
+    check_a_command_pause_freezes_the_commands_alone,
     check_a_daemon_pause_freezes_the_daemon_alone,
     check_a_pause_freezes_the_space,
 )
@@ -202,6 +203,10 @@ def test_files_commands_create_have_the_daemons_umask_not_the_creators(
 
 def test_a_daemon_pause_freezes_the_daemon_and_its_commands_run_on(spaces: LocalSpaces) -> None:
     check_a_daemon_pause_freezes_the_daemon_alone(spaces, "sd")
+
+
+def test_a_command_pause_freezes_the_commands_and_the_daemon_answers(spaces: LocalSpaces) -> None:
+    check_a_command_pause_freezes_the_commands_alone(spaces, "sc")
 
 
 def test_a_pause_freezes_every_process_and_a_resume_thaws_them(spaces: LocalSpaces) -> None:

@@ -18,6 +18,7 @@ import pytest
 from durable.errors import SpaceNotFound, StaleEpochError
 from tests.backends.loss_contract import check_a_loss_is_one_instant
 from tests.backends.pause_contract import (
+    check_a_command_pause_freezes_the_commands_alone,
     check_a_daemon_pause_freezes_the_daemon_alone,
     check_a_pause_freezes_the_space,
 )
@@ -334,6 +335,10 @@ def test_a_clock_jump_steps_the_guests_clock_and_set_clock_sets_it_right(vms) ->
 
 def test_a_daemon_pause_freezes_the_daemon_and_its_commands_run_on(vms) -> None:
     check_a_daemon_pause_freezes_the_daemon_alone(vms, "vmd")
+
+
+def test_a_command_pause_freezes_the_commands_and_the_daemon_answers(vms) -> None:
+    check_a_command_pause_freezes_the_commands_alone(vms, "vmc")
 
 
 def test_a_pause_stops_the_machine_and_a_resume_goes_on(vms) -> None:

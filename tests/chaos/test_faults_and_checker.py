@@ -11,6 +11,7 @@ import pytest
 from chaos.checker import Observation, ObservedCall, check, merge
 from chaos.faults import (
     FOLLOW_UPS,
+    HELD_KINDS,
     HOLD_REQUEST_TIMEOUT_S,
     RECOVERY_POINTS,
     Fault,
@@ -92,6 +93,22 @@ def test_space_pauses_are_drawn_beside_a_plan_and_leave_its_faults_alone() -> No
                                                          guest=True).faults[len(p.faults):]]
     assert not any((f.point or "").startswith("spacesd.") for f in guest), \
         "a microVM's daemon reports no failpoints: its pauses land at the driver's"
+
+
+def test_a_kind_with_points_of_its_own_is_drawn_there_or_at_a_time() -> None:
+    """``pause_commands`` needs a command running: drawn at its points (four in five) or a
+    seeded time, never where no command runs nor at a recovery's point; the other kinds
+    draw as they did (the same seeds, the same plans)."""
+    scenario = generate(1, load("default"))
+    plans = [draw_plan(s, scenario, "checkpoint") for s in range(1, 120)]
+    added = [f for p in plans
+             for f in with_held_faults(p, "pause_commands", scenario, "checkpoint").faults[
+                 len(p.faults):]]
+    own = set(HELD_KINDS["pause_commands"].points)
+    assert {f.point for f in added if f.trigger == "failpoint"} == own
+    timed = sum(f.trigger == "time" for f in added) / len(added)
+    assert 0.1 < timed < 0.3, timed
+    assert HELD_KINDS["pause_space"].points == (), "the other kinds keep HOLD_POINTS"
 
 
 def test_pauses_reach_the_drivers_as_their_request_timeout(tmp_path: Path) -> None:
