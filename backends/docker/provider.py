@@ -369,7 +369,7 @@ class DockerSpaces:
         with _engine(f"Space {name!r}: freezing it for its loss failed",
                      gone=f"Space {name!r} was removed before its loss"):
             try:
-                self._api.pause(cname)
+                self._pause(cname)
             except docker.errors.APIError as exc:
                 if exc.status_code != 409:  # 409: not running (stopped): nothing to freeze
                     raise
@@ -484,7 +484,24 @@ class DockerSpaces:
             return  # the engine refuses either (409 or 500): nothing to change
         with _engine(f"Space {name!r}: docker {how} failed",
                      gone=f"Space {name!r} was removed during docker {how}"):
-            (self._api.pause if pause else self._api.unpause)(cname)
+            (self._pause if pause else self._api.unpause)(cname)
+
+    #: How often a freeze the runtime could not finish in time is tried again.
+    FREEZE_TRIES = 5
+
+    def _pause(self, container: str) -> None:
+        """``docker pause``, tried again when the runtime gave up waiting for the cgroup to
+        freeze ("unable to freeze": a task in the middle of a fork or of uninterruptible
+        I/O, on a loaded machine); the container is left running then, so a new try is
+        safe."""
+        for tries_left in reversed(range(self.FREEZE_TRIES)):
+            try:
+                self._api.pause(container)
+                return
+            except docker.errors.APIError as exc:
+                if not tries_left or "unable to freeze" not in str(exc.explanation or exc):
+                    raise
+            time.sleep(0.2)
 
     def kill_process(self, name: str, pid: int) -> None:
         """SIGKILL one process of the Space by its pid *inside the container* (a command's

@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -326,3 +327,31 @@ def test_file_operations_stay_in_the_workspace(spaces) -> None:
         assert exc.value.code == "outside_root"
     assert spaces.exec_in("s", ["test", "-e", "/etc/pwned"])[0] == 1
     assert spaces.exec_in("s", ["test", "-e", "/home/cua/escape.txt"])[0] == 1
+
+
+def test_a_freeze_the_runtime_gave_up_on_is_tried_again() -> None:
+    """runc's "unable to freeze" (the cgroup did not freeze in its wait, on a loaded
+    machine) made a campaign's Space loss fail and its run unknown: the pause is tried
+    again; any other refusal, or the last try's, is raised. No engine needed."""
+    import docker.errors
+
+    from backends.docker.provider import DockerSpaces
+
+    class Api:
+        def __init__(self, failures: list[str]) -> None:
+            self.failures, self.paused = failures, 0
+
+        def pause(self, container: str) -> None:
+            if self.failures:
+                raise docker.errors.APIError("500", explanation=self.failures.pop(0))
+            self.paused += 1
+
+    flaky = Api(["OCI runtime pause failed: unable to freeze: unknown"] * 2)
+    DockerSpaces._pause(SimpleNamespace(_api=flaky, FREEZE_TRIES=5), "c")
+    assert flaky.paused == 1 and not flaky.failures
+    with pytest.raises(docker.errors.APIError, match="no such container"):
+        DockerSpaces._pause(SimpleNamespace(_api=Api(["no such container"]), FREEZE_TRIES=5),
+                            "c")
+    stuck = Api(["unable to freeze"] * 5)
+    with pytest.raises(docker.errors.APIError, match="unable to freeze"):
+        DockerSpaces._pause(SimpleNamespace(_api=stuck, FREEZE_TRIES=5), "c")
