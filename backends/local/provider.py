@@ -188,8 +188,8 @@ class LocalSpaces:
             if space.daemon() and self._healthy(space):
                 return
             space.work.mkdir(parents=True, exist_ok=True)
-            if not space.state.exists():
-                space.state.mkdir(parents=True)
+            space.state.mkdir(parents=True, exist_ok=True)
+            if not os.path.ismount(space.state):
                 self._mount_state_disk(space)
             self._kill_daemon(space)  # a hung one, if any
             self._start_daemon(space)
@@ -395,10 +395,15 @@ class LocalSpaces:
             procs.kill_process(*running)
 
     def _mount_state_disk(self, space: LocalSpace) -> None:
-        """Mount the state disk of its own a new Space gets (``STATE_DISK_FILE``), if any."""
+        """Mount the state disk of its own a Space gets (``STATE_DISK_FILE``), if any, on
+        its state directory while that is still empty: also on the ``create`` after one
+        whose mount failed, so that the Space never runs on the host's disk instead. (A
+        Space whose daemon ran before the marker was written keeps the host's disk.)"""
         try:
             size = int((self.base_dir / STATE_DISK_FILE).read_text())
         except FileNotFoundError:
+            return
+        if any(space.state.iterdir()):
             return
         mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700",
                                   "tmpfs", str(space.state)], capture_output=True, text=True)

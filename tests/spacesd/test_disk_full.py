@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from backends.local import LocalSpaces
+from backends.local.provider import STATE_DISK_FILE
 from durable.errors import SpaceError, SpaceUnavailable
 from spacesd.journal import Journal, load
 
@@ -176,3 +177,25 @@ def test_local_spaces_get_a_state_disk_of_their_own_to_fill_and_free(tmp_path: P
             plain.fill_state_disk("s2")
     finally:
         plain.delete_all()
+
+
+def test_a_create_after_a_failed_state_disk_mount_mounts_it(tmp_path: Path) -> None:
+    """A ``create`` whose state-disk mount failed left the Space's state directory behind;
+    the next ``create`` must still mount the disk there, not start the daemon on the
+    host's disk (it did: the mount was tried only where the directory was new)."""
+    if os.geteuid() != 0:
+        pytest.skip("a state disk of its own is a tmpfs mount, which needs root")
+    base = tmp_path / "spaces"
+    spaces = LocalSpaces(base, state_disk=DISK_BYTES)
+    (base / STATE_DISK_FILE).write_text("-1\n")  # a size mount(8) refuses
+    try:
+        with pytest.raises(SpaceError, match="cannot give it a state disk of its own"):
+            spaces.create("s1")
+        state = base / "s1" / "state"
+        assert state.is_dir() and not os.path.ismount(state)
+        (base / STATE_DISK_FILE).write_text(f"{DISK_BYTES}\n")
+        spaces.create("s1")
+        assert os.path.ismount(state), "the second create ran the Space on the host's disk"
+        assert os.statvfs(state).f_blocks * os.statvfs(state).f_frsize == DISK_BYTES
+    finally:
+        spaces.delete_all()
