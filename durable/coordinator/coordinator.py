@@ -176,7 +176,7 @@ class _PatientStore:
 @dataclass
 class _Drive:
     record: SessionRecord
-    thread: threading.Thread
+    thread: threading.Thread = field(init=False)
     #: Set (with a reason) when the drive must end its driver: cancelled, claim lost, the
     #: coordinator stopping.
     stop: str | None = None
@@ -235,11 +235,20 @@ class Coordinator:
                                        self.config.lease_secs)
             if claimed is None:
                 return
-            thread = threading.Thread(target=self._drive_safely, args=(claimed,),
-                                      name=f"drive-{claimed.record.name}", daemon=True)
+            name = claimed.record.name
             with self._lock:
-                self._drives[claimed.record.name] = _Drive(claimed.record, thread)
-            thread.start()
+                # A session this coordinator still drives, claimed again: its claim lapsed
+                # (this process stalled longer than a claim), so the earlier drive is over;
+                # the new one starts once it has ended its driver.
+                earlier = self._drives.get(name)
+                if earlier is not None:
+                    earlier.stop = earlier.stop or "the claim was lost"
+                drive = _Drive(claimed.record)
+                drive.thread = threading.Thread(target=self._drive_safely,
+                                                args=(claimed, drive, earlier),
+                                                name=f"drive-{name}", daemon=True)
+                self._drives[name] = drive
+            drive.thread.start()
 
     def _renew(self) -> None:
         now = self.clock()
@@ -277,17 +286,18 @@ class Coordinator:
         except StoreUnavailable:
             pass  # the claims lapse on their own; another coordinator takes the sessions
 
-    def _stop_reason(self, name: str) -> str | None:
+    def _stop_reason(self, drive: _Drive) -> str | None:
         with self._lock:
-            drive = self._drives.get(name)
-            return None if drive is None else drive.stop
+            return drive.stop
 
     # ------------------------------------------------------------------ one drive
 
-    def _drive_safely(self, claimed: Claimed) -> None:
+    def _drive_safely(self, claimed: Claimed, drive: _Drive, earlier: _Drive | None) -> None:
         rec = claimed.record
         try:
-            self._drive(claimed)
+            if earlier is not None:
+                earlier.thread.join()
+            self._drive(claimed, drive)
         except ClaimLost as exc:
             try:
                 self.store.note(rec.name, "claim_lost", {"coordinator": self.id,
@@ -308,7 +318,7 @@ class Coordinator:
         finally:
             self.wake.set()
 
-    def _drive(self, claimed: Claimed) -> None:
+    def _drive(self, claimed: Claimed, drive: _Drive) -> None:
         rec = claimed.record
         if claimed.orphan is not None:
             pid, started, host = claimed.orphan
@@ -317,11 +327,11 @@ class Coordinator:
         rec = self._place(rec)
         if rec.ended:
             return
-        if self._stop_reason(rec.name) == "cancelled":
+        if self._stop_reason(drive) == "cancelled":
             self.store.save(rec.evolve(state="failed", reason="cancelled"), self.id,
                             self.clock(), [("cancelled", {})])
             return
-        if self._stop_reason(rec.name) is not None:
+        if self._stop_reason(drive) is not None:
             return
         epoch, facts = self._epoch(rec)
         now = self.clock()
@@ -345,7 +355,7 @@ class Coordinator:
             driver.kill_group()
             driver.watch(lambda: "the claim was lost")
             raise
-        result = driver.watch(lambda: self._stop_reason(rec.name))
+        result = driver.watch(lambda: self._stop_reason(drive))
         self._after(rec, epoch, result)
 
     def _place(self, rec: SessionRecord) -> SessionRecord:

@@ -140,6 +140,9 @@ class SessionRecord:
     #: The coordinator whose claim the session is under, and until when.
     owner: str | None = None
     claim_until: float | None = None
+    #: Claims taken so far: a drive saves under the claim it was started by, and no other
+    #: (its own coordinator may have claimed the session again after the claim lapsed).
+    claim: int = 0
     #: The running driver: pid, its start time (psutil's create_time) and host, so that a
     #: coordinator taking the session over can end it by pid (never by name).
     driver_pid: int | None = None

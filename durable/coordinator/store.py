@@ -367,7 +367,8 @@ class SqlStore:
             orphan = (rec.driver_pid, rec.driver_started or 0.0, rec.driver_host or "")
         before, previous = rec.state, rec.owner
         rec = rec.evolve(state="running", owner=coordinator, claim_until=now + claim_secs,
-                         reason=f"claimed by {coordinator}", updated_at=now)
+                         claim=rec.claim + 1, reason=f"claimed by {coordinator}",
+                         updated_at=now)
         tx.put(rec)
         tx.event(rec.name, "claimed", {"coordinator": coordinator, "from_state": before,
                                        "from_owner": previous if before == "running" else None},
@@ -393,11 +394,16 @@ class SqlStore:
             cur = tx.record(record.name)
             if cur is None:
                 raise UnknownSession(f"no session {record.name!r} in {self.url}")
-            if cur.state != "running" or cur.owner != coordinator:
+            if cur.state != "running" or cur.owner != coordinator or cur.claim != record.claim:
                 raise ClaimLost(f"session {record.name!r} is no longer claimed by "
-                                f"{coordinator} (state {cur.state}, owner {cur.owner}); stop "
-                                "driving it")
-            record = record.evolve(cancel_requested=cur.cancel_requested, updated_at=now)
+                                f"{coordinator} under the claim its drive started with "
+                                f"(state {cur.state}, owner {cur.owner}, claim {cur.claim}; "
+                                f"the drive's: {record.claim}); stop driving it")
+            # The claim's time is the renewals' (``renew``), never the drive's copy, which
+            # is as old as the drive: written back, it would let the claim lapse early.
+            record = record.evolve(cancel_requested=cur.cancel_requested, updated_at=now,
+                                   claim_until=cur.claim_until if record.state == "running"
+                                   else record.claim_until)
             for kind, data in events:
                 tx.event(record.name, kind, data, now)
             if record.state in ("done", "failed"):

@@ -32,8 +32,9 @@ from durable.coordinator import (
 from tests.coordinator.conftest import store_url
 
 FAKE = Path(__file__).with_name("fake_driver.py")
-#: Claims only a hang lets lapse: with 2 s a busy machine let one lapse mid-drive, the
-#: session was claimed again and its script ran out of order.
+#: Claims only a hang lets lapse. (With 2 s one lapsed mid-drive on a busy machine and its
+#: script ran out of order: a drive's late save wrote its claim's first expiry back over
+#: the renewals', fixed since; see the frozen-Space test below.)
 FAST = CoordinatorConfig(backoff=Backoff(0.0), stall_secs=5.0, heartbeat_secs=0.2,
                          poll_secs=0.05, claim_secs=30.0)
 
@@ -150,6 +151,42 @@ def test_the_space_is_checked_before_each_drive(store: CoordinatorStore, spaces:
     assert (c.state, c.attempts) == ("failed", 1), c
     assert "use a CheckpointStore or mode transactional" in c.reason
     assert not spaces.exists("ws2")
+
+
+def test_a_drive_held_up_by_a_frozen_space_keeps_its_claim(store: CoordinatorStore,
+                                                            spaces: LocalSpaces,
+                                                            tmp_path: Path) -> None:
+    """A drive reads the Space's floor before it launches; with the Space frozen (every
+    process SIGSTOPped) that read waits past a claim. The drive then saved its record with
+    its claim's first expiry over the renewals', the claim lapsed at once, this same
+    coordinator claimed the session again, ended the just-launched driver as an orphan,
+    and the earlier drive took that kill for a clean exit: the session was marked done
+    while a newer driver ran, and a waiting session got an epoch already used. Found by a
+    redrive campaign with --pause-spaces. Whatever the machine's load (a stall may still
+    let a claim lapse), the session ends done by its own driver's clean exit, and no
+    epoch is driven twice."""
+    spaces.create("ws")
+    spaces.pause("ws")
+    thaw = threading.Timer(4.0, spaces.resume, args=("ws",))  # the fault's length
+    thaw.start()
+    try:
+        store.submit(fake("s", tmp_path, spaces, [{"sleep": 0.5, "exit": 0}]), 0.0)
+        store.submit(fake("t", tmp_path, spaces, [{"exit": 0}]), 1.0)
+        config = CoordinatorConfig(backoff=Backoff(0.0), stall_secs=10.0, heartbeat_secs=0.2,
+                                   poll_secs=0.05, claim_secs=1.5)
+        serve(store, spaces, config)
+    finally:
+        thaw.cancel()
+        spaces.resume("ws")
+    s = store.get("s")
+    assert (s.state, s.reason) == ("done", "finished"), s
+    drives = [e.data["epoch"] for e in store.events("s") if e.kind == "drive"]
+    runs = journal(tmp_path, "s")
+    assert runs[-1]["event"] == "end" and runs[-1]["exit"] == 0, runs
+    assert runs[-1]["epoch"] == drives[-1], (runs, drives)
+    later = [e.data["epoch"] for e in store.events("t") if e.kind == "drive"]
+    assert store.get("t").state == "done" and later[0] > drives[-1], (drives, later)
+    assert len(set(drives + later)) == len(drives + later), (drives, later)
 
 
 def test_the_epoch_is_above_the_spaces_floor_and_the_lease_token(

@@ -61,6 +61,37 @@ def test_a_claim_is_one_coordinators_until_it_expires(store: CoordinatorStore) -
     assert ("claimed", "c1") in kinds  # the takeover names the coordinator it took from
 
 
+def test_a_drives_save_keeps_the_claim_its_coordinator_renewed(store: CoordinatorStore) -> None:
+    """A drive's record is as old as its claim: saved late (its Space was frozen while it
+    read the floor), it must not write its claim's first expiry back over the renewals'.
+    It did, the claim lapsed under a live drive, and the session was claimed again: found
+    by a redrive campaign with --pause-spaces (two drivers of one Space at once)."""
+    store.submit(spec("a"), 1.0)
+    got = store.claim("c1", 2.0, CLAIM, LEASE)  # until 12.0
+    assert got is not None
+    assert "a" in store.renew("c1", ["a"], 11.0, CLAIM, LEASE)  # until 21.0
+    saved = store.save(got.record.evolve(attempts=1, epoch=1), "c1", 11.5)
+    assert saved.claim_until == 21.0
+    assert store.claim("c2", 15.0, CLAIM, LEASE) is None
+
+
+def test_a_drive_of_an_earlier_claim_saves_nothing_even_from_its_own_coordinator(
+        store: CoordinatorStore) -> None:
+    """A coordinator that stalled past its claim and claimed its session again has two
+    drives of it; only the newer claim's may save (the older's driver may report a clean
+    exit that is not the session's)."""
+    store.submit(spec("a"), 1.0)
+    first = store.claim("c1", 2.0, CLAIM, LEASE)
+    again = store.claim("c1", 13.0, CLAIM, LEASE)  # the first lapsed at 12.0
+    assert first is not None and again is not None
+    assert again.record.claim == first.record.claim + 1
+    with pytest.raises(ClaimLost, match="under the claim its drive started with"):
+        store.save(first.record.evolve(state="done", reason="finished"), "c1", 13.5)
+    assert store.get("a").state == "running"
+    assert store.save(again.record.evolve(state="done", reason="finished"), "c1",
+                      14.0).state == "done"
+
+
 def test_released_claims_are_due_at_once(store: CoordinatorStore) -> None:
     store.submit(spec("a"), 1.0)
     store.claim("c1", 2.0, CLAIM, LEASE)
