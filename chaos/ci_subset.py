@@ -245,6 +245,11 @@ SLICES: tuple[Slice, ...] = (
           "after a kill and under a live driver, its own SIGKILL in a backoff, a race of "
           "two sessions for one Space, and a driver frozen mid-call that it must replace",
           {"mode": "redrive", "runs": 12}),
+    Slice("redrive-held", "the same coordinator under held faults: its Space frozen while a "
+          "drive reads the floor and while commands run, the link cut, the daemon frozen; "
+          "a drive held up past a claim must keep it, and no epoch may be driven twice",
+          {"mode": "redrive", "held": ("pause_space", "cut_link", "pause_daemon"),
+           "seeds": (4, 5, 9, 13, 16, 22)}),
     Slice("pause-spaces", "a Space frozen (every process stopped) past the drivers' request "
           "timeout, at seeded points and where a request is left unanswered: what it does "
           "once thawed must match what the log says",

@@ -95,39 +95,39 @@ HELD_KINDS: dict[str, HeldKind] = {k.action: k for k in (
     HeldKind("pause_space", "--pause-spaces", "space_pauses", "pauses", (), "", True,
              "also freeze each run's Space once or twice (SIGSTOP of its processes, docker "
              "pause, QMP stop) at seeded points for seeded times, most past the faulted "
-             "drivers' request timeout, which drops to 2 s (transactional, checkpoint and "
-             "auto modes)"),
+             "drivers' request timeout, which drops to 2 s (transactional, checkpoint, "
+             "auto and redrive modes)"),
     HeldKind("cut_link", "--cut-links", "link_cuts", "cuts", (), "", True,
              "also cut the link between each run's drivers and its Space once or twice (a "
              "partition: nothing crosses, what reached the daemon is carried out, its answers "
              "are lost) at seeded points for seeded times, then heal it; the faulted drivers' "
-             "request timeout drops to 2 s (transactional, checkpoint and auto modes)"),
+             "request timeout drops to 2 s (transactional, checkpoint, auto and redrive modes)"),
     HeldKind("jump_clock", "--jump-clocks", "clock_jumps", "jumps", ("microvm",),
              "a microVM keeps a clock of its own; local and docker Spaces share the host's, "
              "which a campaign must not step", False,
              "also step each run's Space clock once or twice (seconds to a year, back or "
              "forward) at seeded points, and back to the host's after a seeded time, as NTP "
-             "would (a microVM's own clock: --backend microvm; transactional, checkpoint and "
-             "auto modes)"),
+             "would (a microVM's own clock: --backend microvm; transactional, checkpoint, "
+             "auto and redrive modes)"),
     HeldKind("pause_daemon", "--pause-daemons", "daemon_pauses", "daemon_pauses", (), "",
              True,
              "also freeze each run's daemon alone once or twice (SIGSTOP of spacesd; its "
              "commands run on and end while it is frozen) at seeded points for seeded times, "
              "most past the faulted drivers' request timeout, which drops to 2 s "
-             "(transactional, checkpoint and auto modes)"),
+             "(transactional, checkpoint, auto and redrive modes)"),
     HeldKind("fill_state_disk", "--fill-state-disks", "state_disk_fills", "state_fills",
              ("local",), "a local Space's daemon state gets a disk of its own (a tmpfs, "
              "mounted as root); docker and microvm Spaces keep it on their one disk", False,
              "also fill each run's Space's state disk (the daemon's ledger, journals, command "
              "output and checkpoints, on a tmpfs of its own) once or twice at seeded points "
              "for seeded times, then free it (--backend local, as root; transactional, "
-             "checkpoint and auto modes)", root=True),
+             "checkpoint, auto and redrive modes)", root=True),
     HeldKind("pause_commands", "--pause-commands", "command_pauses", "command_pauses", (), "",
              False,
              "also freeze each run's running commands once or twice (SIGSTOP of every process "
              "of the daemon's commands, not the daemon: it answers on, their waits see them "
              "running) at seeded points for seeded times, then thaw them (transactional, "
-             "checkpoint and auto modes)",
+             "checkpoint, auto and redrive modes)",
              points=("spacesd.exec.spawned", "space.running", "spacesd.exec.exit_writing")),
 )}
 if set(HELD_KINDS) != set(get_args(HeldAction)):
@@ -408,12 +408,14 @@ HOLD_POINTS = ("call.intent", "space.start_mark", "space.before_spawn", "space.r
 
 def with_held_faults(plan: FaultPlan, action: HeldAction, scenario: Scenario,
                      durable_mode: str, *, guest: bool = False,
-                     long_seconds: float = 1.0) -> FaultPlan:
+                     long_seconds: float = 1.0, timed: bool = True) -> FaultPlan:
     """``plan`` with one or two faults more of a held ``action`` (``HELD_KINDS``; pure:
     from the plan's seed, and drawn apart from it, so the plan's own faults are
     unchanged). Each holds for a time of ``HOLDS``, from a point of ``HOLD_POINTS`` (or
     the kind's own ``points``), a recovery's point, or a seeded time. ``guest``: a
-    microVM, whose daemon's points land at the driver's (``GUEST_POINT``)."""
+    microVM, whose daemon's points land at the driver's (``GUEST_POINT``). Not
+    ``timed``: at points alone (a coordinator launches redrive's drivers, so no timer
+    starts with them); where a time was drawn, a point is."""
     kind = HELD_KINDS[action]
     rng = random.Random(f"{kind.seed}:{durable_mode}:{plan.seed}")
     points = reachable_points(scenario, durable_mode)
@@ -426,7 +428,7 @@ def with_held_faults(plan: FaultPlan, action: HeldAction, scenario: Scenario,
         kill = rng.random() < 0.2
         roll = rng.random()
         jump = rng.choice((-1, 1)) * rng.choice(JUMPS) if action == "jump_clock" else None
-        if roll < (0.8 if kind.points else 0.6) and names:
+        if (roll < (0.8 if kind.points else 0.6) or not timed) and names:
             point = rng.choice(names)
             fault = Fault(action, "failpoint", point, rng.randint(1, points[point]),
                           kill_driver=kill, hold=hold, jump=jump)

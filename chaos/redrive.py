@@ -191,7 +191,14 @@ class Redrive:
 
     def specs(self) -> list[SessionSpec]:
         run, spec = self.run, self.run.spec
-        first = SessionSpec(run.session, run.space, tuple(driver_argv(spec, run.dir, None)),
+        # Every driver the coordinator launches is a faulted one: with a held fault in the
+        # plan, its requests time out before a frozen Space thaws, and it reaches the Space
+        # through the link the plan cuts.
+        timeout = run.request_timeout(faulted=True)
+        links = run.links.directory if run.link else None
+        first = SessionSpec(run.session, run.space,
+                            tuple(driver_argv(spec, run.dir, None, request_timeout=timeout,
+                                              links=links)),
                             str(run.dir / "state"), f"play scenario {spec.seed}",
                             spec.durable_mode, True)
         if self.kind != "race":
@@ -200,7 +207,7 @@ class Redrive:
                              run.dir / "b")
         steps = load(SECOND_PRESET).steps
         keep = ",".join(str(SECOND_FIRST_STEP + i) for i in range(steps))
-        argv = driver_argv(spec, run.dir, other) + [
+        argv = driver_argv(spec, run.dir, other, request_timeout=timeout, links=links) + [
             "--steps", str(SECOND_FIRST_STEP + steps), "--keep-steps", keep]
         return [first, SessionSpec(other.name, run.space, tuple(argv),
                                    str(other.run_dir / "state"), "play the second scenario",

@@ -126,18 +126,21 @@ class Run:
         spec = self.spec
         if spec.campaign_mode in ("stale", "machine"):
             return FaultPlan(spec.seed, ())
-        if spec.campaign_mode == "redrive":
-            return draw_redrive_plan(spec.seed, kind_of(spec.seed, spec.redrive_kind),
+        redrive = spec.campaign_mode == "redrive"
+        if redrive:
+            plan = draw_redrive_plan(spec.seed, kind_of(spec.seed, spec.redrive_kind),
                                      reachable_points(self.scenario, spec.durable_mode))
-        plan = draw_plan(spec.seed, self.scenario, spec.durable_mode,
-                         long_seconds=self.preset.long_seconds)
-        if spec.backend == "microvm":
-            plan = on_machine(plan)
+        else:
+            plan = draw_plan(spec.seed, self.scenario, spec.durable_mode,
+                             long_seconds=self.preset.long_seconds)
+            if spec.backend == "microvm":
+                plan = on_machine(plan)
         for kind in HELD_KINDS.values():  # in the registry's order, whatever the flags' order
             if kind.action in spec.held:
                 plan = with_held_faults(plan, kind.action, self.scenario, spec.durable_mode,
                                         guest=spec.backend == "microvm",
-                                        long_seconds=self.preset.long_seconds)
+                                        long_seconds=self.preset.long_seconds,
+                                        timed=not redrive)
         return plan
 
     def note_launch(self) -> None:
