@@ -371,7 +371,13 @@ class DockerSpaces:
             try:
                 self._pause(cname)
             except docker.errors.APIError as exc:
-                if exc.status_code != 409:  # 409: not running (stopped): nothing to freeze
+                # Not running, nothing to freeze: 409 (stopped), or caught between a
+                # restart's stop and its start, where Docker 20.10 answers 500 "cannot
+                # pause a stopped container" (found by a docker campaign with
+                # --pause-commands: a loss meeting a restart_space in flight). The kill
+                # below ends whatever the restart starts.
+                if exc.status_code != 409 and \
+                        self._api.inspect_container(cname)["State"]["Running"]:
                     raise
             self._api.rename(cname, lost)
             self._kill_paused(lost)

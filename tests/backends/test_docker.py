@@ -238,6 +238,32 @@ def test_a_loss_saves_the_state_of_its_instant(spaces, tmp_path: Path) -> None:
     assert [c["Id"] for c in kept] == [spaces.get("s").id], "the lost container is left"
 
 
+def test_a_loss_of_a_container_caught_stopped_mid_restart_keeps_its_ledger(
+        spaces, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between a restart's stop and its start, Docker 20.10 refuses a pause with a 500
+    ("cannot pause a stopped container"), not a 409: the loss goes on (nothing runs to
+    freeze) and saves the ledger. It used to fail, its generation's ledger unread, and the
+    run's audits could not decide (a docker campaign with --pause-commands, seed 7)."""
+    import docker
+
+    from spacesd import audit
+
+    spaces.create("s")
+    client = spaces.connect("s", epoch=1)
+    client.exec_wait(client.exec_start("c:1:0@1", "echo hi").key)
+    spaces._api.stop(spaces.get("s").id, timeout=0)
+
+    def refused(container: str) -> None:
+        raise docker.errors.APIError("500 Server Error: Internal Server Error", explanation=(
+            f"Cannot pause container {container}: cannot pause a stopped container: "
+            "unknown"), response=SimpleNamespace(status_code=500))
+
+    monkeypatch.setattr(spaces._api, "pause", refused)
+    spaces.lose("s", tmp_path / "lost")
+    assert [k.key for k in audit.read_state(str(tmp_path / "lost")).keys] == ["c:1:0@1"]
+    assert not spaces.exists("s")
+
+
 def test_a_daemon_pause_freezes_the_daemon_and_its_commands_run_on(spaces) -> None:
     check_a_daemon_pause_freezes_the_daemon_alone(spaces, "sd")
 
