@@ -33,6 +33,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -42,11 +43,14 @@ from scenarios.workload import PREFIX, load
 from spacesd.protocol import ScanEntry
 
 from .faults import FaultPlan
+from .run_record import RunRecord
 from .run_spec import RunSpec
 
 if TYPE_CHECKING:
-    from .checker import Observation
+    from .checks.model import Observation
 
+#: Runs a run of a spec to its end (``chaos.runner.Run.execute``): how a clean run is made.
+Execute = Callable[[RunSpec], RunRecord]
 #: mtimes of a golden run older than its start by more than this are a program's own.
 SET_MTIME_MARGIN_NS = 24 * 3600 * 10**9
 
@@ -91,9 +95,11 @@ _computing: dict[_Key, threading.Lock] = {}
 _lock = threading.Lock()
 
 
-def golden_for(spec: RunSpec, workload: Workload, interrupted: frozenset[int]) -> Golden:
+def golden_for(spec: RunSpec, workload: Workload, interrupted: frozenset[int],
+               execute: Execute) -> Golden:
     """The golden run of ``workload`` (``spec``'s) without the calls of ``interrupted``
-    (their step indices), computed once per key in this process (a nondeterministic
+    (their step indices), each clean run made by ``execute``, computed once per key in this
+    process (a nondeterministic
     workload too; a clean run that did not finish is tried again by the next run)."""
     kept = tuple(i for i in range(len(workload.calls)) if i not in interrupted)
     spec = replace(spec, preset=PREFIX + workload.path)
@@ -106,7 +112,7 @@ def golden_for(spec: RunSpec, workload: Workload, interrupted: frozenset[int]) -
             known = _cache.get(key)
         if known is None:
             try:
-                known = _compute(spec, workload, kept, key)
+                known = _compute(spec, workload, kept, key, execute)
             except Nondeterministic as exc:
                 known = exc
             with _lock:
@@ -118,29 +124,30 @@ def golden_for(spec: RunSpec, workload: Workload, interrupted: frozenset[int]) -
     return known
 
 
-def _compute(spec: RunSpec, workload: Workload, kept: tuple[int, ...], key: _Key) -> Golden:
+def _compute(spec: RunSpec, workload: Workload, kept: tuple[int, ...], key: _Key,
+             execute: Execute) -> Golden:
     """The golden run of ``key``, made twice: ``Nondeterministic`` when the two differ."""
     name = "golden-" + hashlib.sha256(repr(key).encode()).hexdigest()[:16]
-    first, paths, steps = _twice(spec, workload, kept, spec.work_dir.parent / "goldens" / name)
+    first, paths, steps = _twice(spec, workload, kept, spec.work_dir.parent / "goldens" / name,
+                                 execute)
     if paths or steps:
         raise Nondeterministic(workload, paths, steps)
     return first
 
 
-def _twice(spec: RunSpec, workload: Workload, kept: tuple[int, ...], work_dir: Path
-           ) -> tuple[Golden, list[str], list[int]]:
+def _twice(spec: RunSpec, workload: Workload, kept: tuple[int, ...], work_dir: Path,
+           execute: Execute) -> tuple[Golden, list[str], list[int]]:
     """Two clean runs under ``work_dir``: the first's oracle, and where they differ."""
-    first, second = (_clean_run(spec, kept, work_dir / f"clean-{i}") for i in (1, 2))
+    first, second = (_clean_run(spec, kept, work_dir / f"clean-{i}", execute) for i in (1, 2))
     return (first, *differences(workload, first, second))
 
 
-def _clean_run(spec: RunSpec, kept: tuple[int, ...], work_dir: Path) -> Golden:
-    from .runner import Run  # the runner imports this module
-
+def _clean_run(spec: RunSpec, kept: tuple[int, ...], work_dir: Path, execute: Execute
+               ) -> Golden:
     golden_spec = replace(spec, index=0, plan=FaultPlan(spec.seed, ()), keep=False,
                           keep_steps=kept, simple_steps=(), golden=True, lead_misses=(),
                           work_dir=work_dir)
-    record = Run(golden_spec).execute()
+    record = execute(golden_spec)
     obs = record.observation
     if record.final_exit != 0 or obs is None:
         raise GoldenFailed(
@@ -161,8 +168,9 @@ def differences(workload: Workload, a: Golden, b: Golden) -> tuple[list[str], li
     return paths, steps
 
 
-def probe(workload_path: str, *, work_dir: Path, durable_mode: str = "checkpoint",
-          backend: str = "local") -> tuple[list[str], list[int]]:
+def probe(workload_path: str, execute: Execute, *, work_dir: Path,
+          durable_mode: str = "checkpoint", backend: str = "local"
+          ) -> tuple[list[str], list[int]]:
     """Run the workload twice without faults and say where the runs differ: the paths to
     declare volatile (exact, glob-escaped) and the calls whose output is nondeterministic.
     ``GoldenFailed`` when a clean run does not finish."""
@@ -170,7 +178,8 @@ def probe(workload_path: str, *, work_dir: Path, durable_mode: str = "checkpoint
     spec = RunSpec(index=0, seed=1, campaign_mode="standard", durable_mode=durable_mode,
                    backend=backend, preset=PREFIX + workload.path, steps=None,
                    work_dir=work_dir)
-    _first, paths, steps = _twice(spec, workload, tuple(range(len(workload.calls))), work_dir)
+    _first, paths, steps = _twice(spec, workload, tuple(range(len(workload.calls))), work_dir,
+                                  execute)
     return [glob.escape(p) for p in paths], steps
 
 

@@ -21,14 +21,14 @@ import time
 import traceback
 from typing import TYPE_CHECKING, Any, cast
 
-from .checker import Verdict
+from .checks.model import Verdict
 from .faults import FaultPlan
 from .run_record import RunRecord
 
 if TYPE_CHECKING:
     from backends.microvm import MicroVMSpaces
 
-    from .runner import Run
+    from .run_context import RunContext
 
 INJURIES = ("none", "kill_daemon", "restart", "power_off")
 # /tmp/count is replaced whole (a rename), so a stop between a truncation and its write
@@ -45,7 +45,7 @@ def _read(client: Any, key: str, command: str) -> str:
     return str(info.output).strip()
 
 
-def run_machine_check(run: Run) -> RunRecord:
+def run_machine_check(run: RunContext) -> RunRecord:
     spec, state = run.spec, run.state
     rng = random.Random(f"machine:{spec.seed}")
     interval = rng.choice((0.05, 0.1, 0.2))

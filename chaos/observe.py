@@ -26,7 +26,7 @@ from scenarios.steps import LOG_FILE
 from spacesd.audit import read_state
 from spacesd.protocol import ScanEntry
 
-from .checker import Observation, ObservedCall
+from .checks.model import Observation, ObservedCall
 from .space_providers import CampaignSpaces, Restorable
 
 

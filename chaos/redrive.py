@@ -47,7 +47,6 @@ from durable.coordinator import (
 )
 from durable.errors import SpaceError
 from durable.lifetime import DIE_WITH_ENV
-from scenarios import generate, load
 
 from . import live
 from .faults import Fault, FaultPlan
@@ -55,17 +54,12 @@ from .launch import OtherSession, driver_argv, driver_env
 from .observe import observe, save_ledger
 from .processes import Owned, python_argv
 from .rendezvous import Answer, Hit, Rendezvous
+from .second_session import second_scenario_params
 
 if TYPE_CHECKING:
-    from .runner import Run
+    from .run_context import RunContext
 
 KINDS = ("driver_kill", "lost_after_kill", "lost_live", "coordinator_kill", "race", "frozen")
-#: The race's second session: its agent (no edits: the first session changed doc.txt), its
-#: seed (added to the run's) and the index of its first step (its markers never meet the
-#: first session's).
-SECOND_PRESET = "second"
-SECOND_SEED_OFFSET = 7919
-SECOND_FIRST_STEP = 100
 #: The coordinator of a redrive run: quick to notice, quick to retry; its backoff is long
 #: enough in the coordinator_kill kind for the kill to land inside it.
 POLL_S = 0.05
@@ -156,7 +150,7 @@ class DriverTracker:
     seen makes that driver the run's current attempt (the coordinator launched it), then
     the fault schedule answers."""
 
-    def __init__(self, run: Run) -> None:
+    def __init__(self, run: RunContext) -> None:
         self.run = run
         self.pids: dict[int, int] = {}
 
@@ -173,7 +167,7 @@ class DriverTracker:
 
 @dataclass
 class Redrive:
-    run: Run
+    run: RunContext
     rv: Rendezvous
     kind: str
     store: CoordinatorStore
@@ -203,12 +197,10 @@ class Redrive:
                             spec.durable_mode, True)
         if self.kind != "race":
             return [first]
-        other = OtherSession(self.second_name, spec.seed + SECOND_SEED_OFFSET, SECOND_PRESET,
-                             run.dir / "b")
-        steps = load(SECOND_PRESET).steps
-        keep = ",".join(str(SECOND_FIRST_STEP + i) for i in range(steps))
+        agent = second_scenario_params(spec.seed)
+        other = OtherSession(self.second_name, agent["seed"], agent["preset"], run.dir / "b")
         argv = driver_argv(spec, run.dir, other, request_timeout=timeout, links=links) + [
-            "--steps", str(SECOND_FIRST_STEP + steps), "--keep-steps", keep]
+            "--steps", str(agent["steps"]), "--keep-steps", ",".join(map(str, agent["keep"]))]
         return [first, SessionSpec(other.name, run.space, tuple(argv),
                                    str(other.run_dir / "state"), "play the second scenario",
                                    spec.durable_mode, True)]
@@ -348,7 +340,7 @@ class Redrive:
                 "coordinators": sorted(self.coordinators)}
 
 
-def store_url(run: Run) -> str:
+def store_url(run: RunContext) -> str:
     """The run's coordinator store: a SQLite file in the run's directory, or a schema of
     its own on the campaign's PostgreSQL server."""
     base = run.spec.redrive_store
@@ -359,7 +351,7 @@ def store_url(run: Run) -> str:
     return f"{base}{'&' if '?' in base else '?'}schema={schema}"
 
 
-def run_redrive(run: Run, rv: Rendezvous) -> int | None:
+def run_redrive(run: RunContext, rv: Rendezvous) -> int | None:
     kind = kind_of(run.spec.seed, run.spec.redrive_kind)
     run.state.count(f"kind_{kind}")
     url = store_url(run)
@@ -373,15 +365,7 @@ def run_redrive(run: Run, rv: Rendezvous) -> int | None:
             store.close()
 
 
-def second_scenario_params(seed: int) -> dict[str, Any]:
-    """How the race's second session's agent is drawn (the checker draws it again)."""
-    steps = load(SECOND_PRESET).steps
-    return {"seed": seed + SECOND_SEED_OFFSET, "preset": SECOND_PRESET,
-            "steps": SECOND_FIRST_STEP + steps,
-            "keep": [SECOND_FIRST_STEP + i for i in range(steps)]}
-
-
-def observe_second(run: Run) -> dict[str, Any] | None:
+def observe_second(run: RunContext) -> dict[str, Any] | None:
     """The race's second session, observed like the run's own (its keys in the Space are
     its own; the first session's are foreign to it)."""
     facts = run.redrive
@@ -398,7 +382,7 @@ def observe_second(run: Run) -> dict[str, Any] | None:
     return {"scenario": second_scenario_params(run.spec.seed), "observation": obs.to_json()}
 
 
-def keys_of(run: Run, token: str) -> list[str]:
+def keys_of(run: RunContext, token: str) -> list[str]:
     """Every exec key of session ``token`` in the run's Space, its lost generations too."""
     assert run.spaces is not None
     ledgers = list(run.state.ledgers(run.space))
@@ -408,8 +392,3 @@ def keys_of(run: Run, token: str) -> list[str]:
         pass
     return sorted({k["key"] for ledger in ledgers for k in ledger["audit"]["keys"]
                    if k["key"].startswith(f"{token}:")})
-
-
-def second_scenario(params: dict[str, Any]) -> Any:
-    return generate(params["seed"], load(params["preset"]), steps=params["steps"],
-                    keep=tuple(params["keep"]))

@@ -19,7 +19,8 @@ from scenarios import scenario_of
 
 from . import code_identity
 from .campaign import EXIT, CampaignConfig
-from .checker import VERDICT_NAMES, Observation, Valid, check, merge
+from .checker import check
+from .checks.model import VERDICT_NAMES, Observation, Valid, merge
 from .errors import BadArguments
 from .faults import Fault, FaultPlan, held_of
 from .records import ResultsDir

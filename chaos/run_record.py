@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from .checker import Observation, Verdict
+from .checks.model import Observation, Verdict
 from .faults import FaultPlan
 
 

@@ -36,7 +36,8 @@ from scenarios.plan import Scenario
 
 from . import live
 from .attempts import EXIT_TIMED_OUT, AttemptScope
-from .checker import Observation, Verdict, check
+from .checker import check
+from .checks.model import Observation, Verdict
 from .driver import SPACE_PREFIX, initial_tree
 from .fault_kinds import FaultNemesis
 from .fault_schedule import FaultSchedule
@@ -385,7 +386,8 @@ class Run:
             return None
         took = {c.step for c in obs.calls if c.result in ("ok", "fail")}
         cut = frozenset(c.step for c in obs.calls if c.result == "info") - took
-        return golden_for(self.spec, self.scenario.workload, cut)
+        return golden_for(self.spec, self.scenario.workload, cut,
+                          lambda spec: Run(spec).execute())
 
     def _clean_up(self, *, failed: bool) -> None:
         """Phase 5: keep a failed run's workspace, delete the run's Spaces, and its

@@ -56,7 +56,7 @@ from .run_spaces import seed_space
 
 if TYPE_CHECKING:
     from .processes import Owned
-    from .runner import Run
+    from .run_context import RunContext
 
 KINDS = ("race", "detached", "foreign", "paused")
 #: The preset of the earlier log in a foreign run: one command that sleeps, then appends.
@@ -82,7 +82,7 @@ PAUSE_SPREAD_S = 0.02
 PAUSE_MAX_S = 20.0
 
 
-def run_kind(run: Run, rv: Rendezvous) -> int | None:
+def run_kind(run: RunContext, rv: Rendezvous) -> int | None:
     kind = run.spec.stale_kind
     if kind == "foreign":
         return _foreign(run, rv)
@@ -93,7 +93,7 @@ def run_kind(run: Run, rv: Rendezvous) -> int | None:
     return _race(run, rv, random.Random(f"stale:{run.spec.seed}"))
 
 
-def _race(run: Run, rv: Rendezvous, rng: random.Random,
+def _race(run: RunContext, rv: Rendezvous, rng: random.Random,
           at: tuple[str, int] | None = None, race: str | None = None) -> int | None:
     """Every driver of the race is the run's scope's: whatever happens here (a timeout, a
     launch refused after Ctrl-C), none is left running or unreaped."""
@@ -128,7 +128,7 @@ def _race(run: Run, rv: Rendezvous, rng: random.Random,
     return code
 
 
-def _park_older(run: Run, rv: Rendezvous, at: tuple[str, int],
+def _park_older(run: RunContext, rv: Rendezvous, at: tuple[str, int],
                 name: str) -> tuple[Owned, int, Hold, bool]:
     """The older driver (its heartbeat slowed, so that the fences in its commits and Space
     requests stop it, not its heartbeat's check) launched to park at ``at``: it, its epoch,
@@ -142,14 +142,14 @@ def _park_older(run: Run, rv: Rendezvous, at: tuple[str, int],
     return old, run.epoch, hold, parked
 
 
-def _seeded_point(run: Run, rng: random.Random) -> tuple[str, int]:
+def _seeded_point(run: RunContext, rng: random.Random) -> tuple[str, int]:
     """A (point, occurrence) of ``RACE_POINTS`` the run's first driver reaches."""
     points = park_points(run.scenario, run.spec.durable_mode)
     point = rng.choice([p for p in RACE_POINTS if p in points])
     return point, rng.randint(1, points[point])
 
 
-def _paused(run: Run, rv: Rendezvous, rng: random.Random) -> int | None:
+def _paused(run: RunContext, rv: Rendezvous, rng: random.Random) -> int | None:
     """The older driver paused past a seeded point, a newer one run to its end, the older
     woken. Its drivers are the run's scope's, as in ``_race``."""
     at = _seeded_point(run, rng)
@@ -190,7 +190,7 @@ def _paused(run: Run, rv: Rendezvous, rng: random.Random) -> int | None:
     return code
 
 
-def _detached(run: Run, rv: Rendezvous) -> int | None:
+def _detached(run: RunContext, rv: Rendezvous) -> int | None:
     steps = run.scenario.steps
     detached = next((s for s in steps if s.kind == "detached"), None)
     if detached is None:
@@ -208,14 +208,14 @@ def _detached(run: Run, rv: Rendezvous) -> int | None:
     return code
 
 
-def _foreign(run: Run, rv: Rendezvous) -> int | None:
+def _foreign(run: RunContext, rv: Rendezvous) -> int | None:
     rng = random.Random(f"foreign:{run.spec.seed}")
     if rng.random() < 0.5:
         return _another_session(run)
     return _new_log_of_this_session(run, rv)
 
 
-def _another_session(run: Run) -> int | None:
+def _another_session(run: RunContext) -> int | None:
     """Another session beside the run's own, on the same provider."""
     assert run.spaces is not None
     other = OtherSession(f"{run.session}-other", run.spec.seed + FOREIGN_SEED_OFFSET,
@@ -232,7 +232,7 @@ def _another_session(run: Run) -> int | None:
     return code
 
 
-def _new_log_of_this_session(run: Run, rv: Rendezvous) -> int | None:
+def _new_log_of_this_session(run: RunContext, rv: Rendezvous) -> int | None:
     """An earlier log of this session left a command running on the Space at epoch 1."""
     earlier = OtherSession(run.session, run.spec.seed, FOREIGN_PRESET, run.dir / "earlier")
     hold = Hold("the earlier log's driver, its command running",
@@ -277,7 +277,7 @@ def _new_log_of_this_session(run: Run, rv: Rendezvous) -> int | None:
     return code
 
 
-def _unharmed_driver(run: Run, where: str) -> int:
+def _unharmed_driver(run: RunContext, where: str) -> int:
     """One driver of the run's session, with no fault planned: it must finish; any
     other exit (a crash on a key another log recorded, a fence it should have been above)
     is the run's error."""

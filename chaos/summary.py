@@ -22,7 +22,7 @@ from typing import Any
 from durable.adapter.decide import Cell, cell_of, reachable_cells
 from durable.session_log import DEFAULT_LOG_STORAGE
 
-from .checker import VERDICT_NAMES, merge
+from .checks.model import VERDICT_NAMES, merge
 from .faults import HELD_KINDS, held_flags
 
 FAULT_KEYS = ("kills", "daemon_kills", "space_restarts", "lost_spaces", "fenced", "timeouts")

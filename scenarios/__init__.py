@@ -1,7 +1,7 @@
 """Scripted agents (deterministic plans of tool calls from a seed), users' workloads and
 campaign presets."""
 
-from .plan import Scenario, generate
+from .plan import Scenario, generate, workload_scenario
 from .preset import Preset, PresetError, load
 from .steps import Expected, Step
 from .workload import Workload, WorkloadError, named
@@ -15,7 +15,7 @@ def scenario_of(preset: str, seed: int, *, steps: int | None = None,
     with ``simple`` simplified (``Scenario.keep``)."""
     workload = named(preset, seed)
     if workload is not None:
-        return workload.scenario(seed).keep(keep, simple)
+        return workload_scenario(workload, seed).keep(keep, simple)
     return generate(seed, load(preset), steps=steps, keep=keep, simple=simple)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from durable.models import PlannedCall, ScriptedModel
 
@@ -37,10 +37,8 @@ from .steps import (
     simple_step,
     write_path,
 )
+from .workload import Workload
 from .workspace_model import WorkspaceModel
-
-if TYPE_CHECKING:
-    from .workload import Workload
 
 SLOTS = 5
 
@@ -91,6 +89,12 @@ class Scenario:
     def reissue(self, step: int, attempt: int) -> bool:
         """Whether the model issues an interrupted step again (seeded, stateless)."""
         return random.Random(f"reissue:{self.seed}:{step}:{attempt}").random() < self.preset.reissue
+
+
+def workload_scenario(workload: Workload, seed: int) -> Scenario:
+    """A user's workload as a scripted agent (the seed draws only the faults)."""
+    return Scenario(seed, workload.preset(), workload.initial_model(), workload.steps(),
+                    workload=workload)
 
 
 def _filler(rng: random.Random, size: int) -> str:

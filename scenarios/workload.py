@@ -48,7 +48,6 @@ import yaml
 
 from spacesd.protocol import ScanEntry
 
-from .plan import Scenario
 from .preset import Preset
 from .steps import Step
 from .workspace_model import WorkspaceModel
@@ -106,8 +105,8 @@ class Workload:
                       initial_files=0, max_files=self.max_files, max_bytes=self.max_bytes,
                       reissue=1.0, long_seconds=1.0)
 
-    def scenario(self, seed: int) -> Scenario:
-        """The workload as a scripted agent (the seed draws only the faults)."""
+    def initial_model(self) -> WorkspaceModel:
+        """The workspace the workload starts from."""
         initial = WorkspaceModel()
         for path, value in self.initial.items():
             if isinstance(value, str):
@@ -115,10 +114,13 @@ class Workload:
                 initial.links[path] = value
             else:
                 initial.write(path, *value)
-        steps = [Step(i, KIND, call.tool, _tool_args(i, call),
-                      {"nondeterministic": call.nondeterministic})
-                 for i, call in enumerate(self.calls)]
-        return Scenario(seed, self.preset(), initial, steps, workload=self)
+        return initial
+
+    def steps(self) -> list[Step]:
+        """The workload's calls as a scripted agent's steps (``plan.workload_scenario``)."""
+        return [Step(i, KIND, call.tool, _tool_args(i, call),
+                     {"nondeterministic": call.nondeterministic})
+                for i, call in enumerate(self.calls)]
 
     def comparable(self, entries: list[ScanEntry]) -> list[ScanEntry]:
         """``entries`` with what a volatile path's content decides left out."""

@@ -36,7 +36,7 @@ from .errors import Conflict
 from .failpoints import Channel
 from .journal import DamagedJournal, Journal
 from .protocol import OUTPUT_TAIL_BYTES, STATE_EXEC_DIR, STATE_LEDGER, ExecInfo, ExecState
-from .shim import SYNC_ENV
+from .shim import SYNC_ENV, failpoints_env
 from .shim_launcher import ExitWakeup, ShimLauncher
 
 #: The most output one read returns (a client that fell far behind reads in several steps).
@@ -177,6 +177,12 @@ class ExecLedger:
         self._launcher.close()
         self._wakeup.close()
 
+    def _shim_failpoints(self, key: str) -> dict[str, str]:
+        """The environment through which a shim of ``key`` reports its points: none once
+        the channel is off."""
+        fp = self._failpoints
+        return failpoints_env(fp.address if fp.enabled else None, {**fp.context, "key": key})
+
     def _path(self, rec: ExecRecord, suffix: str) -> str:
         return rec.file(self._dir, suffix)
 
@@ -295,7 +301,7 @@ class ExecLedger:
                     [self._bash, self._path(rec, ".claim"), self._path(rec, ".exit"), cwd,
                      command, self._containment.shim_arg(rec.id)],
                     {**self._base_env, **env, **self._sync_env,
-                     **self._failpoints.shim_env(key=key)},
+                     **self._shim_failpoints(key)},
                     self._path(rec, ".out"))
             except OSError as exc:
                 with open(self._path(rec, ".out"), "ab") as f:

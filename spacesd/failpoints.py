@@ -14,13 +14,13 @@ goes on: a failpoint never changes what the program does, only when it may die.
 One client serves every process that reports: the driver (``durable.failpoints`` keeps its
 own ``POINTS`` and reports through a ``Channel``), the daemon and its shims (``POINTS``
 below). The daemon reads its channel from ``CUA_FAILPOINTS`` and removes it from its
-commands' environment; a shim gets it only through ``SPACESD_SHIM_FAILPOINTS`` (a JSON
-object holding the channel and what the shim reports as its info), set by the daemon only
-when failpoints are on and removed by the shim before it starts the command.
+commands' environment; a shim gets it only through the variable ``spacesd.shim.failpoints_env``
+sets (the channel and what the shim reports as its info), set by the daemon only when
+failpoints are on and removed by the shim before it starts the command.
 
-Standard library only, importing nothing of ``spacesd`` but the (import-light) shim: a shim
-imports this module only when its variable is set, after its command exited, so its
-start-up, on the path of every command, stays as cheap as before.
+Standard library only, importing nothing of ``spacesd``: a shim imports this module only
+when its variable is set, after its command exited, so its start-up, on the path of every
+command, stays as cheap as before.
 """
 
 from __future__ import annotations
@@ -31,8 +31,6 @@ import socket
 import threading
 from collections.abc import Mapping
 from typing import Any
-
-from .shim import SHIM_ENV_VAR  # the variable the daemon sets for a shim (see shim_env)
 
 #: The variable naming the channel of the driver and of the daemon.
 ENV_VAR = "CUA_FAILPOINTS"
@@ -95,20 +93,10 @@ class Channel:
         self._reader: Any = None
         self._counts: dict[str, int] = {}
 
-    @classmethod
-    def for_shim(cls, raw: str) -> Channel:
-        """The channel a shim was given in ``SPACESD_SHIM_FAILPOINTS`` (see ``shim_env``)."""
-        spec = json.loads(raw)
-        return cls(spec["channel"], POINTS, registry="spacesd.failpoints.POINTS",
-                   context=spec["info"])
-
-    def shim_env(self, **info: Any) -> dict[str, str]:
-        """The environment a shim needs to report through this channel with ``info`` (on
-        top of this channel's context, ``process`` becomes ``shim``); empty when off."""
-        if not self.enabled:
-            return {}
-        spec = {"channel": self.address, "info": {**self._context, **info, "process": "shim"}}
-        return {SHIM_ENV_VAR: json.dumps(spec, separators=(",", ":"))}
+    @property
+    def context(self) -> dict[str, Any]:
+        """What every report's info holds (a copy)."""
+        return dict(self._context)
 
     def report(self, point: str, info: Mapping[str, Any]) -> None:
         """Report ``point`` with ``info`` and wait for the runner's answer (when on)."""

@@ -268,14 +268,30 @@ def _start_time() -> str:
         return f.read().rsplit(b")", 1)[1].split()[19].decode()
 
 
-def _failpoint(channel: str, point: str) -> None:
-    """Report ``point`` through ``channel``, the value of ``SHIM_ENV_VAR``. The import
-    happens here, once the command has exited (the shim runs isolated: the package is found
-    from this file's path)."""
-    sys.path.insert(0, os.path.dirname(os.path.dirname(SHIM_PATH)))
-    from spacesd.failpoints import Channel
+def failpoints_env(address: str | None, info: "dict[str, object]") -> "dict[str, str]":
+    """(For the daemon.) The environment that makes a shim report its points through the
+    failpoint channel at ``address`` with ``info`` (``process`` becomes ``shim``); empty
+    when the channel is off."""
+    if address is None:
+        return {}
+    import json
 
-    Channel.for_shim(channel).report(point, {})
+    spec = {"channel": address, "info": {**info, "process": "shim"}}
+    return {SHIM_ENV_VAR: json.dumps(spec, separators=(",", ":"))}
+
+
+def _failpoint(raw: str, point: str) -> None:
+    """Report ``point`` through the channel ``raw`` (the value of ``SHIM_ENV_VAR``, from
+    ``failpoints_env``) names. The imports happen here, once the command has exited (the
+    shim runs isolated: the package is found from this file's path)."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(SHIM_PATH)))
+    import json
+
+    from spacesd.failpoints import POINTS, Channel
+
+    spec = json.loads(raw)
+    Channel(spec["channel"], POINTS, registry="spacesd.failpoints.POINTS",
+            context=spec["info"]).report(point, {})
 
 
 def _write_exit(path: str, status: int, failpoints: str | None, sync: bool = False) -> None:

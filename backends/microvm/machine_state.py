@@ -16,7 +16,7 @@ disk copied next is the disk of that instant) and lets it go on. Loading kills t
 QEMU if it runs, puts the disk, spec and token in place (making the Space's directory if it
 has none: a fork, or a lost Space), and starts QEMU with ``-incoming`` from the stream.
 
-Both run as a job of their own (``python -m backends.microvm.machine_state``), in a session
+Both run as a job of their own (``python -m backends.microvm.machine_job``), in a session
 of their own, that the caller waits for: a job that has begun ends as it would have,
 whatever happens to the driver that asked (a driver killed between the stream's end and
 ``cont`` would leave its machine stopped for good, which no fault of the campaign means).
@@ -25,27 +25,22 @@ Jobs on one Space take its lock (``MicroVMSpaces._locked``), one at a time.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from durable.atomic_file import fsync_dir
-from durable.errors import PermanentFailure, SpaceError, SpaceUnavailable
-
-if TYPE_CHECKING:
-    from .provider import MicroVMSpaces
+from durable.errors import PermanentFailure, SpaceUnavailable
 
 MEMORY, DISK, SPEC, TOKEN = "memory.zst", "disk.qcow2.zst", "machine.json", "token"
 FILES = (MEMORY, DISK, SPEC, TOKEN)
 #: How long a job may take (a save is about 0.5 s, a load 0.5 s plus the daemon's answer).
 JOB_TIMEOUT_S = 300.0
 #: Exit code of a job that failed for good (the state is damaged or its artifacts gone).
-_PERMANENT = 3
+PERMANENT_EXIT = 3
 
 
 def zstd() -> str:
@@ -81,14 +76,15 @@ def check_state(src: Path) -> None:
                                f"that are gone ({', '.join(gone)}); it cannot be started again")
 
 
-def run_job(action: str, spaces: MicroVMSpaces, name: str, path: Path) -> None:
-    """Run ``save_machine`` or ``load_machine`` as a job of its own (see the module
-    docstring) and wait for it. Its failure raises ``PermanentFailure`` (the state is
+def run_job(action: str, base_dir: Path, name: str, path: Path) -> None:
+    """Run ``save_machine`` or ``load_machine`` of the Space ``name`` of the provider at
+    ``base_dir`` as a job of its own (``machine_job``; see the module docstring) and wait
+    for it. Its failure raises ``PermanentFailure`` (the state is
     damaged or cannot be used) or ``SpaceUnavailable`` (the machine went away meanwhile:
     the outcome is unknown)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "backends.microvm.machine_state", action,
-         str(spaces.base_dir), name, str(path)],
+        [sys.executable, "-m", "backends.microvm.machine_job", action, str(base_dir), name,
+         str(path)],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         start_new_session=True, env={**os.environ, "PYTHONPATH": _root_path()})
     try:
@@ -102,7 +98,7 @@ def run_job(action: str, spaces: MicroVMSpaces, name: str, path: Path) -> None:
         return
     message = err.decode(errors="replace").strip().splitlines()
     reason = message[-1] if message else f"exit {proc.returncode}"
-    if proc.returncode == _PERMANENT:
+    if proc.returncode == PERMANENT_EXIT:
         raise PermanentFailure(reason)
     raise SpaceUnavailable(f"the machine {action} job of Space {name} failed: {reason}")
 
@@ -112,35 +108,3 @@ def _root_path() -> str:
     root = str(Path(__file__).resolve().parents[2])
     rest = os.environ.get("PYTHONPATH")
     return root + (os.pathsep + rest if rest else "")
-
-
-def main(argv: list[str] | None = None) -> int:
-    from .provider import MicroVMSpaces
-
-    p = argparse.ArgumentParser(prog="python -m backends.microvm.machine_state",
-                                description="save a microVM Space's state, or start one "
-                                            "from a saved state")
-    p.add_argument("action", choices=("save", "load"))
-    p.add_argument("base_dir", type=Path)
-    p.add_argument("name")
-    p.add_argument("path", type=Path)
-    args = p.parse_args(argv)
-    spaces = MicroVMSpaces(args.base_dir)
-    try:
-        if args.action == "save":
-            spaces.save_machine(args.name, args.path)
-        else:
-            spaces.load_machine(args.name, args.path)
-    except PermanentFailure as exc:
-        print(exc, file=sys.stderr)
-        return _PERMANENT
-    except (SpaceError, OSError, subprocess.CalledProcessError) as exc:
-        detail = getattr(exc, "stderr", None)
-        print(f"{exc}{': ' + detail.decode(errors='replace').strip() if detail else ''}",
-              file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -70,7 +70,7 @@ class SandboxSnapshots:
         """The machine of ``space`` as it is now, under ``checkpoint_id``."""
         self._check(checkpoint_id)
         data = f"{checkpoint_id}.{secrets.token_hex(4)}"
-        run_job("save", self.spaces, space, self.store / data)
+        run_job("save", self.spaces.base_dir, space, self.store / data)
         write_atomic(self._record(checkpoint_id), json.dumps(
             {"space": space, "data": data, "taken_ns": time.time_ns()}) + "\n")
         self._drop_data(checkpoint_id, keep=data)
@@ -84,7 +84,7 @@ class SandboxSnapshots:
         if self.spaces.exists(space):
             # The daemon's audit files go back in time with the machine: keep what they said.
             self.spaces.keep_audit(space)
-        run_job("load", self.spaces, space, self.store / record["data"])
+        run_job("load", self.spaces.base_dir, space, self.store / record["data"])
 
     def list(self, space: str) -> list[str]:
         """The checkpoints taken in ``space``, oldest first."""

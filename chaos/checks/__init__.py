@@ -14,23 +14,12 @@ from typing import TYPE_CHECKING
 
 from scenarios import Scenario
 
-from ..checker import Observation, Valid, Verdict, merge
-from .implied import Implied, implied
+from . import coordinator, fenced, never_twice, once_faithful, progress, stale_writers, state
+from .implied import implied
+from .model import CheckInput, Observation, Undecided, Valid, Verdict, merge
 
 if TYPE_CHECKING:
     from ..golden import Golden
-
-
-class Undecided(Exception):
-    """A check cannot decide on this observation; the message says what was missing."""
-
-
-@dataclass(frozen=True)
-class CheckInput:
-    scenario: Scenario
-    obs: Observation
-    campaign_mode: str
-    implied: Implied
 
 
 @dataclass(frozen=True)
@@ -41,8 +30,6 @@ class Check:
 
 
 def _checks() -> list[Check]:
-    from . import coordinator, fenced, never_twice, once_faithful, progress, stale_writers, state
-
     return [
         Check("run", "finished", progress.check),
         Check("G1", "state", state.check),

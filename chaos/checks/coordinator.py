@@ -24,7 +24,7 @@ import itertools
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from . import CheckInput
+    from .model import CheckInput
 
 #: How soon after the first session of a Space ends the next must be launched.
 PROMPT_START_S = 5.0

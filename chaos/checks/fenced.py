@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from . import Undecided
+from .model import Undecided
 
 if TYPE_CHECKING:
-    from . import CheckInput
+    from .model import CheckInput
 
 
 def check(inp: CheckInput) -> list[str]:

@@ -9,31 +9,14 @@ and each call's result instead.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from scenarios import Expected, Scenario, Step, WorkspaceModel
-from spacesd.protocol import ScanEntry
+from scenarios import Scenario
 
-from ..checker import ObservedCall
+from .model import Implied, ObservedCall
 
 if TYPE_CHECKING:
     from ..golden import Golden
-
-
-@dataclass
-class Implied:
-    #: The workspace the log implies (a scripted agent's model; a workload's is empty).
-    workspace: WorkspaceModel
-    #: The state the workspace must be in: the model's, or the golden run's.
-    state: list[ScanEntry] = field(default_factory=list)
-    #: call id → the result its step gives where the call ran (committed, non-interrupted);
-    #: a workload call whose output is nondeterministic has none.
-    expected: dict[str, Expected] = field(default_factory=dict)
-    #: Committed non-interrupted calls in log order, with their steps.
-    applied: list[tuple[ObservedCall, Step]] = field(default_factory=list)
-    #: Calls that do not match the scenario (unknown step, other arguments).
-    strangers: list[str] = field(default_factory=list)
 
 
 def implied(scenario: Scenario, calls: list[ObservedCall],

@@ -29,8 +29,7 @@ from scenarios.steps import APPENDING, Expected
 from spacesd.shim import LOST_OUTPUT
 
 if TYPE_CHECKING:
-    from ..checker import ObservedCall
-    from . import CheckInput
+    from .model import CheckInput, ObservedCall
 
 MARKER = re.compile(r"^step-\d+$")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from . import CheckInput
+    from .model import CheckInput
 
 
 def check(inp: CheckInput) -> list[str]:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from spacesd.protocol import ScanEntry, times_as, workspace_hash
 
 if TYPE_CHECKING:
-    from . import CheckInput
+    from .model import CheckInput
 
 
 def check(inp: CheckInput) -> list[str]:

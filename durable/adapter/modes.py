@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from spacesd.protocol import CAP_SCAN, ScanResult
 
@@ -17,10 +16,8 @@ from . import policy
 from .checkpoint_keeper import CheckpointKeeper
 from .events import EventRecorder
 from .image_keeper import ImageKeeper
+from .space_handle import SpaceHandle
 from .state import IMAGE_STATE, SPACE, CheckpointMark, Mode, ModeCause
-
-if TYPE_CHECKING:
-    from .space_keeper import SpaceHandle
 
 #: Commits what a call must find recorded before it starts (with its start mark).
 Stage = Callable[[Transaction], None]

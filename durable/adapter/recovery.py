@@ -38,7 +38,8 @@ from .events import EventRecorder
 from .image_keeper import ImageKeeper
 from .modes import ModeKeeper
 from .runner import CallRunner
-from .space_keeper import SpaceHandle, SpaceKeeper
+from .space_handle import SpaceHandle
+from .space_keeper import SpaceKeeper
 from .state import (
     CALL,
     SPACE,

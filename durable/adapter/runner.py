@@ -32,7 +32,8 @@ from .events import EventRecorder
 from .image_keeper import ImageKeeper
 from .modes import ModeKeeper
 from .space_env import tool_error
-from .space_keeper import SpaceHandle, SpaceKeeper
+from .space_handle import SpaceHandle
+from .space_keeper import SpaceKeeper
 from .space_names import exec_key
 from .state import CALL, SPACE, CallRecord, CommandMark, Mode
 

@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from spacesd.protocol import CAP_EPOCH, CAP_EPOCH_OWN, CAP_EXEC_LEDGER
@@ -37,20 +37,9 @@ from .events import EventRecorder
 from .image_keeper import ImageKeeper
 from .modes import ModeKeeper
 from .rebuild import RebuildFacts, decide_rebuild
+from .space_handle import SpaceHandle
 from .space_names import space_name
 from .state import SPACE, SpaceState
-
-
-@dataclass(frozen=True)
-class SpaceHandle:
-    """This process's connection to one conversation's Space, fenced at its epoch."""
-
-    name: str
-    client: SpaceClient
-    #: The daemon's capabilities, read when it was fenced.
-    caps: frozenset[str]
-    #: Which Space it is (``SpaceClient.describe``); None for a daemon without ids.
-    space_id: str | None = None
 
 
 class SpaceKeeper:

@@ -3,7 +3,7 @@ over the files of one call (a ``shell.Tree``) that the call changes in place.
 
 Paths are relative to ``/workspace`` or absolute inside it; ``..`` may not leave it, and a
 symlink is followed only while it stays inside (as ``LocalEnv`` confines a root). Commands
-run in ``shell.run_shell``: a fresh in-memory shell per command, nothing of the host.
+run in ``shell_worker.run_shell``: a fresh in-memory shell per command, nothing of the host.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import posixpath
 
 from ..env import ExecResult, FileStat, OutputCallback
 from ..errors import ToolError
-from .shell import ROOT, Node, ShellLimits, Tree, run_shell
+from .shell import ROOT, Node, ShellLimits, Tree
+from .shell_worker import run_shell
 
 #: Symlinks followed at most, as the kernel's limit.
 MAX_LINKS = 40

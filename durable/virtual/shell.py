@@ -1,11 +1,12 @@
 """The virtual workspace's shell: a bash-compatible interpreter in pure Python over files in
 memory, behind an interface of ours (the one module that imports ``just_bash``).
 
-``run_shell(tree, command, limits)`` builds a fresh in-memory filesystem holding ``tree``
-under ``/workspace``, runs ``command`` there with a fresh interpreter and returns the exit
-status, the output and the tree as the command left it. The interpreter runs in a worker
-process (``shell_worker``) where the call's time and memory limits hold whatever the
-command does; every limit a command hits is named in the result. Nothing of the host is reachable:
+``run_here(tree, command, limits, seconds)`` builds a fresh in-memory filesystem holding
+``tree`` under ``/workspace``, runs ``command`` there with a fresh interpreter and returns
+the exit status, the output and the tree as the command left it. Callers use
+``shell_worker.run_shell``, which runs it in a worker process where the call's time and
+memory limits hold whatever the command does; every limit a command hits is named in the
+result. Nothing of the host is reachable:
 the interpreter has no real binaries (its coreutils, grep, sed, awk and jq are Python), no
 host files (its filesystem is a dict), an environment of its own (``HOME=/home/user``...),
 no processes (``$$`` is 1, background jobs run to the end in the foreground) and no
@@ -25,15 +26,12 @@ without a word (just-bash's own cap, which this module cannot see).
 from __future__ import annotations
 
 import asyncio
-import atexit
-import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from just_bash import InMemoryFs
 
-    from .shell_worker import WorkerPool
 
 #: Where the workspace is inside the shell's filesystem.
 ROOT = "/workspace"
@@ -78,25 +76,6 @@ class ShellRun:
     limit: str | None
     #: The workspace as the command left it.
     tree: Tree
-
-
-def run_shell(tree: Tree, command: str, limits: ShellLimits, *,
-              timeout: float | None = None) -> ShellRun:
-    """Run ``command`` on a copy of ``tree`` (see the module docstring), in a worker process
-    where its time and memory limits hold (``shell_worker``)."""
-    from .shell_worker import WorkerPool
-
-    global _pool
-    seconds = limits.timeout_s if timeout is None else min(timeout, limits.timeout_s)
-    with _pool_lock:
-        if _pool is None:
-            _pool = WorkerPool()
-            atexit.register(_pool.close)  # its warm workers end with this process
-    return _pool.run(tree, command, limits, seconds)
-
-
-_pool: WorkerPool | None = None
-_pool_lock = threading.Lock()
 
 
 def run_here(tree: Tree, command: str, limits: ShellLimits, seconds: float) -> ShellRun:

@@ -17,6 +17,7 @@ child it started; nothing else writes to it.
 
 from __future__ import annotations
 
+import atexit
 import os
 import pickle
 import resource
@@ -197,6 +198,23 @@ class WorkerPool:
             with self._lock:
                 self._idle.append(worker)
         return run
+
+
+def run_shell(tree: Tree, command: str, limits: ShellLimits, *,
+              timeout: float | None = None) -> ShellRun:
+    """Run ``command`` on a copy of ``tree`` (``shell.run_here``), in a worker process where
+    its time and memory limits hold."""
+    global _pool
+    seconds = limits.timeout_s if timeout is None else min(timeout, limits.timeout_s)
+    with _pool_lock:
+        if _pool is None:
+            _pool = WorkerPool()
+            atexit.register(_pool.close)  # its warm workers end with this process
+    return _pool.run(tree, command, limits, seconds)
+
+
+_pool: WorkerPool | None = None
+_pool_lock = threading.Lock()
 
 
 if __name__ == "__main__":

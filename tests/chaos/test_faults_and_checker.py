@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from chaos.checker import Observation, ObservedCall, check, merge
+from chaos.checker import check
+from chaos.checks.model import Observation, ObservedCall, merge
 from chaos.faults import (
     FOLLOW_UPS,
     HELD_KINDS,

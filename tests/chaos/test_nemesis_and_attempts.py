@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from chaos.attempts import EXIT_TIMED_OUT, AttemptScope, FaultTimers
-from chaos.checker import Verdict
+from chaos.checks.model import Verdict
 from chaos.errors import RunAborted
 from chaos.fault_kinds import FaultNemesis
 from chaos.fault_schedule import FaultSchedule

@@ -405,7 +405,8 @@ def test_the_shells_warm_workers_end_with_the_process_that_started_them() -> Non
     the collector when it exits (found by the test command: a pytest worker warned
     ``subprocess ... is still running`` and ``unclosed file`` at its exit)."""
     code = textwrap.dedent("""
-        from durable.virtual.shell import ShellLimits, run_shell
+        from durable.virtual.shell import ShellLimits
+        from durable.virtual.shell_worker import run_shell
         print(run_shell({}, "echo hi", ShellLimits()).output, end="")
     """)
     out = subprocess.run([sys.executable, "-X", "dev", "-W", "error::ResourceWarning", "-c",

@@ -13,6 +13,7 @@ import pytest
 from chaos.campaign import CampaignConfig, run_campaign
 from chaos.summary import parse_summary
 from scenarios import scenario_of
+from scenarios.plan import workload_scenario
 from scenarios.workload import PREFIX, WorkloadError, bundled, load, parse
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,7 +29,7 @@ def test_a_workload_becomes_a_scripted_agent() -> None:
                          {"edit": {"path": "b", "old": "c", "new": "d"}},
                          {"edit": {"path": "b", "edits": [{"old": "d", "new": "e"}]}},
                          {"read": {"path": "b"}}, {"record_never": {}}]}, "w.yaml")
-    s = w.scenario(7)
+    s = workload_scenario(w, 7)
     assert [st.tool for st in s.steps] == ["bash", "bash", "write", "edit", "edit", "read",
                                            "record_never"]
     assert s.steps[1].params["nondeterministic"] and not s.steps[0].params["nondeterministic"]

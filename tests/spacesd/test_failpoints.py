@@ -212,7 +212,7 @@ def test_an_unknown_point_is_refused_with_where_to_add_it() -> None:
     channel = Channel("unix:/nowhere", POINTS, registry="spacesd.failpoints.POINTS")
     with pytest.raises(ValueError, match=r"add it to spacesd\.failpoints\.POINTS"):
         channel.report("spacesd.nope", {})
-    assert Channel(None, POINTS, registry="x").shim_env(key="k") == {}
+    assert shim.failpoints_env(Channel(None, POINTS, registry="x").address, {"key": "k"}) == {}
 
 
 def test_a_runner_that_goes_away_turns_the_channel_off_for_good(tmp_path: Path) -> None:
