@@ -245,6 +245,11 @@ SLICES: tuple[Slice, ...] = (
           "after a kill and under a live driver, its own SIGKILL in a backoff, a race of "
           "two sessions for one Space, and a driver frozen mid-call that it must replace",
           {"mode": "redrive", "runs": 12}),
+    Slice("stale-held", "the stale race under held faults that open once the older driver is "
+          "parked: the racing drivers' Space frozen, their link cut, their commands frozen; "
+          "the older must still change nothing and never finish the session",
+          {"mode": "stale", "steps": 5, "held": ("pause_space", "cut_link", "pause_commands"),
+           "seeds": (3, 9, 12, 2, 15, 14)}),
     Slice("redrive-held", "the same coordinator under held faults: its Space frozen while a "
           "drive reads the floor and while commands run, the link cut, the daemon frozen; "
           "a drive held up past a claim must keep it, and no epoch may be driven twice",

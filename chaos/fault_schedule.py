@@ -14,6 +14,10 @@ schedule brings them together:
 - each fault fires at most once (``RunState.claim``); ``account`` ends every fault that
   never fired: skipped with its reason, or, when it was due, the nemesis's error.
 
+A gated schedule (stale mode) fires nothing until ``open`` is called (once the older driver
+is parked): its failpoint faults then count their occurrences from that instant, so they
+land on the drivers that race and never keep the older one from its park.
+
 A Space loss needs the seeded Space adopted first (``ARMING_POINTS``): before that its
 initial files exist nowhere else. A timed loss waits for the adoption (within its attempt);
 one at a failpoint reached earlier (the adoption's own checkpoint) leaves the Space alone,
@@ -57,9 +61,17 @@ class FaultSchedule:
     ``armed`` (an ``Event``): the rest is ``RunState``'s."""
 
     def __init__(self, plan: FaultPlan, nemesis: ValidatingNemesis, state: RunState,
-                 holds: Holds) -> None:
+                 holds: Holds, *, gated: bool = False) -> None:
         self.plan, self.nemesis, self.state, self.holds = plan, nemesis, state, holds
         self.armed = threading.Event()
+        #: How often each point was reached when the gate opened (None: still closed);
+        #: ungated, every count is the rendezvous's own.
+        self._base: dict[str, int] | None = None if gated else {}
+
+    def open(self, counts: dict[str, int]) -> None:
+        """Open a gated schedule: from now on its failpoint faults fire, their
+        occurrences counted past ``counts`` (the rendezvous's counts at this instant)."""
+        self._base = dict(counts)
 
     def on_hit(self, hit: Hit) -> Answer:
         """The rendezvous handler: park a held driver, else fire every fault due at ``hit``."""
@@ -69,11 +81,15 @@ class FaultSchedule:
             self.state.step_seen(hit.t)
         if self.holds.park(hit, self.state):
             return "continue"
+        base = self._base
+        if base is None:
+            return "continue"  # gated, not open yet: nothing fires
+        occurrence = hit.occurrence - base.get(hit.point, 0)
         attempt, driver = self.state.current()
         reporter_gone = False
         for index, fault in enumerate(self.plan.faults):
             due = (fault.trigger == "failpoint" and fault.point == hit.point
-                   and fault.occurrence == hit.occurrence)
+                   and fault.occurrence == occurrence)
             due = due or (hit.point == "session.end" and fault.trigger == "time"
                           and fault.attempt == attempt)
             if due and fault.after_output and not self._printed(hit):
@@ -98,8 +114,13 @@ class FaultSchedule:
         how often each failpoint was reached), then check that every fault ended."""
         attempt, _ = self.state.current()
         fired = set(self.state.fired())
+        base = self._base
         for index, fault in enumerate(self.plan.faults):
             if index in fired:
+                continue
+            if base is None:
+                self.nemesis.skip(index, "the run never opened its faults (stale mode opens "
+                                  "them once its older driver is parked; this kind parks none)")
                 continue
             if fault.trigger == "time":
                 self.nemesis.skip(index, f"attempt {fault.attempt} ended before its delay"
@@ -107,7 +128,7 @@ class FaultSchedule:
                                   else f"attempt {fault.attempt} was never launched")
                 continue
             assert fault.point is not None and fault.occurrence is not None
-            reached = hits.get(fault.point, 0)
+            reached = hits.get(fault.point, 0) - base.get(fault.point, 0)
             if reached >= fault.occurrence:
                 self.nemesis.missed(index, f"{fault.point} reached {reached} times")
             else:

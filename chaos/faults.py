@@ -96,38 +96,39 @@ HELD_KINDS: dict[str, HeldKind] = {k.action: k for k in (
              "also freeze each run's Space once or twice (SIGSTOP of its processes, docker "
              "pause, QMP stop) at seeded points for seeded times, most past the faulted "
              "drivers' request timeout, which drops to 2 s (transactional, checkpoint, "
-             "auto and redrive modes)"),
+             "auto, stale and redrive modes)"),
     HeldKind("cut_link", "--cut-links", "link_cuts", "cuts", (), "", True,
              "also cut the link between each run's drivers and its Space once or twice (a "
              "partition: nothing crosses, what reached the daemon is carried out, its answers "
              "are lost) at seeded points for seeded times, then heal it; the faulted drivers' "
-             "request timeout drops to 2 s (transactional, checkpoint, auto and redrive modes)"),
+             "request timeout drops to 2 s (transactional, checkpoint, auto, stale and redrive "
+             "modes)"),
     HeldKind("jump_clock", "--jump-clocks", "clock_jumps", "jumps", ("microvm",),
              "a microVM keeps a clock of its own; local and docker Spaces share the host's, "
              "which a campaign must not step", False,
              "also step each run's Space clock once or twice (seconds to a year, back or "
              "forward) at seeded points, and back to the host's after a seeded time, as NTP "
              "would (a microVM's own clock: --backend microvm; transactional, checkpoint, "
-             "auto and redrive modes)"),
+             "auto, stale and redrive modes)"),
     HeldKind("pause_daemon", "--pause-daemons", "daemon_pauses", "daemon_pauses", (), "",
              True,
              "also freeze each run's daemon alone once or twice (SIGSTOP of spacesd; its "
              "commands run on and end while it is frozen) at seeded points for seeded times, "
              "most past the faulted drivers' request timeout, which drops to 2 s "
-             "(transactional, checkpoint, auto and redrive modes)"),
+             "(transactional, checkpoint, auto, stale and redrive modes)"),
     HeldKind("fill_state_disk", "--fill-state-disks", "state_disk_fills", "state_fills",
              ("local",), "a local Space's daemon state gets a disk of its own (a tmpfs, "
              "mounted as root); docker and microvm Spaces keep it on their one disk", False,
              "also fill each run's Space's state disk (the daemon's ledger, journals, command "
              "output and checkpoints, on a tmpfs of its own) once or twice at seeded points "
              "for seeded times, then free it (--backend local, as root; transactional, "
-             "checkpoint, auto and redrive modes)", root=True),
+             "checkpoint, auto, stale and redrive modes)", root=True),
     HeldKind("pause_commands", "--pause-commands", "command_pauses", "command_pauses", (), "",
              False,
              "also freeze each run's running commands once or twice (SIGSTOP of every process "
              "of the daemon's commands, not the daemon: it answers on, their waits see them "
              "running) at seeded points for seeded times, then thaw them (transactional, "
-             "checkpoint, auto and redrive modes)",
+             "checkpoint, auto, stale and redrive modes)",
              points=("spacesd.exec.spawned", "space.running", "spacesd.exec.exit_writing")),
 )}
 if set(HELD_KINDS) != set(get_args(HeldAction)):

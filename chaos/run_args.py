@@ -30,7 +30,7 @@ MAX_RUNS = 1_000_000
 DURABLE_MODES = ("auto", "transactional", "checkpoint")
 #: The campaign modes whose drawn plans may hold a fault on a Space (``faults.HELD_KINDS``:
 #: ``--pause-spaces``, ``--cut-links``, ``--jump-clocks``).
-HELD_MODES = ("transactional", "checkpoint", "auto", "redrive")
+HELD_MODES = ("transactional", "checkpoint", "auto", "stale", "redrive")
 
 
 def _env_int(name: str) -> int | None:

@@ -98,7 +98,8 @@ class Run:
         self.holds = Holds()
         self.nemesis = ValidatingNemesis(FaultNemesis() if self.plan.faults else NoopNemesis(),
                                          self.plan, self.state)
-        self.schedule = FaultSchedule(self.plan, self.nemesis, self.state, self.holds)
+        self.schedule = FaultSchedule(self.plan, self.nemesis, self.state, self.holds,
+                                      gated=spec.campaign_mode == "stale")
         #: The rendezvous's handler: the schedule's, or in redrive mode the tracker that
         #: tells the coordinator's drivers apart first.
         self.on_hit = (DriverTracker(self).on_hit if spec.campaign_mode == "redrive"
@@ -125,10 +126,14 @@ class Run:
 
     def _draw_plan(self) -> FaultPlan:
         spec = self.spec
-        if spec.campaign_mode in ("stale", "machine"):
+        if spec.campaign_mode == "machine":
             return FaultPlan(spec.seed, ())
-        redrive = spec.campaign_mode == "redrive"
-        if redrive:
+        # Stale mode's and redrive's drivers are launched by their kinds or a coordinator:
+        # their held faults fall at points alone, no timer starts with them.
+        timed = spec.campaign_mode not in ("stale", "redrive")
+        if spec.campaign_mode == "stale":
+            plan = FaultPlan(spec.seed, ())
+        elif spec.campaign_mode == "redrive":
             plan = draw_redrive_plan(spec.seed, kind_of(spec.seed, spec.redrive_kind),
                                      reachable_points(self.scenario, spec.durable_mode))
         else:
@@ -141,7 +146,7 @@ class Run:
                 plan = with_held_faults(plan, kind.action, self.scenario, spec.durable_mode,
                                         guest=spec.backend == "microvm",
                                         long_seconds=self.preset.long_seconds,
-                                        timed=not redrive)
+                                        timed=timed)
         return plan
 
     def note_launch(self) -> None:

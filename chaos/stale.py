@@ -34,6 +34,13 @@ went wrong with the *other* party goes to ``run.stale_error`` (checked by G4).
   above that epoch, which kills the command before it writes, and must never be answered
   with the earlier log's results. The earlier log's keys are known to the checker
   (``Observation.foreign_keys``), so G2 does not count them as this log's.
+
+With held faults (``--pause-spaces``...), the plan's faults open once the older driver is
+parked (``FaultSchedule.open``): they fall on the racing drivers, which then report their
+failpoints and reach the Space through the run's link, never on the older driver before its
+park. A held fault may stop the woken older driver before its fence does (a request that
+timed out on a frozen Space): then any exit but a finished session (0) is its own, and the
+checks judge what it changed.
 """
 
 from __future__ import annotations
@@ -106,7 +113,7 @@ def _race(run: RunContext, rv: Rendezvous, rng: random.Random,
         return run.await_driver(old, 1)
     run.settle_at = max(run.settle_at, time.time())
     if race == "finished":
-        code = run.await_driver(run.launch(2, None), 2)
+        code = run.await_driver(run.launch(2, _newer_failpoints(run, rv)), 2)
         old_hold.release.set()
         old_code = run.await_driver(old, 1, epoch=old_epoch)
     else:
@@ -121,11 +128,29 @@ def _race(run: RunContext, rv: Rendezvous, rng: random.Random,
         code = run.await_driver(new, 2)
     if old_code == EXIT_FENCED:
         run.state.count("fenced")
-    else:
+    elif not _stopped_by_a_fault(run, old_code):
         run.stale_error = (f"the older driver (epoch {old_epoch}) exited {old_code} after a "
                            f"newer one took over ({race} race); it must be fenced "
                            f"({EXIT_FENCED})")
     return code
+
+
+def _newer_failpoints(run: RunContext, rv: Rendezvous) -> str | None:
+    """The newer driver of a race reports its failpoints when the plan holds faults (they
+    fall on it), else runs unhindered."""
+    return rv.address if run.plan.faults else None
+
+
+def _stopped_by_a_fault(run: RunContext, code: int) -> bool:
+    """Whether the older driver's exit ``code`` (not fenced) is a planned fault's doing: a
+    fault struck since the race began, and the older did not finish the session (0), which
+    a newer driver had taken over."""
+    if code == EXIT_OK or not run.state.fired():
+        return False
+    run.state.op("nemesis", "info", "stopped_older", f"the older driver exited {code}, not "
+                 f"fenced ({EXIT_FENCED}), after a planned fault struck: its own exit; the "
+                 "checks judge what it changed")
+    return True
 
 
 def _park_older(run: RunContext, rv: Rendezvous, at: tuple[str, int],
@@ -137,7 +162,9 @@ def _park_older(run: RunContext, rv: Rendezvous, at: tuple[str, int],
     run.holds.add(hold)
     old = run.launch(1, rv.address, heartbeat=STALE_HEARTBEAT_S)
     parked = wait_parked(hold, old)
-    if not parked:
+    if parked:
+        run.schedule.open(rv.counts())  # the plan's faults, from here on
+    else:
         run.stale_error = f"the older driver never reached {at[0]}#{at[1]}"
     return old, run.epoch, hold, parked
 
@@ -169,7 +196,7 @@ def _paused(run: RunContext, rv: Rendezvous, rng: random.Random) -> int | None:
                  f"{after_s * 1000:.1f} ms after {at[0]}#{at[1]}")
     run.settle_at = max(run.settle_at, time.time())
     try:
-        new = run.launch(2, None)
+        new = run.launch(2, _newer_failpoints(run, rv))
         try:
             new.wait(PAUSE_MAX_S)
             woken_early = False
@@ -183,7 +210,7 @@ def _paused(run: RunContext, rv: Rendezvous, rng: random.Random) -> int | None:
     old_code = run.await_driver(old, 1, epoch=old_epoch)
     if old_code == EXIT_FENCED:
         run.state.count("fenced")
-    elif code == EXIT_OK and not woken_early:
+    elif code == EXIT_OK and not woken_early and not _stopped_by_a_fault(run, old_code):
         run.stale_error = (f"the older driver (epoch {old_epoch}), paused after {at[0]}#"
                            f"{at[1]}, exited {old_code} when woken after a newer one had "
                            f"finished the session; it must be fenced ({EXIT_FENCED})")

@@ -242,6 +242,32 @@ def test_the_schedule_fires_each_due_fault_once_and_accounts_for_the_rest() -> N
     assert state.errors() == []
 
 
+def test_a_gated_schedule_fires_only_once_open_and_counts_from_there() -> None:
+    """Stale mode: nothing fires before the older driver is parked; then a fault's
+    occurrence counts the point's hits past the park, and ``account`` judges the same
+    counts; a gate never opened skips every fault with the reason."""
+    state = RunState()
+    plan = FaultPlan(1, (AT_INTENT, KILL_AT_RESULT))
+    inner = Recording()
+    schedule = FaultSchedule(plan, ValidatingNemesis(inner, plan, state), state, Holds(),
+                             gated=True)
+    assert schedule.on_hit(_hit("call.intent", 1)) == "continue"
+    assert inner.invoked == [], "a closed gate fired a fault"
+    schedule.open({"call.intent": 1, "call.result": 3})
+    schedule.on_hit(_hit("call.intent", 2))  # the first past the gate: occurrence 1
+    assert inner.invoked == [(0, "kill_daemon")]
+    schedule.account({"call.intent": 2, "call.result": 4})
+    skipped = [op["value"] for op in state.history() if op["f"] == "skipped"]
+    assert skipped == ["kill_driver at call.result#2: call.result was reached 1 time(s)"]
+
+    closed_state = RunState()
+    closed = FaultSchedule(plan, ValidatingNemesis(Recording(), plan, closed_state),
+                           closed_state, Holds(), gated=True)
+    closed.account({"call.intent": 5, "call.result": 5})
+    reasons = [op["value"] for op in closed_state.history() if op["f"] == "skipped"]
+    assert len(reasons) == 2 and all("never opened its faults" in r for r in reasons)
+
+
 def test_a_kill_at_a_drivers_failpoint_ends_the_reporter() -> None:
     state = RunState()
     plan = FaultPlan(1, (KILL_AT_RESULT,))
