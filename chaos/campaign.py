@@ -25,19 +25,15 @@ from .bytecode import compile_packages
 from .errors import BackendUnavailable
 from .exits import EXIT_INTERRUPTED
 from .faults import FaultPlan, HeldAction, exhaustive_plans, held_flags, leads_exhaustive
+from .modes import MODES, CampaignMode
 from .plots import campaign_plots
 from .progress import Progress, faults_fired
 from .records import ResultsDir
 from .run_pool import LocalPool, RunPool
 from .run_spec import RunSpec
 from .space_providers import VIRTUAL, probe_backend, programs_in_space
-from .summary import campaign_cells, cells_hit, redrive_table, summarize, summary_line
+from .summary import campaign_cells, cells_hit, summarize, summary_line
 
-MODES = ("transactional", "checkpoint", "auto", "stale", "exhaustive", "redrive", "machine")
-DEFAULT_PRESET = {"auto": "auto", "exhaustive": "small"}
-DEFAULT_DURABLE = {"transactional": "transactional", "checkpoint": "checkpoint",
-                   "auto": "auto", "stale": "auto", "exhaustive": "checkpoint",
-                   "redrive": "checkpoint", "machine": "checkpoint"}
 EXIT = {"valid": 0, "invalid": 1, "unknown": 2, "interrupted": EXIT_INTERRUPTED}
 #: How long an interrupted campaign waits for its running runs to end their drivers and
 #: delete their Spaces.
@@ -120,17 +116,20 @@ class CampaignConfig:
 
     @property
     def preset_name(self) -> str:
-        if self.preset is None and self.mode == "stale" and self.stale_kind == "detached":
-            return "detached"
-        if self.preset is None and self.backend == VIRTUAL and self.mode != "exhaustive":
+        if self.preset is None and self.backend == VIRTUAL and not self.chosen_mode.enumerates:
             return "virtual"  # the default agent's kinds a pure-Python shell runs as bash
-        return self.preset or DEFAULT_PRESET.get(self.mode, "default")
+        return self.preset or self.chosen_mode.default_preset(self.stale_kind)
+
+    @property
+    def chosen_mode(self) -> CampaignMode:
+        """The campaign mode ``mode`` names."""
+        return MODES[self.mode]
 
     @property
     def adapter_mode(self) -> str:
         if self.backend == VIRTUAL:
             return "transactional"  # the workspace is in the log, with each call's result
-        return self.durable_mode or DEFAULT_DURABLE[self.mode]
+        return self.durable_mode or self.chosen_mode.durable
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -192,7 +191,7 @@ def _specs(cfg: CampaignConfig, work: Path, pool: RunPool
                    snapshots=cfg.snapshots,
                    redrive_store=cfg.store, coordinators=cfg.coordinator_count,
                    log_storage=cfg.log_storage, held=cfg.held)
-    if cfg.mode != "exhaustive":
+    if not cfg.chosen_mode.enumerates:
         drawn = 0 if cfg.plans and cfg.runs is None else cfg.runs or DEFAULT_RUNS
         seeds = cfg.seeds or range(cfg.seed_base, cfg.seed_base + drawn)
 
@@ -312,7 +311,7 @@ def _drive(cfg: CampaignConfig, results: ResultsDir, pool: RunPool, specs: Itera
                 if spec is None:
                     break
                 pool.submit(spec)
-                if cfg.mode == "exhaustive":
+                if cfg.chosen_mode.enumerates:
                     taken[spec.index] = spec
             if not pool.in_flight():
                 hold.hold()
@@ -392,7 +391,7 @@ def publish(cfg: CampaignConfig, results: ResultsDir, records: list[dict[str, An
     run records; returns its exit code. A campaign and ``chaos merge`` both end here."""
     records.sort(key=lambda r: r["index"])
     covered = None
-    if cfg.mode == "exhaustive":
+    if cfg.chosen_mode.enumerates:
         fired = {(lead["point"], lead["occurrence"]) for r in records
                  for lead in r["plan"]["faults"][:1] if 0 in r.get("fired", [])}
         covered = len(fired)
@@ -416,9 +415,8 @@ def publish(cfg: CampaignConfig, results: ResultsDir, records: list[dict[str, An
         print(f"cells not reached ({len(missed)}; mode, decision, tool, cause):", file=out)
         for cell in missed:
             print(f"  {' '.join(cell)}", file=out)
-    if cfg.mode == "redrive":
-        for line in redrive_table(records):
-            print(line, file=out)
+    for line in cfg.chosen_mode.report(records):
+        print(line, file=out)
     if interrupted:
         summary["verdict"] = "interrupted"  # of what ran: the finished runs' records
     results.write_json("summary.json", summary)

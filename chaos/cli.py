@@ -33,13 +33,14 @@ from durable.session_log import DEFAULT_LOG_STORAGE, LOG_NAMES
 from scenarios import PresetError, WorkloadError
 
 from . import progress
-from .campaign import MODES, run_campaign
+from .campaign import run_campaign
 from .ci_subset import BY_NAME, run_slices
 from .clean import clean
 from .errors import BackendUnavailable, BadArguments, BadResults
 from .exits import EXIT_BAD_ARGS, guarded
 from .faults import HELD_KINDS
 from .merge import merge
+from .modes import MODES
 from .redrive import KINDS as REDRIVE_KINDS
 from .repro import analyze, repro, shrink
 from .run_args import DURABLE_MODES, campaign_config
@@ -59,7 +60,7 @@ def _one_run(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("results", type=Path, nargs="?")
     p.add_argument("--run", type=int)
     p.add_argument("--seed", type=int)
-    p.add_argument("--mode", choices=MODES)
+    p.add_argument("--mode", choices=tuple(MODES))
     p.add_argument("--backend", choices=BACKENDS, default="local")
     p.add_argument("--preset")
     p.add_argument("--steps", type=int)
@@ -83,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="chaos", description="Crash campaigns against durable agent Spaces.")
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a campaign and print its SUMMARY")
-    run.add_argument("--mode", choices=MODES, default=os.environ.get("CRASH_MODE"))
+    run.add_argument("--mode", choices=tuple(MODES), default=os.environ.get("CRASH_MODE"))
     run.add_argument("--backend", choices=BACKENDS,
                      default=os.environ.get("CRASH_BACKEND", "local"))
     run.add_argument("--runs", type=int, default=None)

@@ -20,6 +20,7 @@ from durable.session_log import DEFAULT_LOG_STORAGE
 from .campaign import CampaignConfig, publish
 from .errors import BadResults
 from .faults import held_of
+from .modes import MODES
 from .records import ResultsDir
 
 #: Settings that may differ between the shards of one campaign.
@@ -99,7 +100,8 @@ def _check_whole(shard: ResultsDir, cfg: dict[str, Any], runs: list[dict[str, An
         if record["index"] % n != i - 1:
             raise BadResults(f"{shard.path}: run {record['index']} is not shard {i}/{n}'s "
                              f"(its runs are those whose index is {i - 1} modulo {n})")
-        if cfg.get("mode") == "exhaustive" or cfg.get("plans"):
+        mode = MODES.get(str(cfg.get("mode")))
+        if (mode is not None and mode.enumerates) or cfg.get("plans"):
             continue  # plans are listed, not drawn from a seed per index
         if seeds and record["index"] >= len(seeds):
             raise BadResults(f"{shard.path}: run {record['index']} is past the campaign's "

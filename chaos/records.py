@@ -24,6 +24,7 @@ from typing import Any
 from durable.atomic_file import write_atomic
 
 from .errors import BadResults
+from .modes import MODES
 
 #: Fields every run record has; a line without them is not a run record.
 RECORD_FIELDS = ("index", "seed", "verdict", "plan")
@@ -39,15 +40,16 @@ def _unsound(record: dict[str, Any]) -> str | None:
         return f"index {record['index']!r} is not a run index"
     if isinstance(record["seed"], bool) or not isinstance(record["seed"], int):
         return f"seed {record['seed']!r} is not a whole number"
-    machine = record.get("campaign_mode") == "machine"  # no agent: 0 steps, no observation
+    mode = MODES.get(str(record.get("campaign_mode")))
+    agentless = mode is not None and not mode.has_agent  # 0 steps, no observation
     steps = record.get("steps")
     if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or
-                              steps < (0 if machine else 1)):
+                              steps < (0 if agentless else 1)):
         return f"steps {steps!r} is not a positive whole number"
     verdict = record["verdict"]
     if not isinstance(verdict, dict) or verdict.get("valid") not in (True, False, "unknown"):
         return f"verdict {verdict!r} is not a verdict"
-    if record.get("observation") is None and verdict["valid"] is True and not machine:
+    if record.get("observation") is None and verdict["valid"] is True and not agentless:
         return "a run judged valid without an observation"
     try:
         FaultPlan.from_json(record["plan"])

@@ -23,6 +23,7 @@ from .checker import check
 from .checks.model import VERDICT_NAMES, Observation, Valid, merge
 from .errors import BadArguments
 from .faults import Fault, FaultPlan, held_of
+from .modes import MODES
 from .records import ResultsDir
 from .run_spec import RunSpec
 from .runner import Run
@@ -67,8 +68,8 @@ def stored_spec(results_dir: Path, index: int | None, store_url: str | None = No
 def drawn_spec(args: argparse.Namespace) -> RunSpec:
     if args.seed is None or args.mode is None:
         raise BadArguments("repro needs RESULTS --run N, or --seed S --mode M")
-    if args.mode == "exhaustive":
-        raise BadArguments("exhaustive plans are not drawn from a seed; use RESULTS --run N")
+    if MODES[args.mode].enumerates:
+        raise BadArguments(f"{args.mode} plans are not drawn from a seed; use RESULTS --run N")
     cfg = CampaignConfig(mode=args.mode, backend=args.backend, preset=args.preset,
                          durable_mode=args.durable_mode, stale_kind=args.stale_kind,
                          store=args.store)

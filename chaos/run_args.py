@@ -18,10 +18,11 @@ from durable.session_log import LOG_NAMES
 from scenarios import load, scenario_of, workload
 from scenarios.preset import MAX_STEPS, VIRTUAL_SHELL_LACKS
 
-from .campaign import MODES, CampaignConfig
+from .campaign import CampaignConfig
 from .cluster import check_address
 from .errors import BadArguments
 from .faults import ALL_POINTS, HELD_KINDS, HeldAction, held_of
+from .modes import MODES
 from .space_providers import BACKENDS, VIRTUAL
 from .stale import KINDS
 
@@ -29,8 +30,10 @@ from .stale import KINDS
 MAX_RUNS = 1_000_000
 DURABLE_MODES = ("auto", "transactional", "checkpoint")
 #: The campaign modes whose drawn plans may hold a fault on a Space (``faults.HELD_KINDS``:
-#: ``--pause-spaces``, ``--cut-links``, ``--jump-clocks``).
-HELD_MODES = ("transactional", "checkpoint", "auto", "stale", "redrive")
+#: ``--pause-spaces``, ``--cut-links``, ``--jump-clocks``...).
+HELD_MODES = tuple(name for name, mode in MODES.items() if mode.holds)
+#: The campaign modes that run on a virtual workspace.
+VIRTUAL_MODES = tuple(name for name, mode in MODES.items() if mode.virtual)
 
 
 def _env_int(name: str) -> int | None:
@@ -97,7 +100,7 @@ def _held(args: argparse.Namespace) -> tuple[HeldAction, ...]:
     """The held kinds whose flags (``--pause-spaces``...) are on, where they can be."""
     held = held_of(vars(args))
     for kind in (HELD_KINDS[a] for a in held):
-        if args.mode not in HELD_MODES or args.backend == VIRTUAL:
+        if not MODES[args.mode].holds or args.backend == VIRTUAL:
             raise BadArguments(f"{kind.flag} holds a fault on a Space in --mode "
                                f"{', '.join(HELD_MODES)} on a backend with Spaces, not --mode "
                                f"{args.mode} --backend {args.backend}")
@@ -113,9 +116,10 @@ def _held(args: argparse.Namespace) -> tuple[HeldAction, ...]:
 def _store(args: argparse.Namespace) -> str | None:
     if args.store is None:
         return None
-    if args.mode != "redrive":
-        raise BadArguments(f"--store is for --mode redrive (the coordinator's store), not "
-                           f"{args.mode}")
+    if not MODES[args.mode].coordinated:
+        raise BadArguments(f"--store is for --mode "
+                           f"{', '.join(n for n, m in MODES.items() if m.coordinated)} (the "
+                           f"coordinator's store), not {args.mode}")
     if not args.store.startswith(("postgresql://", "postgres://")):
         raise BadArguments(f"--store {args.store!r}: pass a PostgreSQL server "
                            "(postgresql://user:password@host:port/db); without --store each "
@@ -131,17 +135,19 @@ def campaign_config(args: argparse.Namespace) -> CampaignConfig:
         raise BadArguments("no campaign mode: pass --mode or set CRASH_MODE "
                            f"(one of {', '.join(MODES)})")
     if args.mode not in MODES:
-        raise BadArguments(f"CRASH_MODE={args.mode!r} is not a mode; use one of {MODES}")
+        raise BadArguments(f"CRASH_MODE={args.mode!r} is not a mode; use one of "
+                           f"{', '.join(MODES)}")
     _env_choice("--backend", args.backend, "CRASH_BACKEND", BACKENDS)
     _env_choice("--durable-mode", args.durable_mode, "CRASH_DURABLE_MODE", DURABLE_MODES)
     _env_choice("--stale-kind", args.stale_kind, "CRASH_STALE_KIND", KINDS)
-    if args.mode == "machine" and args.backend != "microvm":
-        raise BadArguments(f"--mode machine checks whole-machine checkpoints: it needs "
-                           f"--backend microvm, not {args.backend}")
-    if args.backend == VIRTUAL and (args.mode not in ("transactional", "exhaustive") or
+    mode = MODES[args.mode]
+    if mode.backend is not None and args.backend != mode.backend:
+        raise BadArguments(f"--mode {args.mode} {mode.backend_why}: it needs "
+                           f"--backend {mode.backend}, not {args.backend}")
+    if args.backend == VIRTUAL and (not mode.virtual or
                                     args.durable_mode not in (None, "transactional")):
         raise BadArguments(f"--backend virtual keeps the workspace in the log with each call's "
-                           f"result: run --mode transactional or exhaustive (durable mode "
+                           f"result: run --mode {' or '.join(VIRTUAL_MODES)} (durable mode "
                            f"transactional), not --mode {args.mode}"
                            + (f" --durable-mode {args.durable_mode}" if args.durable_mode
                               else ""))

@@ -53,6 +53,10 @@ class RunContext(Protocol):
     def space_of(self, session: str, conversation: int = ...) -> str:
         """The Space of ``session``'s ``conversation``."""
 
+    def attempts(self, failpoints: str) -> int | None:
+        """Drivers with growing epochs under the plan's faults, until one finishes or fails
+        for good; the last one's exit code (the standard modes' phase 2)."""
+
     def request_timeout(self, *, faulted: bool) -> float | None:
         """A driver's Space request timeout (``faulted``: one the plan's held faults meet)."""
 

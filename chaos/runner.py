@@ -46,10 +46,7 @@ from .faults import (
     HOLD_REQUEST_TIMEOUT_S,
     STATE_DISK_BYTES,
     FaultPlan,
-    draw_plan,
-    on_machine,
     on_virtual,
-    reachable_points,
     with_held_faults,
 )
 from .forked_run import forks_of
@@ -57,18 +54,17 @@ from .golden import Golden, GoldenFailed, golden_for
 from .holds import Holds
 from .launch import OtherSession, driver_argv, driver_env
 from .link_proxy import LinkProxy, LinkTable
-from .machine_check import run_machine_check
+from .modes import MODES
 from .nemesis import NoopNemesis, Target, ValidatingNemesis
 from .observe import agent_history, observe, observe_virtual
 from .processes import Owned
-from .redrive import DriverTracker, draw_redrive_plan, keys_of, kind_of, observe_second, run_redrive
+from .redrive import keys_of, observe_second
 from .rendezvous import Rendezvous
 from .run_record import RunRecord
 from .run_spaces import delete_spaces, save_workspace, seed_space
 from .run_spec import RunSpec
 from .run_state import RunState
 from .space_providers import VIRTUAL, CampaignSpaces, make_spaces
-from .stale import run_kind
 
 #: The attempt number of the clean driver that finishes a run (drawn plans have at most ten
 #: attempts; reports tell the clean driver by it).
@@ -91,6 +87,8 @@ class Run:
         self.scenario: Scenario = scenario_of(spec.preset, spec.seed, steps=spec.steps,
                                               keep=spec.keep_steps, simple=spec.simple_steps)
         self.preset = self.scenario.preset
+        #: The campaign mode: what the run's phases are where modes differ.
+        self.mode = MODES[spec.campaign_mode]
         plan = spec.plan or self._draw_plan()
         self.plan = on_virtual(plan) if spec.backend == VIRTUAL else plan
         self.state = RunState()
@@ -99,11 +97,10 @@ class Run:
         self.nemesis = ValidatingNemesis(FaultNemesis() if self.plan.faults else NoopNemesis(),
                                          self.plan, self.state)
         self.schedule = FaultSchedule(self.plan, self.nemesis, self.state, self.holds,
-                                      gated=spec.campaign_mode == "stale")
-        #: The rendezvous's handler: the schedule's, or in redrive mode the tracker that
-        #: tells the coordinator's drivers apart first.
-        self.on_hit = (DriverTracker(self).on_hit if spec.campaign_mode == "redrive"
-                       else self.schedule.on_hit)
+                                      gated=self.mode.gated)
+        #: The rendezvous's handler: the schedule's, or the mode's own (redrive's tells
+        #: the coordinator's drivers apart first).
+        self.on_hit = self.mode.on_hit(self) or self.schedule.on_hit
         #: Redrive mode: what the coordinator did (``chaos.redrive.Redrive.facts``).
         self.redrive: dict[str, Any] | None = None
         self.note = note
@@ -126,27 +123,13 @@ class Run:
 
     def _draw_plan(self) -> FaultPlan:
         spec = self.spec
-        if spec.campaign_mode == "machine":
-            return FaultPlan(spec.seed, ())
-        # Stale mode's and redrive's drivers are launched by their kinds or a coordinator:
-        # their held faults fall at points alone, no timer starts with them.
-        timed = spec.campaign_mode not in ("stale", "redrive")
-        if spec.campaign_mode == "stale":
-            plan = FaultPlan(spec.seed, ())
-        elif spec.campaign_mode == "redrive":
-            plan = draw_redrive_plan(spec.seed, kind_of(spec.seed, spec.redrive_kind),
-                                     reachable_points(self.scenario, spec.durable_mode))
-        else:
-            plan = draw_plan(spec.seed, self.scenario, spec.durable_mode,
-                             long_seconds=self.preset.long_seconds)
-            if spec.backend == "microvm":
-                plan = on_machine(plan)
+        plan = self.mode.plan(self)
         for kind in HELD_KINDS.values():  # in the registry's order, whatever the flags' order
             if kind.action in spec.held:
                 plan = with_held_faults(plan, kind.action, self.scenario, spec.durable_mode,
                                         guest=spec.backend == "microvm",
                                         long_seconds=self.preset.long_seconds,
-                                        timed=timed)
+                                        timed=self.mode.held_timed)
         return plan
 
     def note_launch(self) -> None:
@@ -210,7 +193,7 @@ class Run:
                       {"attempt": attempt, "epoch": epoch, "exit": code})
         return code
 
-    def _attempts(self, failpoints: str) -> int | None:
+    def attempts(self, failpoints: str) -> int | None:
         """Drivers with growing epochs under the plan's faults, until one finishes or fails
         for good; the last one's exit code."""
         code: int | None = None
@@ -231,8 +214,9 @@ class Run:
     def execute(self) -> RunRecord:
         spec, state = self.spec, self.state
         state.t0 = time.time()
-        if spec.campaign_mode == "machine":
-            return run_machine_check(self)
+        record = self.mode.whole_run(self)
+        if record is not None:
+            return record
         if self.dir.exists():
             shutil.rmtree(self.dir)
         (self.dir / "state").mkdir(parents=True)
@@ -259,10 +243,10 @@ class Run:
             # A clean driver finishes the session unless the last driver finished it with
             # no fault fired since it started (a fault during its last steps, a Space lost
             # after its final check, need one; for a finished session the re-drive must
-            # change nothing). Stale mode always ends with one: the session's re-drive
-            # after the other party must change nothing either.
+            # change nothing). Some modes always end with one (stale: the session's
+            # re-drive after the other party must change nothing either).
             if final_exit != EXIT_OK or len(state.fired()) > self._fired_at_launch or \
-                    spec.campaign_mode == "stale":
+                    self.mode.always_clean:
                 with self.scope:
                     final_exit = self.await_driver(self.launch(CLEAN_ATTEMPT, None),
                                                    CLEAN_ATTEMPT)
@@ -279,7 +263,7 @@ class Run:
             self._clean_up(failed=verdict.valid is not True)
         return RunRecord(
             index=spec.index, seed=spec.seed, campaign_mode=spec.campaign_mode,
-            stale_kind=spec.stale_kind if spec.campaign_mode == "stale" else None,
+            stale_kind=self.mode.kind(spec),
             durable_mode=spec.durable_mode, backend=spec.backend, preset=spec.preset,
             steps=len(self.scenario.steps), plan=self.plan, history=state.history(),
             recoveries=events, counts=state.counts(), latencies=state.latencies(t_done),
@@ -294,7 +278,7 @@ class Run:
         if self.spec.backend == VIRTUAL:  # no Space: the driver seeds the log's workspace
             self.nemesis.setup(Target(None, self.space, self.dir / "ledgers", self.state,
                                       self.schedule.armed))
-            return self._attempts(rv.address)
+            return self.attempts(rv.address)
         # The Space's daemons report their failpoints to the same rendezvous.
         fills = any(f.action == "fill_state_disk" for f in self.plan.faults)
         self.spaces = make_spaces(self.spec.backend, self.dir, failpoints=rv.address,
@@ -306,11 +290,7 @@ class Run:
                                   self.schedule.armed, self.link,
                                   self.scenario.fork_after is not None))
         seed_space(self.spaces, self.space, self.scenario)
-        if self.spec.campaign_mode == "stale":
-            return run_kind(self, rv)
-        if self.spec.campaign_mode == "redrive":
-            return run_redrive(self, rv)
-        return self._attempts(rv.address)
+        return self.mode.drive(self, rv)
 
     def _observe(self, final_exit: int | None
                  ) -> tuple[Observation, list[dict[str, Any]], Verdict]:
