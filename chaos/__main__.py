@@ -1,10 +1,14 @@
 import sys
 
+from .exits import EXIT_INTERRUPTED, by_ctrl_c
+
 try:
     from .cli import main
 
     code = main()
-except KeyboardInterrupt:  # Ctrl-C outside the campaign's own handler (while the modules load)
+except BaseException as exc:  # Ctrl-C outside the campaign's own handler (modules loading)
+    if not by_ctrl_c(exc):
+        raise
     print("chaos: interrupted", file=sys.stderr)
-    code = 130
+    code = EXIT_INTERRUPTED
 sys.exit(code)

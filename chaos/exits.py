@@ -18,19 +18,33 @@ EXIT_BAD_ARGS = 254
 EXIT_CRASHED = 255
 
 
+def by_ctrl_c(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is Ctrl-C or an error it caused: a SIGINT that lands while a C
+    extension initialises (matplotlib's ``ft2font``, loaded with the campaign's modules)
+    surfaces as ``ImportError: initialization failed`` raised from the
+    ``KeyboardInterrupt`` (found by the Ctrl-C test: exit 1 instead of 130)."""
+    while exc is not None:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 def guarded(prog: str, what: str, run: Callable[[], int],
             bad_input: tuple[type[BaseException], ...]) -> int:
     """``run()``'s exit code; ``bad_input`` exceptions exit 254 with their message, Ctrl-C
     exits 130, anything else 255 with its traceback (``what`` names the tool that crashed)."""
     try:
         return run()
-    except bad_input as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
-        return EXIT_BAD_ARGS
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    except Exception:  # noqa: BLE001 - a crash of the tool: exit 255, with its traceback
+    except BaseException as exc:
+        if by_ctrl_c(exc):
+            print(f"{prog}: interrupted", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        if isinstance(exc, bad_input):
+            print(f"{prog}: {exc}", file=sys.stderr)
+            return EXIT_BAD_ARGS
+        if not isinstance(exc, Exception):
+            raise  # SystemExit: the command's own exit
         traceback.print_exc()
         print(f"{prog}: {what} crashed (exit 255); the traceback above says where",
               file=sys.stderr)

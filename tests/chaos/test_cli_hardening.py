@@ -21,6 +21,7 @@ import pytest
 
 from backends.local import LocalSpaces
 from chaos import campaign
+from chaos.exits import EXIT_INTERRUPTED, by_ctrl_c, guarded
 from chaos.progress import Progress
 from chaos.run_pool import LocalPool
 from chaos.summary import parse_summary
@@ -198,6 +199,26 @@ def _imports_began(pid: int) -> bool:
 
 
 @pytest.mark.slow
+def test_an_error_ctrl_c_caused_exits_130_like_ctrl_c_itself(capsys) -> None:
+    """A SIGINT inside a C extension's initialisation surfaces as ``ImportError:
+    initialization failed`` raised from the ``KeyboardInterrupt`` (matplotlib's ft2font, seen
+    by the test below on a fresh clone: exit 1); it is Ctrl-C all the same. An error with
+    no Ctrl-C behind it is still a crash."""
+    def cut_short() -> int:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as exc:
+            raise ImportError("initialization failed") from exc
+
+    def crashed() -> int:
+        raise ImportError("no module named nope")
+
+    assert by_ctrl_c(ImportError("x")) is False
+    assert guarded("chaos", "the campaign", cut_short, (ValueError,)) == EXIT_INTERRUPTED
+    assert "chaos: interrupted" in capsys.readouterr().err
+    assert guarded("chaos", "the campaign", crashed, (ValueError,)) == 255
+
+
 def test_ctrl_c_at_any_moment_exits_130_and_leaves_nothing(tmp_path: Path) -> None:
     """A campaign interrupted anywhere, from its imports to its SUMMARY, exits 130 (or 0
     when it had already finished) without a traceback, and leaves no process behind."""
