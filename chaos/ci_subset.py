@@ -189,21 +189,27 @@ SHAPES_PLANS = tuple(
         (Fault("delete_space", "failpoint", "call.result", 9),
          Fault("kill_daemon", "failpoint", "spacesd.restore.partial", 1, kill_driver=False)),
     ))
-def _held_plans(action: HeldAction) -> tuple[ScriptedRun, ...]:
-    """A held fault (``pause_space`` or ``cut_link``) past the drivers' request timeout (2 s;
-    a request is sent twice, so 5 s leaves it unanswered): from a file call's write, from
-    inside the daemon's start of a command, and while a command runs."""
+def _held_plans(action: HeldAction, points: tuple[tuple[str, str | None], ...] = (
+        ("space.file_op", None), ("spacesd.exec.recorded", None), ("space.running", "ci-long"))
+                ) -> tuple[ScriptedRun, ...]:
+    """A held fault past the drivers' request timeout (2 s; a request is sent twice, so 5 s
+    leaves it unanswered), at each of ``points`` (with the preset it needs): by default from
+    a file call's write, from inside the daemon's start of a command, and while a command
+    runs."""
     return tuple(_plan(1, Fault(action, "failpoint", point, 1, kill_driver=False, hold=5.0),
                        preset=preset)
-                 for point, preset in (("space.file_op", None),
-                                       ("spacesd.exec.recorded", None),
-                                       ("space.running", "ci-long")))
+                 for point, preset in points)
 
 
 #: A frozen Space: a write lands after the driver gave up on it, a start and a command
 #: wait frozen. A cut link: the daemon carries out a start whose answer is lost, a write
 #: held by the cut never arrives, a command ends while its driver cannot see it.
 PAUSES, CUTS = _held_plans("pause_space"), _held_plans("cut_link")
+#: A command frozen (its daemon answering) just spawned, while it runs and while its shim
+#: writes its exit: a wait must see it running, never ended or lost.
+COMMAND_PAUSES = _held_plans("pause_commands", (
+    ("spacesd.exec.spawned", None), ("space.running", "ci-long"),
+    ("spacesd.exec.exit_writing", "ci-long")))
 #: The bundled workload every machine can run (no program beyond bash and coreutils).
 ODD_OBJECTS = str(Path(__file__).resolve().parents[1] / "scenarios" / "workloads" /
                   "odd-objects.yaml")
@@ -264,6 +270,12 @@ SLICES: tuple[Slice, ...] = (
           "daemon carries out what reached it, its answers are lost) past the drivers' "
           "request timeout, at seeded points and where a request is in the daemon",
           {"mode": "checkpoint", "held": ("cut_link",), "seeds": (1, 2, 3, 5), "plans": CUTS}),
+    Slice("pause-commands", "a Space's commands frozen (every process of them stopped) while "
+          "its daemon answers, past the drivers' request timeout: the command just spawned, "
+          "running and writing its exit; its key must read running until it ends, never "
+          "ended or lost, and nothing may start it again",
+          {"mode": "checkpoint", "held": ("pause_commands",), "seeds": (1, 2, 3, 4),
+           "plans": COMMAND_PAUSES}),
     Slice("state-disk", "the disk of the daemon's own state full (its ledger, journals, "
           "command output and checkpoints meet ENOSPC; the workspace keeps its room) at "
           "seeded points and inside a write, a start and a running command: what the daemon "
