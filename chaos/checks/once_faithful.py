@@ -28,6 +28,8 @@ from durable.coding_tools import bash_result
 from scenarios.steps import APPENDING, Expected
 from spacesd.shim import LOST_OUTPUT
 
+from ..modes import MODES
+
 if TYPE_CHECKING:
     from .model import CheckInput, ObservedCall
 
@@ -119,12 +121,12 @@ def _output_lost_to_a_full_disk(call: ObservedCall, exp: Expected) -> bool:
 
 def _transactional_at(inp: CheckInput, entry: int | None) -> bool:
     """Whether the conversation was in transactional mode when ``entry`` was committed."""
-    obs, mode = inp.obs, inp.campaign_mode
-    if mode == "transactional":
+    obs = inp.obs
+    if MODES[inp.campaign_mode].durable == "transactional":  # the adapter never leaves it
         return True
     if obs.mode_switch_entry is not None and entry is not None:
         return entry < obs.mode_switch_entry
-    return mode in ("auto", "stale", "exhaustive", "redrive") and obs.end_mode == "transactional"
+    return obs.end_mode == "transactional"  # one mode all along (a checkpoint run never is)
 
 
 def _brief(text: str) -> str:
