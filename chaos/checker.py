@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING
 
 from scenarios import Scenario
 
-from .checks import run_checks
 from .checks.implied import implied
 from .checks.model import Observation, Verdict, merge
+from .checks.registry import run_checks
 from .second_session import second_scenario
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 def check(scenario: Scenario, obs: Observation, *, campaign_mode: str,
           golden: Golden | None = None) -> Verdict:
-    """Run every check; see ``chaos.checks``. A redrive race's second session (``second``)
+    """Run every check; see ``chaos.checks.registry``. A redrive race's second session (``second``)
     ran on the first's Space after it: it is checked in full from the state the first
     session's log implies, and the first's workspace check (G1) is left to it (the Space
     holds both sessions' changes; the second's G1 sees a wrong first state too)."""

@@ -26,7 +26,10 @@ def modules(root: Path, packages: tuple[str, ...]) -> dict[str, Path]:
 
 def import_graph(found: dict[str, Path]) -> dict[str, set[str]]:
     """Module -> the project's modules it imports anywhere in its text. ``from P import
-    name`` is an import of ``P.name`` when that is a module, else of ``P``."""
+    name`` is an import of ``P.name`` when that is a module, else of ``P``; importing
+    ``P.Q.m`` runs ``P.Q``'s ``__init__`` first, so it imports every package above ``m``
+    that is not above the importer too (those are running already: a package's own modules
+    import their siblings freely)."""
 
     def known(name: str) -> str | None:
         while name and name not in found:
@@ -49,7 +52,11 @@ def import_graph(found: dict[str, Path]) -> dict[str, set[str]]:
                 for alias in node.names:
                     full = f"{base}.{alias.name}"
                     targets.add(full if full in found else known(base))
-        graph[name] = {t for t in targets if t is not None and t != name}
+        mine = {name.rsplit(".", k)[0] for k in range(1, name.count(".") + 1)}
+        direct = {t for t in targets if t is not None}
+        parents = {p for t in direct for k in range(1, t.count(".") + 1)
+                   if (p := t.rsplit(".", k)[0]) in found and p not in mine}
+        graph[name] = (direct | parents) - {name}
     return graph
 
 
@@ -119,7 +126,16 @@ def test_lazy_type_only_and_relative_imports_close_a_circle(tmp_path: Path) -> N
     (pkg / "c.py").write_text("from pkg.a import thing\n")
     (pkg / "d.py").write_text("import pkg.c\n")
     graph = import_graph(modules(tmp_path, ("pkg",)))
-    assert graph["pkg.a"] == {"pkg.sub.b"} and graph["pkg.sub.b"] == {"pkg.c"}
+    assert graph["pkg.a"] == {"pkg.sub", "pkg.sub.b"} and graph["pkg.sub.b"] == {"pkg.c"}
     assert circles(graph) == [["pkg.a", "pkg.c", "pkg.sub.b"]]
     (pkg / "c.py").write_text("")
     assert circles(import_graph(modules(tmp_path, ("pkg",)))) == []
+    # A package whose __init__ imports a module that leads back to one of its own modules
+    # through a module outside it: importing pkg.sub.b runs pkg.sub's __init__ first.
+    (pkg / "sub" / "__init__.py").write_text("from . import e\n")
+    (pkg / "sub" / "e.py").write_text("from pkg import c\n")
+    (pkg / "c.py").write_text("from pkg.sub import b\n")
+    (pkg / "sub" / "b.py").write_text("")
+    assert circles(import_graph(modules(tmp_path, ("pkg",)))) == [
+        ["pkg.c", "pkg.sub", "pkg.sub.e"]]
+
