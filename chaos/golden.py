@@ -175,7 +175,7 @@ def probe(workload_path: str, execute: Execute, *, work_dir: Path,
     declare volatile (exact, glob-escaped) and the calls whose output is nondeterministic.
     ``GoldenFailed`` when a clean run does not finish."""
     workload = load(workload_path)
-    spec = RunSpec(index=0, seed=1, campaign_mode="standard", durable_mode=durable_mode,
+    spec = RunSpec(index=0, seed=1, campaign_mode=durable_mode, durable_mode=durable_mode,
                    backend=backend, preset=PREFIX + workload.path, steps=None,
                    work_dir=work_dir)
     _first, paths, steps = _twice(spec, workload, tuple(range(len(workload.calls))), work_dir,

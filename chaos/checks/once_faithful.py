@@ -122,7 +122,8 @@ def _output_lost_to_a_full_disk(call: ObservedCall, exp: Expected) -> bool:
 def _transactional_at(inp: CheckInput, entry: int | None) -> bool:
     """Whether the conversation was in transactional mode when ``entry`` was committed."""
     obs = inp.obs
-    if MODES[inp.campaign_mode].durable == "transactional":  # the adapter never leaves it
+    mode = MODES.get(inp.campaign_mode)
+    if mode is not None and mode.durable == "transactional":  # the adapter never leaves it
         return True
     if obs.mode_switch_entry is not None and entry is not None:
         return entry < obs.mode_switch_entry

@@ -157,9 +157,9 @@ def test_bad_arguments_exit_254(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert "no preset 'nope'" in capsys.readouterr().err
     assert main(["run", "--mode", "exhaustive", "--points", "call.nowhere"]) == 254
     assert "unknown failpoint" in capsys.readouterr().err
-    assert main(["run", "--mode", "stale", "--pause-spaces"]) == 254
+    assert main(["run", "--mode", "exhaustive", "--pause-spaces"]) == 254
     assert "--pause-spaces holds a fault on a Space in --mode transactional, checkpoint, " \
-        "auto" in capsys.readouterr().err
+        "auto, stale, redrive" in capsys.readouterr().err
     assert main(["run", "--mode", "transactional", "--backend", "virtual", "--cut-links"]) \
         == 254
     assert "--cut-links holds a fault on a Space" in capsys.readouterr().err
