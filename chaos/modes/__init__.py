@@ -21,13 +21,4 @@ MODES: dict[str, CampaignMode] = {m.name: m for m in (
 )}
 
 
-def mode_named(name: str) -> CampaignMode:
-    """The mode ``name`` (``KeyError`` names the modes there are)."""
-    try:
-        return MODES[name]
-    except KeyError:
-        raise KeyError(f"{name!r} is not a campaign mode; use one of {', '.join(MODES)}") \
-            from None
-
-
-__all__ = ["MODES", "CampaignMode", "Group", "mode_named"]
+__all__ = ["MODES", "CampaignMode", "Group"]
