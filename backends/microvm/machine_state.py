@@ -95,6 +95,8 @@ def run_job(action: str, base_dir: Path, name: str, path: Path) -> None:
         raise SpaceUnavailable(f"the machine {action} job of Space {name} did not end within "
                                f"{JOB_TIMEOUT_S + 60:.0f} s; it was killed") from None
     if proc.returncode == 0:
+        if err:  # what the job said on its way (a load started again): shown, not lost
+            sys.stderr.write(err.decode(errors="replace"))
         return
     message = err.decode(errors="replace").strip().splitlines()
     reason = message[-1] if message else f"exit {proc.returncode}"

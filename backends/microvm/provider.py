@@ -33,6 +33,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import tarfile
 import tempfile
 import time
@@ -58,7 +59,14 @@ from .machine import QMP, Agent, MachineSpec, free_port, qemu_argv, read_pid, st
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 BOOT_TIMEOUT_S = 180.0
+#: How long a machine started from a saved state may take to serve before it is started from
+#: that state once more (a load serves within seconds; rarely, under TCG, one never did).
+LOAD_SERVE_S = 60.0
 ACCELS = ("auto", "kvm", "tcg")
+
+
+class NotServing(SpaceUnavailable):
+    """A machine that runs but whose daemon did not serve in time."""
 
 
 class MicroVMSpaces:
@@ -179,22 +187,33 @@ class MicroVMSpaces:
         (d / "port").write_text(f"{port}\n")
         read_pid(d / "qemu.pid")  # records its start time now
 
-    def _wait_healthy(self, name: str, *, after_ms: int = 0) -> None:
-        deadline = time.monotonic() + BOOT_TIMEOUT_S
+    def _wait_healthy(self, name: str, *, after_ms: int = 0,
+                      within: float = BOOT_TIMEOUT_S) -> None:
+        """Back when the daemon of ``name`` (one started after ``after_ms``) serves and the
+        guest's clock is set; ``NotServing`` after ``within`` s, with what failed last."""
+        deadline = time.monotonic() + within
         client = self.connect(name, epoch=0)
+        last = "its daemon never answered"
         while time.monotonic() < deadline:
             if not self.running(name):
                 raise SpaceUnavailable(f"the microVM of Space {name} stopped while booting; "
                                        f"its console ends: {self._console_tail(name)}")
             try:
-                if client.health()["started_ms"] > after_ms:
-                    self.set_clock(name)
-                    return
-            except SpaceError:
-                pass
+                started_ms = client.health()["started_ms"]
+            except SpaceError as exc:
+                last = f"its daemon's health: {exc}"
+            else:
+                if started_ms <= after_ms:
+                    last = f"its daemon is still the one started at {started_ms} ms"
+                else:
+                    try:
+                        self.set_clock(name)
+                        return
+                    except SpaceError as exc:
+                        last = f"its daemon serves, but setting its clock failed: {exc}"
             time.sleep(0.1)
-        raise SpaceUnavailable(f"Space {name} did not serve within {BOOT_TIMEOUT_S:.0f} s; "
-                               f"its console ends: {self._console_tail(name)}")
+        raise NotServing(f"Space {name} did not serve within {within:.0f} s (last: {last}); "
+                         f"its console ends: {self._console_tail(name)}")
 
     def _console_tail(self, name: str) -> str:
         try:
@@ -301,8 +320,18 @@ class MicroVMSpaces:
     def load_machine(self, name: str, src: Path) -> None:
         """The Space ``name`` (made if there is none: a fork, a lost Space) started from
         the state saved in ``src``: its QEMU killed if it runs, the saved disk, spec and
-        token put in place, and QEMU started from the saved memory; back when it serves."""
+        token put in place, and QEMU started from the saved memory; back when it serves (a
+        machine that does not within ``LOAD_SERVE_S`` is started from the state again)."""
         machine_state.check_state(src)
+        try:
+            self._load(name, src, serve_within=LOAD_SERVE_S)
+        except NotServing as exc:
+            # Seen once in about a thousand loads (CI, TCG): the cause is not known yet, so
+            # what failed is said where the job's caller shows it, and the load done again.
+            print(f"microvm: {exc}; starting it from {src} once more", file=sys.stderr)
+            self._load(name, src, serve_within=BOOT_TIMEOUT_S)
+
+    def _load(self, name: str, src: Path, *, serve_within: float) -> None:
         zstd = machine_state.zstd()
         d = self.space_dir(name)
         with self._locked(name):
@@ -326,7 +355,7 @@ class MicroVMSpaces:
             qmp.migration(machine_state.JOB_TIMEOUT_S)
             if qmp.status() != "running":  # it was saved paused
                 qmp.command("cont")
-        self._wait_healthy(name)
+        self._wait_healthy(name, within=serve_within)
 
     # ---------------------------------------------------------------- faults
 

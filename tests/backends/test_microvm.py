@@ -343,3 +343,28 @@ def test_a_command_pause_freezes_the_commands_and_the_daemon_answers(vms) -> Non
 
 def test_a_pause_stops_the_machine_and_a_resume_goes_on(vms) -> None:
     check_a_pause_freezes_the_space(vms, "vm", late_requests_land=False)
+
+
+def test_a_loaded_machine_that_never_serves_is_loaded_again_then_named(
+        vm_module, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A state saved with its daemon frozen loads into a machine that runs but never
+    serves: the load is done a second time (said on stderr), then fails with what failed
+    last, never hanging and never reporting success."""
+    from backends.microvm import provider
+
+    monkeypatch.setattr(provider, "LOAD_SERVE_S", 4.0)
+    monkeypatch.setattr(provider, "BOOT_TIMEOUT_S", 6.0)
+    vms = vm_module.MicroVMSpaces(tmp_path / "vms", request_timeout=1.0)  # type: ignore[attr-defined]
+    try:
+        vms.create("frozen")
+        vms.pause_daemon("frozen")
+        vms.save_machine("frozen", tmp_path / "state")
+        with pytest.raises(provider.NotServing) as failed:
+            vms.load_machine("frozen", tmp_path / "state")
+        assert "did not serve within 6 s (last: its daemon's health:" in str(failed.value)
+        assert "did not serve within 4 s" in capsys.readouterr().err
+        assert vms.running("frozen")  # the second machine, left for its owner to delete
+    finally:
+        for name in vms.names():
+            vms.delete(name)
