@@ -31,7 +31,7 @@ from .progress import Progress, faults_fired
 from .records import ResultsDir
 from .run_pool import LocalPool, RunPool
 from .run_spec import RunSpec
-from .space_providers import VIRTUAL, probe_backend, programs_in_space
+from .space_providers import backend, probe_backend, programs_in_space
 from .summary import campaign_cells, cells_hit, summarize, summary_line
 
 EXIT = {"valid": 0, "invalid": 1, "unknown": 2, "interrupted": EXIT_INTERRUPTED}
@@ -116,7 +116,8 @@ class CampaignConfig:
 
     @property
     def preset_name(self) -> str:
-        if self.preset is None and self.backend == VIRTUAL and not self.chosen_mode.enumerates:
+        if (self.preset is None and not backend(self.backend).spaces
+                and not self.chosen_mode.enumerates):
             return "virtual"  # the default agent's kinds a pure-Python shell runs as bash
         return self.preset or self.chosen_mode.default_preset(self.stale_kind)
 
@@ -127,7 +128,7 @@ class CampaignConfig:
 
     @property
     def adapter_mode(self) -> str:
-        if self.backend == VIRTUAL:
+        if not backend(self.backend).spaces:
             return "transactional"  # the workspace is in the log, with each call's result
         return self.durable_mode or self.chosen_mode.durable
 
@@ -225,7 +226,7 @@ def run_campaign(cfg: CampaignConfig, out: TextIO = sys.stdout) -> int:
     compile_packages()
     with tempfile.TemporaryDirectory(prefix="chaos-probe-") as probe:
         probe_backend(cfg.backend, Path(probe))
-        if cfg.preset_name == workload.REAL and cfg.backend != VIRTUAL:
+        if cfg.preset_name == workload.REAL and backend(cfg.backend).spaces:
             cfg = replace(cfg, preset=real_for(cfg.backend, Path(probe) / "real"))
     results = ResultsDir.create(cfg.results_root, cfg.mode, cfg.backend)
     results.write_json("campaign.json", {**cfg.to_json(),

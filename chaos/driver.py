@@ -35,7 +35,7 @@ from scenarios.plan import Scenario
 from .forked_run import ForkedRun
 from .link_proxy import LinkTable
 from .live import die_with_parent
-from .space_providers import VIRTUAL, make_spaces, snapshot_kind
+from .space_providers import backend, make_spaces, snapshot_kind
 
 if TYPE_CHECKING:
     from durable.virtual import Tree
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     scenario = scenario_of(args.preset, args.seed, steps=args.steps, keep=keep,
                            simple=_indices(args.simple_steps))
     preset = scenario.preset
-    if args.backend == VIRTUAL:
+    if not backend(args.backend).spaces:
         return _virtual_session(args, scenario)
     spaces = make_spaces(args.backend, args.spaces_dir or args.run_dir,
                          failpoints=os.environ.get(SPACE_FAILPOINTS_ENV) or None,

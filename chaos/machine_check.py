@@ -58,13 +58,13 @@ def run_machine_check(run: RunContext) -> RunRecord:
     try:
         from backends.microvm import SandboxSnapshots
 
-        from .space_providers import make_spaces
+        from .space_providers import backend, make_spaces
 
-        if spec.backend != "microvm":
+        if not backend(spec.backend).machines:
             raise ValueError("machine mode needs --backend microvm (whole-machine "
                              "checkpoints)")
         run.dir.mkdir(parents=True, exist_ok=True)
-        spaces = cast("MicroVMSpaces", make_spaces("microvm", run.dir))
+        spaces = cast("MicroVMSpaces", make_spaces(spec.backend, run.dir))
         snaps = SandboxSnapshots(spaces)
         name = "machine"
         spaces.create(name)

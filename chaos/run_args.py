@@ -23,7 +23,7 @@ from .cluster import check_address
 from .errors import BadArguments
 from .faults import ALL_POINTS, HELD_KINDS, HeldAction, held_of
 from .modes import MODES
-from .space_providers import BACKENDS, VIRTUAL
+from .space_providers import BACKENDS, backend
 from .stale import KINDS
 
 #: The most runs one campaign takes (more is a typo, or a job for ``--shard``/a cluster).
@@ -85,7 +85,7 @@ def parse_shard(text: str | None) -> tuple[int, int] | None:
 def _snapshots(args: argparse.Namespace) -> str:
     _env_choice("--snapshots", args.snapshots, "CRASH_SNAPSHOTS", ("auto", "workspace",
                                                                   "machine"))
-    if args.snapshots == "machine" and args.backend != "microvm":
+    if args.snapshots == "machine" and not backend(args.backend).machines:
         raise BadArguments(f"--snapshots machine needs --backend microvm (whole-machine "
                            f"checkpoints), not {args.backend}")
     return str(args.snapshots)
@@ -100,7 +100,7 @@ def _held(args: argparse.Namespace) -> tuple[HeldAction, ...]:
     """The held kinds whose flags (``--pause-spaces``...) are on, where they can be."""
     held = held_of(vars(args))
     for kind in (HELD_KINDS[a] for a in held):
-        if not MODES[args.mode].holds or args.backend == VIRTUAL:
+        if not MODES[args.mode].holds or not backend(args.backend).spaces:
             raise BadArguments(f"{kind.flag} holds a fault on a Space in --mode "
                                f"{', '.join(HELD_MODES)} on a backend with Spaces, not --mode "
                                f"{args.mode} --backend {args.backend}")
@@ -144,7 +144,7 @@ def campaign_config(args: argparse.Namespace) -> CampaignConfig:
     if mode.backend is not None and args.backend != mode.backend:
         raise BadArguments(f"--mode {args.mode} {mode.backend_why}: it needs "
                            f"--backend {mode.backend}, not {args.backend}")
-    if args.backend == VIRTUAL and (not mode.virtual or
+    if not backend(args.backend).spaces and (not mode.virtual or
                                     args.durable_mode not in (None, "transactional")):
         raise BadArguments(f"--backend virtual keeps the workspace in the log with each call's "
                            f"result: run --mode {' or '.join(VIRTUAL_MODES)} (durable mode "
@@ -194,7 +194,7 @@ def campaign_config(args: argparse.Namespace) -> CampaignConfig:
     else:
         preset = load(cfg.preset_name)  # a bad preset is a bad argument, before anything runs
         lacking = sorted(preset.kinds & set(VIRTUAL_SHELL_LACKS))
-        if cfg.backend == VIRTUAL and lacking:
+        if not backend(cfg.backend).spaces and lacking:
             raise BadArguments(
                 f"--preset {cfg.preset_name} draws step kinds a virtual workspace's shell does "
                 "not run as bash does (" + "; ".join(f"{k}: {VIRTUAL_SHELL_LACKS[k]}"

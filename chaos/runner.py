@@ -64,7 +64,7 @@ from .run_record import RunRecord
 from .run_spaces import delete_spaces, save_workspace, seed_space
 from .run_spec import RunSpec
 from .run_state import RunState
-from .space_providers import VIRTUAL, CampaignSpaces, make_spaces
+from .space_providers import CampaignSpaces, backend, make_spaces
 
 #: The attempt number of the clean driver that finishes a run (drawn plans have at most ten
 #: attempts; reports tell the clean driver by it).
@@ -90,7 +90,7 @@ class Run:
         #: The campaign mode: what the run's phases are where modes differ.
         self.mode = MODES[spec.campaign_mode]
         plan = spec.plan or self._draw_plan()
-        self.plan = on_virtual(plan) if spec.backend == VIRTUAL else plan
+        self.plan = on_virtual(plan) if not backend(spec.backend).spaces else plan
         self.state = RunState()
         self.scope = AttemptScope(note)
         self.holds = Holds()
@@ -127,7 +127,7 @@ class Run:
         for kind in HELD_KINDS.values():  # in the registry's order, whatever the flags' order
             if kind.action in spec.held:
                 plan = with_held_faults(plan, kind.action, self.scenario, spec.durable_mode,
-                                        guest=spec.backend == "microvm",
+                                        guest=backend(spec.backend).machines,
                                         long_seconds=self.preset.long_seconds,
                                         timed=self.mode.held_timed)
         return plan
@@ -223,7 +223,7 @@ class Run:
         sock_dir = tempfile.mkdtemp(prefix="cua-fp-")
         if self.note is not None:
             self.note.temp(sock_dir)
-            if spec.backend in ("local", "microvm"):
+            if backend(spec.backend).spaces_in_run_dir:
                 self.note.spaces(self.dir / "spaces")
         final_exit: int | None = None
         verdict = Verdict("unknown", ["the run did not get to its check"])
@@ -233,8 +233,9 @@ class Run:
         t_done: float | None = None
         try:
             # Leaving the scope reaps every faulted driver before the channel closes.
+            shared = backend(spec.backend).shared_failpoints
             with Rendezvous(os.path.join(sock_dir, "fp.sock"), self.on_hit,
-                            shared=spec.backend == "docker") as rv, self.holds, self.scope:
+                            shared=shared) as rv, self.holds, self.scope:
                 final_exit = self._under_faults(rv)
             hits = rv.counts()
             for error in rv.errors:
@@ -275,7 +276,7 @@ class Run:
     def _under_faults(self, rv: Rendezvous) -> int | None:
         """Phase 1 and 2: the seeded Space, then the drivers under faults (or stale mode's
         other party); the last driver's exit code."""
-        if self.spec.backend == VIRTUAL:  # no Space: the driver seeds the log's workspace
+        if not backend(self.spec.backend).spaces:  # no Space: the driver seeds the log's workspace
             self.nemesis.setup(Target(None, self.space, self.dir / "ledgers", self.state,
                                       self.schedule.armed))
             return self.attempts(rv.address)
@@ -296,7 +297,7 @@ class Run:
                  ) -> tuple[Observation, list[dict[str, Any]], Verdict]:
         """Phase 4: the observation, the recovery events, and the verdict (``unknown`` at
         best when the nemesis failed: a planned fault may not have happened)."""
-        if self.spec.backend == VIRTUAL:
+        if not backend(self.spec.backend).spaces:
             obs, events = observe_virtual(self.dir, initial_tree(self.scenario),
                                           session=session_token(self.session),
                                           epoch=self.epoch, final_exit=final_exit,
@@ -353,7 +354,7 @@ class Run:
                 "session": session_token(self.session), "epoch": self.epoch,
                 "final_exit": final_exit, "final_done": final_exit == EXIT_OK,
                 "conversation": conversation}
-            if self.spec.backend == VIRTUAL:
+            if not backend(self.spec.backend).spaces:
                 obs, _ = observe_virtual(self.dir, initial_tree(self.scenario), **common)
             else:
                 assert self.spaces is not None

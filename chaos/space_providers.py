@@ -10,6 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from backends.descriptor import BackendDescriptor, ProviderOptions
+from backends.descriptor import BackendUnavailable as BackendUnavailableHere
+from backends.docker import descriptor as docker
+from backends.local import descriptor as local
+from backends.microvm import descriptor as microvm
 from backends.space_client import REQUEST_TIMEOUT_S, Resolver, Via
 from durable.spaces import Spaces
 
@@ -17,7 +22,6 @@ from .errors import BackendUnavailable
 
 #: The backend with no Space: the workspace lives in the session's log (``durable.virtual``).
 VIRTUAL = "virtual"
-BACKENDS = ("local", "docker", "microvm", VIRTUAL)
 
 
 class CampaignSpaces(Spaces, Protocol):
@@ -125,71 +129,59 @@ class StateDiskFillable(Protocol):
     def free_state_disk(self, name: str) -> None: ...
 
 
-def make_spaces(backend: str, run_dir: Path, *, failpoints: str | None = None,
+def _no_spaces(run_dir: Path, options: ProviderOptions) -> CampaignSpaces:
+    raise BackendUnavailable("the virtual backend has no Spaces: its workspace is in the "
+                             "session's log (durable.virtual)")
+
+
+def _probe_virtual(directory: Path) -> None:
+    try:
+        import durable.virtual.shell  # noqa: F401 - its shell is the one requirement
+    except ImportError as exc:
+        raise BackendUnavailable(f"the virtual backend needs just-bash ({exc}); install "
+                                 "the project again (pip install -e .)") from None
+
+
+#: Every backend a campaign can run on, by name: each ``backends/<name>/`` says what it is
+#: (``backends.descriptor``); the virtual one has no Space.
+BACKEND_DESCRIPTORS: dict[str, BackendDescriptor] = {b.name: b for b in (
+    local.BACKEND, docker.BACKEND, microvm.BACKEND,
+    BackendDescriptor(VIRTUAL, _no_spaces, probe=_probe_virtual, spaces=False,
+                      spaces_in_run_dir=False))}
+BACKENDS = tuple(BACKEND_DESCRIPTORS)
+
+
+def backend(name: str) -> BackendDescriptor:
+    """The backend called ``name``; ``BackendUnavailable`` naming the known ones if none."""
+    try:
+        return BACKEND_DESCRIPTORS[name]
+    except KeyError:
+        raise BackendUnavailable(f"unknown backend {name!r}; use one of {BACKENDS}") from None
+
+
+def make_spaces(name: str, run_dir: Path, *, failpoints: str | None = None,
                 request_timeout: float = REQUEST_TIMEOUT_S,
                 via: Via | None = None, state_disk: int | None = None) -> CampaignSpaces:
-    """The run's Spaces provider. ``failpoints``: the channel the Spaces' daemons report
-    their failpoints to (a unix socket; docker containers get its directory mounted).
-    ``request_timeout``: how long its clients wait for a daemon's answer; ``via``: where
-    their endpoints are routed (the run's link proxies); ``state_disk``: the size of the
-    state disk of its own each Space gets (local only; every process of the run then
-    makes Spaces with one)."""
-    if state_disk is not None and backend != "local":
-        raise BackendUnavailable(f"a state disk of its own is for local Spaces, not {backend}")
-    if backend == "local":
-        from backends.local import LocalSpaces
-
-        return LocalSpaces(run_dir / "spaces", failpoints=failpoints,
-                           request_timeout=request_timeout, via=via, state_disk=state_disk)
-    if backend == "docker":
-        try:
-            from backends.docker import DockerSpaces, DockerUnavailable
-        except ImportError as exc:
-            raise BackendUnavailable(
-                f"the docker backend is not installed here ({exc}); install the project "
-                "with its docker extra and build the image (ci/build-images.sh)") from None
-        import hashlib
-        import re
-
-        # The scope must tell this run from every other on the engine, including the
-        # same-numbered run of a campaign running beside this one: name plus path digest.
-        digest = hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:10]
-        readable = re.sub(r"[^A-Za-z0-9-]", "-", run_dir.name).strip("-")[:40] or "run"
-        try:
-            return DockerSpaces(label_scope=f"{readable}-{digest}", failpoints=failpoints,
-                                request_timeout=request_timeout, via=via)
-        except DockerUnavailable as exc:
-            raise BackendUnavailable(str(exc)) from None
-    if backend == "microvm":
-        import shutil
-
-        from backends.microvm import ArtifactsUnavailable, MicroVMSpaces, ensure
-
-        if shutil.which("qemu-system-x86_64") is None or shutil.which("qemu-img") is None:
-            raise BackendUnavailable("the microvm backend needs QEMU: apt-get install "
-                                     "qemu-system-x86 qemu-utils busybox-static")
-        try:
-            ensure()  # built once (as root); a clear reason here when it cannot be
-        except ArtifactsUnavailable as exc:
-            raise BackendUnavailable(f"the microvm backend cannot run here: {exc}") from None
-        return MicroVMSpaces(run_dir / "spaces", failpoints=failpoints,
-                             request_timeout=request_timeout, via=via)
-    if backend == VIRTUAL:
-        raise BackendUnavailable("the virtual backend has no Spaces: its workspace is in the "
-                                 "session's log (durable.virtual)")
-    raise BackendUnavailable(f"unknown backend {backend!r}; use one of {BACKENDS}")
+    """The run's Spaces provider of the backend ``name`` (``ProviderOptions`` says what the
+    options are; a state disk of its own is for backends that have them, and every process
+    of the run then makes Spaces with one)."""
+    chosen = backend(name)
+    if state_disk is not None and not chosen.state_disks:
+        raise BackendUnavailable(f"a state disk of its own is for local Spaces, not {name}")
+    try:
+        spaces: CampaignSpaces = chosen.make(run_dir, ProviderOptions(
+            failpoints, request_timeout, via, state_disk))
+    except BackendUnavailableHere as exc:
+        raise BackendUnavailable(str(exc)) from None
+    return spaces
 
 
-def probe_backend(backend: str, directory: Path) -> None:
-    """``BackendUnavailable`` (with what to do) unless ``backend`` can run here."""
-    if backend == VIRTUAL:
-        try:
-            import durable.virtual.shell  # noqa: F401 - its shell is the one requirement
-        except ImportError as exc:
-            raise BackendUnavailable(f"the virtual backend needs just-bash ({exc}); install "
-                                     "the project again (pip install -e .)") from None
-        return
-    make_spaces(backend, directory)
+def probe_backend(name: str, directory: Path) -> None:
+    """``BackendUnavailable`` (with what to do) unless ``name`` can run here."""
+    try:
+        backend(name).check(directory)
+    except BackendUnavailableHere as exc:
+        raise BackendUnavailable(str(exc)) from None
 
 
 def programs_in_space(backend: str, directory: Path, programs: list[str]) -> set[str]:
@@ -207,14 +199,16 @@ def programs_in_space(backend: str, directory: Path, programs: list[str]) -> set
         spaces.delete(name)
 
 
-def snapshot_kind(backend: str, chosen: str) -> str:
+def snapshot_kind(name: str, chosen: str) -> str:
     """The snapshots a run's checkpoints are: ``chosen``, or for ``auto`` whole-machine
-    ones on microVMs and workspace ones elsewhere."""
+    ones where the Spaces are machines and workspace ones elsewhere."""
+    machines = backend(name).machines
     if chosen != "auto":
-        if chosen == "machine" and backend != "microvm":
-            raise BackendUnavailable(f"machine snapshots need --backend microvm, not {backend}")
+        if chosen == "machine" and not machines:
+            raise BackendUnavailable(f"machine snapshots need Spaces that are whole machines "
+                                     f"(--backend microvm), not {name}")
         return chosen
-    return "machine" if backend == "microvm" else "workspace"
+    return "machine" if machines else "workspace"
 
 
 def coordinator_spaces(backend: str, run_dir: str, failpoints: str = "") -> CampaignSpaces:

@@ -26,6 +26,7 @@ from .checks.model import VERDICT_NAMES, merge
 from .faults import HELD_KINDS, held_flags
 from .modes import MODES, Group
 from .redrive_stats import redrive_summary
+from .space_providers import BACKEND_DESCRIPTORS
 
 FAULT_KEYS = ("kills", "daemon_kills", "space_restarts", "lost_spaces", "fenced", "timeouts")
 RECOVERY_KINDS = ("adopted", "reattached", "replayed", "ran", "restored", "reverted", "reimaged")
@@ -74,7 +75,13 @@ def summarize(*, mode: str, backend: str, seed_base: int, records: list[dict[str
 def campaign_cells(backend: str, durable_mode: str) -> frozenset[Cell]:
     """The cells of the adapter's recovery table a campaign can reach: none on a virtual
     workspace, which has no adapter (its calls just run again)."""
-    return frozenset() if backend == "virtual" else reachable_cells(durable_mode)
+    return reachable_cells(durable_mode) if _has_spaces(backend) else frozenset()
+
+
+def _has_spaces(backend: str) -> bool:
+    """Whether ``backend`` (a name read back from a summary: perhaps one no longer known)
+    has Spaces, hence an adapter."""
+    return backend not in BACKEND_DESCRIPTORS or BACKEND_DESCRIPTORS[backend].spaces
 
 
 #: The held kinds' counts (``faults.HELD_KINDS``), each printed with its flag on.
@@ -82,8 +89,6 @@ HELD_KEYS = tuple(k.key for k in HELD_KINDS.values())
 #: The keys of the coordinator's group (redrive).
 REDRIVE_KEYS = ("drives", "refused_tokens", "coordinator_kills", "redrive_kinds",
                 "resume_p50_ms", "resume_p95_ms", "race_start_p50_ms", "race_start_max_ms")
-#: Backends whose Spaces can lose power (the nemesis's ``power_loss``).
-POWER_BACKENDS = frozenset({"microvm"})
 
 
 #: Every key of a summary, in the order a SUMMARY line prints them.
@@ -100,10 +105,10 @@ def printed_keys(summary: dict[str, Any]) -> list[str]:
     mode = MODES.get(summary["mode"])
     groups: frozenset[str] = mode.groups if mode is not None else frozenset()
     applies = {"log": summary.get("log", DEFAULT_LOG_STORAGE) != DEFAULT_LOG_STORAGE,
-               "adapter": backend != "virtual",
+               "adapter": _has_spaces(backend),
                **{group: group in groups for group in get_args(Group)},
                **{k.key: bool(summary.get(k.field)) for k in HELD_KINDS.values()},
-               "power": backend in POWER_BACKENDS}
+               "power": backend in BACKEND_DESCRIPTORS and BACKEND_DESCRIPTORS[backend].machines}
     keys = []
     for key in KEYS:
         group = ("adapter" if key in (*RECOVERY_KINDS, "mode_switches", "cells") else

@@ -7,6 +7,7 @@ from ..faults import FaultPlan, draw_plan, on_machine
 from ..machine_check import run_machine_check
 from ..run_context import RunContext
 from ..run_record import RunRecord
+from ..space_providers import backend
 from .mode import CampaignMode, Group
 
 
@@ -23,8 +24,9 @@ class Standard(CampaignMode):
         spec = run.spec
         plan = draw_plan(spec.seed, run.scenario, spec.durable_mode,
                          long_seconds=run.preset.long_seconds)
-        # A microVM's daemon-level kills become whole-machine faults (``faults.on_machine``).
-        return on_machine(plan) if spec.backend == "microvm" else plan
+        # Where Spaces are machines, daemon-level kills become whole-machine faults
+        # (``faults.on_machine``).
+        return on_machine(plan) if backend(spec.backend).machines else plan
 
 
 class Exhaustive(CampaignMode):

@@ -1,0 +1,25 @@
+"""The local backend as campaigns see it (``backends.descriptor``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from backends.descriptor import BackendDescriptor, ProviderOptions, delete_spaces_under
+
+
+def _make(run_dir: Path, options: ProviderOptions) -> Any:
+    from backends.local import LocalSpaces
+
+    return LocalSpaces(run_dir / "spaces", failpoints=options.failpoints,
+                       request_timeout=options.request_timeout, via=options.via,
+                       state_disk=options.state_disk)
+
+
+def _clean(results: Path) -> int:
+    from backends.local import LocalSpaces
+
+    return delete_spaces_under(results, LocalSpaces)
+
+
+BACKEND = BackendDescriptor("local", _make, state_disks=True, clean=_clean)
