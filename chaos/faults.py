@@ -42,12 +42,16 @@ from __future__ import annotations
 
 import bisect
 import random
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from durable.failpoints import POINTS as DRIVER_POINTS
 from scenarios.plan import Scenario
 from spacesd.failpoints import POINTS as SPACE_POINTS
+
+if TYPE_CHECKING:
+    from backends.descriptor import BackendDescriptor
 
 #: The faults that hold for a while (``HELD_KINDS`` describes each).
 HeldAction = Literal["pause_space", "cut_link", "jump_clock", "pause_daemon", "fill_state_disk",
@@ -71,9 +75,10 @@ class HeldKind:
     key: str
     #: What its drawing is seeded by, apart from the plan's own faults.
     seed: str
-    #: The backends it needs (empty: any backend with Spaces), and why.
-    backends: tuple[str, ...]
-    backends_why: str
+    #: The ability of a backend it needs (``backends.descriptor``; None: any backend with
+    #: Spaces has it), and why.
+    needs: Callable[[BackendDescriptor], bool] | None
+    needs_why: str
     #: The faulted drivers' request timeout drops to ``HOLD_REQUEST_TIMEOUT_S``, so that the
     #: fault outlasts a request (a frozen Space, a cut link); not for a clock jump.
     outlasts_requests: bool
@@ -92,38 +97,39 @@ class HeldKind:
 
 
 HELD_KINDS: dict[str, HeldKind] = {k.action: k for k in (
-    HeldKind("pause_space", "--pause-spaces", "space_pauses", "pauses", (), "", True,
+    HeldKind("pause_space", "--pause-spaces", "space_pauses", "pauses", None, "", True,
              "also freeze each run's Space once or twice (SIGSTOP of its processes, docker "
              "pause, QMP stop) at seeded points for seeded times, most past the faulted "
              "drivers' request timeout, which drops to 2 s (transactional, checkpoint, "
              "auto, stale and redrive modes)"),
-    HeldKind("cut_link", "--cut-links", "link_cuts", "cuts", (), "", True,
+    HeldKind("cut_link", "--cut-links", "link_cuts", "cuts", None, "", True,
              "also cut the link between each run's drivers and its Space once or twice (a "
              "partition: nothing crosses, what reached the daemon is carried out, its answers "
              "are lost) at seeded points for seeded times, then heal it; the faulted drivers' "
              "request timeout drops to 2 s (transactional, checkpoint, auto, stale and redrive "
              "modes)"),
-    HeldKind("jump_clock", "--jump-clocks", "clock_jumps", "jumps", ("microvm",),
+    HeldKind("jump_clock", "--jump-clocks", "clock_jumps", "jumps", lambda b: b.machines,
              "a microVM keeps a clock of its own; local and docker Spaces share the host's, "
              "which a campaign must not step", False,
              "also step each run's Space clock once or twice (seconds to a year, back or "
              "forward) at seeded points, and back to the host's after a seeded time, as NTP "
              "would (a microVM's own clock: --backend microvm; transactional, checkpoint, "
              "auto, stale and redrive modes)"),
-    HeldKind("pause_daemon", "--pause-daemons", "daemon_pauses", "daemon_pauses", (), "",
+    HeldKind("pause_daemon", "--pause-daemons", "daemon_pauses", "daemon_pauses", None, "",
              True,
              "also freeze each run's daemon alone once or twice (SIGSTOP of spacesd; its "
              "commands run on and end while it is frozen) at seeded points for seeded times, "
              "most past the faulted drivers' request timeout, which drops to 2 s "
              "(transactional, checkpoint, auto, stale and redrive modes)"),
     HeldKind("fill_state_disk", "--fill-state-disks", "state_disk_fills", "state_fills",
-             ("local",), "a local Space's daemon state gets a disk of its own (a tmpfs, "
-             "mounted as root); docker and microvm Spaces keep it on their one disk", False,
+             lambda b: b.state_disks, "a local Space's daemon state gets a disk of its own "
+             "(a tmpfs, mounted as root); docker and microvm Spaces keep it on their one disk",
+             False,
              "also fill each run's Space's state disk (the daemon's ledger, journals, command "
              "output and checkpoints, on a tmpfs of its own) once or twice at seeded points "
              "for seeded times, then free it (--backend local, as root; transactional, "
              "checkpoint, auto, stale and redrive modes)", root=True),
-    HeldKind("pause_commands", "--pause-commands", "command_pauses", "command_pauses", (), "",
+    HeldKind("pause_commands", "--pause-commands", "command_pauses", "command_pauses", None, "",
              False,
              "also freeze each run's running commands once or twice (SIGSTOP of every process "
              "of the daemon's commands, not the daemon: it answers on, their waits see them "
@@ -134,6 +140,16 @@ HELD_KINDS: dict[str, HeldKind] = {k.action: k for k in (
 if set(HELD_KINDS) != set(get_args(HeldAction)):
     raise ImportError(f"chaos.faults: HeldAction {get_args(HeldAction)} and HELD_KINDS "
                       f"{tuple(HELD_KINDS)} must name the same held kinds")
+#: Every action and the run's count its fault adds one to when it strikes: the one place a
+#: kind's count is named (the nemesis counts by it, records keep it, progress and the
+#: SUMMARY sum it; a kind with a key of its own is printed when it struck).
+KIND_COUNTS: dict[str, str] = {
+    "kill_driver": "kills", "kill_daemon": "daemon_kills", "restart_space": "space_restarts",
+    "delete_space": "lost_spaces", "kill_process": "process_kills", "power_loss": "power_losses",
+    "pause_driver": "pauses", **{a: k.key for a, k in HELD_KINDS.items()}}
+if set(KIND_COUNTS) != set(get_args(Action)):
+    raise ImportError(f"chaos.faults: Action {get_args(Action)} and KIND_COUNTS "
+                      f"{tuple(KIND_COUNTS)} must name the same kinds")
 #: The size of the state disk of its own a run's local Spaces get for ``fill_state_disk``.
 STATE_DISK_BYTES = 32 * 1024 * 1024
 

@@ -29,7 +29,7 @@ from typing import Literal, Protocol
 from durable.adapter.space_names import session_spaces
 
 from .errors import NemesisContractError
-from .faults import HELD_KINDS, Action, Fault, FaultPlan
+from .faults import KIND_COUNTS, Action, Fault, FaultPlan
 from .link_proxy import LinkProxy
 from .processes import Driver
 from .rendezvous import Hit
@@ -96,14 +96,6 @@ class Nemesis(Protocol):
     def teardown(self) -> None: ...
 
 
-#: The run's count an ``info`` completion of each action adds one to.
-COUNTERS: dict[str, str] = {"kill_driver": "kills", "kill_daemon": "daemon_kills",
-                            "restart_space": "space_restarts", "delete_space": "lost_spaces",
-                            "kill_process": "process_kills", "power_loss": "power_losses",
-                            "pause_driver": "pauses",
-                            **{a: k.key for a, k in HELD_KINDS.items()}}
-
-
 class NoopNemesis:
     """Injures nothing: any operation it gets ends ``fail``."""
 
@@ -156,7 +148,7 @@ class ValidatingNemesis:
             return self._broken(f"{op.action} of {op.fault.describe()} ended in {done}")
         self.state.op("nemesis", done.type, done.f, done.value)
         if done.type == "info":
-            self.state.count(COUNTERS[done.f])
+            self.state.count(KIND_COUNTS[done.f])
         return done
 
     def skip(self, index: int, why: str) -> None:

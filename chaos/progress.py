@@ -46,7 +46,7 @@ from rich.progress import (
 from rich.progress import Progress as Bar
 from rich.text import Text
 
-from .faults import HELD_KINDS
+from .faults import KIND_COUNTS
 
 AUTO, QUIET, VERBOSE = "auto", "quiet", "verbose"
 _DISPLAY: ContextVar[str] = ContextVar("chaos_progress_display", default=AUTO)
@@ -54,9 +54,7 @@ _DISPLAY: ContextVar[str] = ContextVar("chaos_progress_display", default=AUTO)
 #: The counts of a run record that are faults fired, as the SUMMARY sums them: the
 #: nemesis's injuries and the coordinator's kills (``fenced`` and ``timeouts`` are what
 #: the drivers did, not faults).
-FAULT_COUNTS = ("kills", "daemon_kills", "space_restarts", "lost_spaces", "process_kills",
-                "coordinator_kills", "power_losses", "pauses",
-                *(k.key for k in HELD_KINDS.values()))
+FAULT_COUNTS = (*KIND_COUNTS.values(), "coordinator_kills")
 #: Seconds of finished runs the rate (and so the time left) is taken over: runs end in
 #: bursts, as many as run at once, so a short window would jump about.
 RATE_WINDOW_S = 300.0

@@ -23,7 +23,7 @@ from .cluster import check_address
 from .errors import BadArguments
 from .faults import ALL_POINTS, HELD_KINDS, HeldAction, held_of
 from .modes import MODES
-from .space_providers import BACKENDS, backend
+from .space_providers import BACKEND_DESCRIPTORS, BACKENDS, backend
 from .stale import KINDS
 
 #: The most runs one campaign takes (more is a typo, or a job for ``--shard``/a cluster).
@@ -104,11 +104,12 @@ def _held(args: argparse.Namespace) -> tuple[HeldAction, ...]:
             raise BadArguments(f"{kind.flag} holds a fault on a Space in --mode "
                                f"{', '.join(HELD_MODES)} on a backend with Spaces, not --mode "
                                f"{args.mode} --backend {args.backend}")
-        if kind.backends and args.backend not in kind.backends:
-            raise BadArguments(f"{kind.flag} needs --backend {' or '.join(kind.backends)}, "
-                               f"not {args.backend}: {kind.backends_why}")
+        if kind.needs is not None and not kind.needs(backend(args.backend)):
+            able = [name for name, b in BACKEND_DESCRIPTORS.items() if kind.needs(b)]
+            raise BadArguments(f"{kind.flag} needs --backend {' or '.join(able)}, "
+                               f"not {args.backend}: {kind.needs_why}")
         if kind.root and os.geteuid() != 0:
-            raise BadArguments(f"{kind.flag} needs root ({kind.backends_why}); run the "
+            raise BadArguments(f"{kind.flag} needs root ({kind.needs_why}); run the "
                                "campaign as root, or leave it out")
     return held
 

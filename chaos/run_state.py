@@ -31,13 +31,15 @@ import threading
 import time
 from typing import Any
 
-from .faults import HELD_KINDS, Fault
+from .faults import KIND_COUNTS, Fault
 from .processes import Driver
 
-#: The counts of a run record, in the order records have always had them.
-COUNTS = ("kills", "daemon_kills", "space_restarts", "lost_spaces", "process_kills", "fenced",
-          "timeouts", "attempts", "foreign", "drives", "refused_tokens", "coordinator_kills",
-          "power_losses", "machine_checks", "pauses", *(k.key for k in HELD_KINDS.values()))
+#: The counts of a run record: those records have always had, in their order, then each
+#: fault kind's that is not among them (``faults.KIND_COUNTS``).
+COUNTS = tuple(dict.fromkeys((
+    "kills", "daemon_kills", "space_restarts", "lost_spaces", "process_kills", "fenced",
+    "timeouts", "attempts", "foreign", "drives", "refused_tokens", "coordinator_kills",
+    "power_losses", "machine_checks", "pauses", *KIND_COUNTS.values())))
 
 
 class RunState:

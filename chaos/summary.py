@@ -23,7 +23,7 @@ from durable.adapter.decide import Cell, cell_of, reachable_cells
 from durable.session_log import DEFAULT_LOG_STORAGE
 
 from .checks.model import VERDICT_NAMES, merge
-from .faults import HELD_KINDS, held_flags
+from .faults import HELD_KINDS, KIND_COUNTS, held_flags
 from .modes import MODES, Group
 from .redrive_stats import redrive_summary
 from .space_providers import BACKEND_DESCRIPTORS
@@ -60,8 +60,8 @@ def summarize(*, mode: str, backend: str, seed_base: int, records: list[dict[str
     out["process_kills"] = sum(r["counts"].get("process_kills", 0) for r in records)
     out["foreign"] = sum(r["counts"].get("foreign", 0) for r in records)
     out["pauses"] = sum(r["counts"].get("pauses", 0) for r in records)
-    for held_kind in HELD_KINDS.values():
-        out[held_kind.key] = sum(r["counts"].get(held_kind.key, 0) for r in records)
+    for key in (*HELD_KEYS, *STRUCK_KEYS):
+        out[key] = sum(r["counts"].get(key, 0) for r in records)
     out.update(held_flags(held))  # the campaign's flags: not keys of the line
     reachable = campaign_cells(backend, durable_mode or mode)
     out["cells"] = f"{len(cells_hit(records) & reachable)}/{len(reachable)}"
@@ -91,10 +91,14 @@ REDRIVE_KEYS = ("drives", "refused_tokens", "coordinator_kills", "redrive_kinds"
                 "resume_p50_ms", "resume_p95_ms", "race_start_p50_ms", "race_start_max_ms")
 
 
+#: The counts of fault kinds (``faults.KIND_COUNTS``) that have no place of their own in
+#: the line: each printed, after the held kinds', in a campaign where it struck.
+STRUCK_KEYS = tuple(key for key in dict.fromkeys(KIND_COUNTS.values()) if key not in (
+    *FAULT_KEYS, "process_kills", "pauses", *HELD_KEYS, "power_losses"))
 #: Every key of a summary, in the order a SUMMARY line prints them.
 KEYS = ("mode", "backend", "log", "seed_base", "runs", "ok", "failed", "unknown", *FAULT_KEYS,
         *RECOVERY_KINDS, "interrupted", "mode_switches", "covered", "process_kills", "foreign",
-        "pauses", *HELD_KEYS, "cells", *REDRIVE_KEYS, "power_losses",
+        "pauses", *HELD_KEYS, *STRUCK_KEYS, "cells", *REDRIVE_KEYS, "power_losses",
         "seconds", "verdict")
 
 
@@ -115,8 +119,10 @@ def printed_keys(summary: dict[str, Any]) -> list[str]:
                  "redrive" if key in REDRIVE_KEYS else
                  "power" if key == "power_losses" else
                  key if key in ("log", "covered", "pauses", *HELD_KEYS) else
-                 "stale" if key == "foreign" else None)
-        if key in summary and (group is None or applies[group]):
+                 "stale" if key == "foreign" else
+                 "struck" if key in STRUCK_KEYS else None)
+        if key in summary and (group is None or (summary[key] if group == "struck" else
+                                                 applies[group])):
             keys.append(key)
     return keys
 

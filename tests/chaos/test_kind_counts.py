@@ -1,0 +1,33 @@
+"""A fault kind's count is named once (``faults.KIND_COUNTS``): the nemesis counts by it,
+run records keep it, progress sums it as a fault, and the SUMMARY line has a place for it."""
+
+from __future__ import annotations
+
+from typing import get_args
+
+from chaos.faults import HELD_KINDS, KIND_COUNTS, Action
+from chaos.progress import FAULT_COUNTS, faults_fired
+from chaos.run_state import COUNTS, RunState
+from chaos.summary import KEYS, printed_keys, summarize
+
+
+def test_every_action_has_a_count_that_records_progress_and_the_summary_know() -> None:
+    assert set(KIND_COUNTS) == set(get_args(Action))
+    for action, key in KIND_COUNTS.items():
+        assert key in COUNTS and key in FAULT_COUNTS and key in KEYS, action
+    assert {KIND_COUNTS[a] for a in HELD_KINDS} == {k.key for k in HELD_KINDS.values()}
+
+
+def test_a_struck_kind_is_counted_once_and_shows_in_the_line() -> None:
+    state = RunState()
+    state.count(KIND_COUNTS["kill_process"])
+    state.count(KIND_COUNTS["pause_commands"])
+    counts = state.counts()
+    assert faults_fired(counts) == 2
+    record = {"verdict": {"valid": True}, "counts": counts, "recoveries": [],
+              "observation": None}
+    summary = summarize(mode="transactional", backend="local", seed_base=1, records=[record],
+                        seconds=1.0, held=("pause_commands",))
+    keys = printed_keys(summary)
+    assert summary["process_kills"] == 1 and "process_kills" in keys
+    assert summary["command_pauses"] == 1 and "command_pauses" in keys
