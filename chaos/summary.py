@@ -9,7 +9,7 @@ not the default SQLite one (``--log jsonl``), ``covered`` in exhaustive,
 be cut (microvm). A key's place never changes. ``summary.json`` keeps every key (0 where it
 does not apply), for tools that read them all. ``cells=K/N``: of the N cells of the
 adapter's recovery table (mode x decision x tool kind x cause,
-``durable.adapter.decide.reachable_cells``) a campaign in this mode can reach, K were
+``chaos.coverage.reachable_cells``) a campaign in this mode can reach, K were
 exercised by some run. Recovery counts come from the recovery
 events the adapter committed to each run's log; ``interrupted`` counts calls whose committed
 result is interrupted (host never-tools included).
@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from typing import Any, get_args
 
-from durable.adapter.decide import Cell, cell_of, reachable_cells
 from durable.session_log import DEFAULT_LOG_STORAGE
 
 from .checks.model import VERDICT_NAMES, merge
+from .coverage import Cell, cell_of, reachable_cells
 from .faults import HELD_KINDS, KIND_COUNTS, held_flags
 from .modes import MODES, Group
 from .redrive_stats import redrive_summary

@@ -159,7 +159,7 @@ def _section(text: str, heading: str) -> str:
 
 
 def test_architecture_has_the_recovery_cells_of_the_code() -> None:
-    from durable.adapter.decide import AUTO_ONLY, REACHABLE_CELLS, table_cells
+    from chaos.coverage import AUTO_ONLY, REACHABLE_CELLS, table_cells
 
     cells = _section(ARCHITECTURE.read_text(), "### Cells")
     rows = re.findall(r"^\| `(\w+)` \| `(\w+)` \| `(\w+)` \| `(\w+)` \| (.+) \|$", cells, re.M)

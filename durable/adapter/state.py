@@ -21,7 +21,7 @@ dataclass, in the log, a transaction or a call's staged edits.
 
 Recovery events are hidden system entries (``{"hidden": true, "recovery": {...}}``, the
 ``RecoveryEvent`` as JSON), so they are in the log beside the calls they concern and the
-campaign can count them (``decide.cell_of``). ``tool``, ``cause`` and ``epoch`` came later:
+campaign can count them (``chaos.coverage.cell_of``). ``tool``, ``cause`` and ``epoch`` came later:
 entries written before them read with None.
 """
 
