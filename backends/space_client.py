@@ -9,7 +9,8 @@ that turns out dead (the daemon restarted, or dropped it) is replaced by a new o
 only idempotent requests travel on it, so sending one again is always safe.
 
 Where the daemon is comes from a resolver, called again whenever the cached address fails,
-because a restarted daemon listens on a new port. Retries are careful about effects:
+because a restarted daemon listens on a new port. Retries are careful about effects (each
+rule a method of ``RequestRetries``):
 - the connection could not be made (the request never left): resolve again and retry until
   ``retry_for`` seconds have passed (a supervised daemon comes back within that), then
   ``SpaceUnavailable``;
@@ -147,6 +148,52 @@ class _KeptConnection:
             old[0].close()
 
 
+@dataclass
+class RequestRetries:
+    """When one request is sent again (the module docstring says why each rule is safe):
+    each ``after_*`` is asked when its failure happens and answers the seconds to wait
+    before sending it again, or None: give up. Times are ``time.monotonic()``'s."""
+
+    idempotent: bool
+    #: Its body can be sent again (none, bytes, or a stream that seeks back).
+    rewindable: bool
+    #: Until when a daemon that cannot be reached is looked for again.
+    reach_until: float
+    #: Until when a request refused ``busy`` is sent again.
+    busy_until: float
+    resent: bool = False
+    looked_again: bool = False
+
+    def after_unreachable(self, now: float) -> float | None:
+        """The connection could not be made (the request never left)."""
+        return 0.05 if now < self.reach_until else None
+
+    def after_break(self, *, kept: bool, timed_out: bool) -> str | None:
+        """The connection broke once the request was sent: ``same_daemon`` (a kept
+        connection the daemon had closed: the same request on a new one), ``resolve`` (an
+        idempotent request, once, wherever the daemon now is), or None (its outcome is
+        unknown)."""
+        if kept and not timed_out:
+            return "same_daemon"
+        if self.idempotent and not self.resent:
+            self.resent = True
+            return "resolve"
+        return None
+
+    def look_again_after_refusal(self) -> bool:
+        """A 401: the port may belong to another Space's daemon now; look once."""
+        first, self.looked_again = not self.looked_again, True
+        return first
+
+    def after_busy(self, wait: float | None, now: float) -> float | None:
+        """A 503: ``wait`` is its ``Retry-After`` when the daemon said ``busy`` (None: some
+        other 503, never sent again)."""
+        left = self.busy_until - now
+        if wait is None or left <= 0 or not self.rewindable:
+            return None
+        return min(wait, left)
+
+
 class HttpSpaceClient:
     def __init__(self, name: str, epoch: int, resolver: Resolver, *,
                  timeout: float = REQUEST_TIMEOUT_S,
@@ -193,14 +240,20 @@ class HttpSpaceClient:
               headers: dict[str, str], *, idempotent: bool,
               timeout: float) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         """Send one request and return the connection and its response (the caller reads
-        the response and closes the connection)."""
-        deadline = time.monotonic() + self.retry_for
-        busy_deadline = time.monotonic() + self.busy_for
+        the response and closes the connection); ``RequestRetries`` decides what is sent
+        again."""
         rewind = body.tell() if body is not None and not isinstance(body, bytes) and \
             body.seekable() else None
-        resent = reauthorized = False
+        now = time.monotonic()
+        retries = RequestRetries(idempotent=idempotent,
+                                 rewindable=body is None or isinstance(body, bytes) or
+                                 rewind is not None,
+                                 reach_until=now + self.retry_for, busy_until=now + self.busy_for)
         while True:
-            ep = self._endpoint or self._resolve(deadline)
+            if rewind is not None:
+                assert body is not None and not isinstance(body, bytes)
+                body.seek(rewind)
+            ep = self._endpoint or self._resolve(retries.reach_until)
             conn = self._kept.take(ep, timeout) if self._keeps(idempotent) else None
             kept = conn is not None
             if conn is None:
@@ -212,8 +265,8 @@ class HttpSpaceClient:
                 except OSError as exc:
                     conn.close()
                     self._endpoint = None
-                    if time.monotonic() < deadline:
-                        time.sleep(0.05)
+                    if (wait := retries.after_unreachable(time.monotonic())) is not None:
+                        time.sleep(wait)
                         continue
                     raise SpaceUnavailable(
                         f"Space {self.name!r}: cannot reach its daemon at {ep.host}:{ep.port} "
@@ -224,38 +277,31 @@ class HttpSpaceClient:
                 resp = conn.getresponse()
             except (OSError, http.client.HTTPException) as exc:
                 conn.close()
-                if kept and not isinstance(exc, TimeoutError):
-                    continue  # the daemon had closed it: the same request on a new one
-                self._endpoint = None
-                if idempotent and not resent:
-                    resent = True
+                again = retries.after_break(kept=kept, timed_out=isinstance(exc, TimeoutError))
+                if again != "same_daemon":
+                    self._endpoint = None
+                if again is not None:
                     continue
                 raise SpaceUnavailable(
                     f"Space {self.name!r}: the connection broke during {method} {path} "
                     f"({exc!r}); whether it took effect is unknown") from exc
-            if resp.status == 401 and not reauthorized:
-                # The port may belong to another Space's daemon now: look again, once.
-                reauthorized = True
+            if resp.status == 401 and retries.look_again_after_refusal():
                 data = resp.read()
                 conn.close()
-                if self._resolve(deadline) != ep:
+                if self._resolve(retries.reach_until) != ep:
                     continue
                 self._fail(401, data)
-            if resp.status == protocol.BUSY_STATUS and (body is None or isinstance(body, bytes)
-                                                        or rewind is not None):
+            if resp.status == protocol.BUSY_STATUS and retries.rewindable:
                 data = resp.read()
                 conn.close()
-                wait, left = _busy_wait(resp, data), busy_deadline - time.monotonic()
-                if wait is not None and left > 0:
-                    time.sleep(min(wait, left))
-                    if rewind is not None:
-                        assert body is not None and not isinstance(body, bytes)
-                        body.seek(rewind)
+                busy = _busy_wait(resp, data)
+                if (wait := retries.after_busy(busy, time.monotonic())) is not None:
+                    time.sleep(wait)
                     continue
                 try:
                     self._fail(resp.status, data)
                 except SpaceError as exc:
-                    if wait is None:
+                    if busy is None:
                         raise
                     raise SpaceError(f"{exc} (this client sent it again for {self.busy_for:g} "
                                      "s: the daemon is overloaded; send fewer requests at once "

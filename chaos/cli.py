@@ -265,7 +265,7 @@ def _probed(args: argparse.Namespace, text: str) -> str:
     from scenarios.workload_from_log import from_log
 
     from .golden import GoldenFailed, probe
-    from .runner import Run
+    from .runner import execute
 
     with tempfile.TemporaryDirectory(prefix="chaos-probe-") as tmp:
         draft = Path(tmp) / "workload.yaml"
@@ -273,8 +273,7 @@ def _probed(args: argparse.Namespace, text: str) -> str:
         print("chaos: running the workload twice without faults (local Spaces) to find what "
               "differs between runs (--no-probe skips this)", file=sys.stderr)
         try:
-            paths, steps = probe(str(draft), lambda spec: Run(spec).execute(),
-                                 work_dir=Path(tmp))
+            paths, steps = probe(str(draft), execute, work_dir=Path(tmp))
         except GoldenFailed as exc:
             print(f"chaos: warning: {exc}; the workload is written as the log has it, with "
                   "nothing declared volatile: run it without faults (chaos run --workload W "

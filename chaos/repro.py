@@ -26,7 +26,7 @@ from .faults import Fault, FaultPlan, held_of
 from .modes import MODES
 from .records import ResultsDir
 from .run_spec import RunSpec
-from .runner import Run
+from .runner import execute
 from .shrink import SHRUNK_NAME, run_shrink, spec_of_shrunk
 
 
@@ -89,7 +89,7 @@ def repro(args: argparse.Namespace) -> int:
         spec = stored_spec(args.results, args.run, args.store, any_code=args.any_code)
     else:
         spec = drawn_spec(args)
-    record = Run(spec).execute()
+    record = execute(spec)
     v = record.verdict
     print(f"repro run={spec.index} seed={spec.seed} mode={spec.campaign_mode} "
           f"backend={spec.backend} plan={[_brief(f) for f in record.plan.faults]}")
@@ -114,7 +114,7 @@ def shrink(args: argparse.Namespace) -> int:
     else:
         spec = drawn_spec(args)
         print(f"shrink: running seed {spec.seed} once to see it fail", flush=True)
-        ran = Run(spec).execute()
+        ran = execute(spec)
         record = ran.to_json()
         spec = replace(spec, plan=ran.plan)
         dest = Path(ran.run_dir or spec.work_dir) / SHRUNK_NAME

@@ -372,8 +372,7 @@ class Run:
             return None
         took = {c.step for c in obs.calls if c.result in ("ok", "fail")}
         cut = frozenset(c.step for c in obs.calls if c.result == "info") - took
-        return golden_for(self.spec, self.scenario.workload, cut,
-                          lambda spec: Run(spec).execute())
+        return golden_for(self.spec, self.scenario.workload, cut, execute)
 
     def _clean_up(self, *, failed: bool) -> None:
         """Phase 5: keep a failed run's workspace, delete the run's Spaces, and its
@@ -384,3 +383,9 @@ class Run:
             delete_spaces(self.spaces)
         if not failed and not self.spec.keep:
             shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def execute(spec: RunSpec) -> RunRecord:
+    """One run of ``spec``, start to record (no campaign note): what repro, shrink and the
+    golden runs of a workload do with a spec."""
+    return Run(spec).execute()

@@ -6,7 +6,7 @@ import pytest
 
 from backends.local import LocalSpaces
 from backends.local.procs import kill_process
-from backends.space_client import Endpoint, HttpSpaceClient
+from backends.space_client import Endpoint, HttpSpaceClient, RequestRetries
 from durable.errors import SpaceError, SpaceNotFound, SpaceUnavailable, StaleEpochError
 from durable.spaces import SpaceClient as SpaceClientProtocol
 
@@ -69,3 +69,42 @@ def test_a_wrong_token_is_resolved_again_once(spaces: LocalSpaces, client: HttpS
     with pytest.raises(SpaceError) as exc:
         wrong.stat("")
     assert exc.value.code == "unauthorized"
+
+
+def retries(*, idempotent: bool = True, rewindable: bool = True) -> RequestRetries:
+    return RequestRetries(idempotent=idempotent, rewindable=rewindable, reach_until=10.0,
+                          busy_until=20.0)
+
+
+def test_an_unreachable_daemon_is_looked_for_until_the_reach_deadline() -> None:
+    r = retries()
+    assert r.after_unreachable(9.9) == 0.05
+    assert r.after_unreachable(10.0) is None
+
+
+def test_a_broken_request_is_sent_again_only_where_that_is_safe() -> None:
+    # a kept connection the daemon had closed: again, at the same daemon, every time
+    r = retries(idempotent=False)
+    assert r.after_break(kept=True, timed_out=False) == "same_daemon"
+    assert r.after_break(kept=True, timed_out=False) == "same_daemon"
+    # a timeout or a new connection: an idempotent request once, another never
+    assert r.after_break(kept=True, timed_out=True) is None
+    assert r.after_break(kept=False, timed_out=False) is None
+    r = retries(idempotent=True)
+    assert r.after_break(kept=False, timed_out=True) == "resolve"
+    assert r.after_break(kept=False, timed_out=False) is None
+
+
+def test_a_refused_token_looks_for_the_daemon_once() -> None:
+    r = retries()
+    assert r.look_again_after_refusal() is True
+    assert r.look_again_after_refusal() is False
+
+
+def test_a_busy_daemon_is_asked_again_until_the_busy_deadline_with_a_rewindable_body() -> None:
+    r = retries()
+    assert r.after_busy(1.5, now=0.0) == 1.5
+    assert r.after_busy(1.5, now=19.0) == pytest.approx(1.0)  # never past the deadline
+    assert r.after_busy(1.5, now=20.0) is None
+    assert r.after_busy(None, now=0.0) is None  # a 503 that is not busy
+    assert retries(rewindable=False).after_busy(1.5, now=0.0) is None
