@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, ClassVar, cast
 
 from durable.errors import SpaceError, SpaceNotFound
 
-from .faults import HELD_KINDS, Action, Fault
+from .faults import HELD_KINDS, RELEASE, Action, Fault
 from .nemesis import Completion, Operation, Target
 from .observe import kept_ledgers, read_ledger, unread_ledger
 from .space_providers import (
@@ -189,10 +189,6 @@ class KillProcess(_SpaceKind):
                              "Space (it kills the process that reported it)")
         # the pid as the Space sees it: only its provider can signal it
         self.spaces.kill_process(self.target.space_now(), op.hit.pid)
-
-
-#: The history's operation that ends a held fault (its value names the action).
-RELEASE = "release"
 
 
 class _Held(_SpaceKind):

@@ -150,6 +150,27 @@ KIND_COUNTS: dict[str, str] = {
 if set(KIND_COUNTS) != set(get_args(Action)):
     raise ImportError(f"chaos.faults: Action {get_args(Action)} and KIND_COUNTS "
                       f"{tuple(KIND_COUNTS)} must name the same kinds")
+#: The history's operation that ends a held fault (its value names the action).
+RELEASE = "release"
+
+
+def in_effect_at(history: list[dict[str, Any]], t: float) -> tuple[set[str], bool]:
+    """From a run's history (``t``: seconds since its start): the held kinds holding at
+    ``t`` (struck before it, not yet released), and whether any fault struck after it."""
+    holding: set[str] = set()
+    for op in history:
+        if op["process"] != "nemesis" or op["type"] != "info":
+            continue
+        if op["time"] > t:
+            if op["f"] in KIND_COUNTS:
+                return holding, True
+        elif op["f"] in HELD_KINDS:
+            holding.add(op["f"])
+        elif op["f"] == RELEASE:
+            holding.discard(op["value"]["action"])
+    return holding, False
+
+
 #: The size of the state disk of its own a run's local Spaces get for ``fill_state_disk``.
 STATE_DISK_BYTES = 32 * 1024 * 1024
 

@@ -54,7 +54,7 @@ from durable.session_driver import EXIT_FENCED, EXIT_OK
 from scenarios import load, scenario_of
 from scenarios.steps import DETACHED_GRACE_SECONDS
 
-from .faults import park_points
+from .faults import in_effect_at, park_points
 from .holds import Hold, wait_parked
 from .launch import OtherSession
 from .observe import save_ledger
@@ -114,6 +114,7 @@ def _race(run: RunContext, rv: Rendezvous, rng: random.Random,
     run.settle_at = max(run.settle_at, time.time())
     if race == "finished":
         code = run.await_driver(run.launch(2, _newer_failpoints(run, rv)), 2)
+        released = _now(run)
         old_hold.release.set()
         old_code = run.await_driver(old, 1, epoch=old_epoch)
     else:
@@ -122,13 +123,14 @@ def _race(run: RunContext, rv: Rendezvous, rng: random.Random,
         run.holds.add(new_hold)
         new = run.launch(2, rv.address)
         wait_parked(new_hold, new)  # parked, or exited, or stuck: the older one goes on
+        released = _now(run)
         old_hold.release.set()
         old_code = run.await_driver(old, 1, epoch=old_epoch)
         new_hold.release.set()
         code = run.await_driver(new, 2)
     if old_code == EXIT_FENCED:
         run.state.count("fenced")
-    elif not _stopped_by_a_fault(run, old_code):
+    elif not _stopped_by_a_fault(run, old_code, released):
         run.stale_error = (f"the older driver (epoch {old_epoch}) exited {old_code} after a "
                            f"newer one took over ({race} race); it must be fenced "
                            f"({EXIT_FENCED})")
@@ -141,15 +143,24 @@ def _newer_failpoints(run: RunContext, rv: Rendezvous) -> str | None:
     return rv.address if run.plan.faults else None
 
 
-def _stopped_by_a_fault(run: RunContext, code: int) -> bool:
-    """Whether the older driver's exit ``code`` (not fenced) is a planned fault's doing: a
-    fault struck since the race began, and the older did not finish the session (0), which
-    a newer driver had taken over."""
-    if code == EXIT_OK or not run.state.fired():
+def _now(run: RunContext) -> float:
+    """Seconds since the run began, as its history counts them."""
+    return time.time() - run.state.t0
+
+
+def _stopped_by_a_fault(run: RunContext, code: int, released: float) -> bool:
+    """Whether the older driver's exit ``code`` (not fenced) is a planned fault's doing: the
+    older did not finish the session (0), which a newer driver had taken over, and when it
+    went on (``released``, seconds into the run) a held fault still held, or a fault struck
+    later. A fault over before it went on cannot have stopped it."""
+    holding, struck_later = in_effect_at(run.state.history(), released)
+    if code == EXIT_OK or not (holding or struck_later):
         return False
+    why = (f"while {', '.join(sorted(holding))} held" if holding else
+           "after a planned fault struck")
     run.state.op("nemesis", "info", "stopped_older", f"the older driver exited {code}, not "
-                 f"fenced ({EXIT_FENCED}), after a planned fault struck: its own exit; the "
-                 "checks judge what it changed")
+                 f"fenced ({EXIT_FENCED}), {why}: its own exit; the checks judge what it "
+                 "changed")
     return True
 
 
@@ -205,12 +216,14 @@ def _paused(run: RunContext, rv: Rendezvous, rng: random.Random) -> int | None:
             run.state.op("nemesis", "info", "resume", f"the older driver woken after "
                          f"{PAUSE_MAX_S:g} s: the newer one had not ended")
     finally:
+        released = _now(run)
         old.resume_group()
     code = run.await_driver(new, 2)
     old_code = run.await_driver(old, 1, epoch=old_epoch)
     if old_code == EXIT_FENCED:
         run.state.count("fenced")
-    elif code == EXIT_OK and not woken_early and not _stopped_by_a_fault(run, old_code):
+    elif code == EXIT_OK and not woken_early and not _stopped_by_a_fault(run, old_code,
+                                                                         released):
         run.stale_error = (f"the older driver (epoch {old_epoch}), paused after {at[0]}#"
                            f"{at[1]}, exited {old_code} when woken after a newer one had "
                            f"finished the session; it must be fenced ({EXIT_FENCED})")

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from chaos.fault_kinds import RELEASE
-from chaos.faults import HELD_KINDS
+from chaos.faults import HELD_KINDS, RELEASE
 from chaos.runner import CLEAN_ATTEMPT
 
 from .figures import plt, png_bytes

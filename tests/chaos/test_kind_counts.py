@@ -31,3 +31,21 @@ def test_a_struck_kind_is_counted_once_and_shows_in_the_line() -> None:
     keys = printed_keys(summary)
     assert summary["process_kills"] == 1 and "process_kills" in keys
     assert summary["command_pauses"] == 1 and "command_pauses" in keys
+
+
+def test_what_is_in_effect_at_an_instant_of_a_runs_history() -> None:
+    from chaos.faults import RELEASE, in_effect_at
+
+    def op(t: float, f: str, value: object = None, process: str = "nemesis",
+           type_: str = "info") -> dict[str, object]:
+        return {"process": process, "type": type_, "f": f, "value": value, "time": t}
+
+    history = [op(1.0, "pause_space"), op(1.5, "cut_link"),
+               op(2.0, RELEASE, {"action": "cut_link"}), op(2.5, "pause", "older paused"),
+               op(2.6, "kill_driver", type_="fail"), op(4.0, RELEASE, {"action": "pause_space"}),
+               op(5.0, "kill_daemon")]
+    assert in_effect_at(history, 0.5) == (set(), True)
+    assert in_effect_at(history, 1.8) == ({"pause_space", "cut_link"}, True)
+    assert in_effect_at(history, 3.0) == ({"pause_space"}, True)
+    assert in_effect_at(history, 4.5) == (set(), True)  # the daemon's kill at 5.0
+    assert in_effect_at(history, 6.0) == (set(), False)  # all over: none can stop a driver
