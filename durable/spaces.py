@@ -138,3 +138,12 @@ class Spaces(Protocol):
     def connect(self, name: str, *, epoch: int) -> SpaceClient:
         """A client of the Space bound to ``epoch``. Raises ``SpaceNotFound``."""
         ...
+
+
+@runtime_checkable
+class ShellReachable(Protocol):
+    """A provider whose Spaces a person can open a shell in (``durable.review`` says how)."""
+
+    def shell_hint(self, name: str) -> str:
+        """The command that opens a shell in the Space ``name``."""
+        ...

@@ -240,6 +240,9 @@ class DockerSpaces:
 
     # ---------------------------------------------------------------- names
 
+    def shell_hint(self, name: str) -> str:
+        return f"docker exec -it {self.container_name(name)} bash -l"
+
     def container_name(self, name: str) -> str:
         if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise SpaceError(f"bad Space name {name!r}: use 1-100 of A-Z a-z 0-9 . _ -, "

@@ -159,6 +159,9 @@ class LocalSpaces:
         self.daemon_args = list(daemon_args)
         self.start_timeout = start_timeout
 
+    def shell_hint(self, name: str) -> str:
+        return f"cd {self.get(name).work}"  # a directory of this machine
+
     def get(self, name: str) -> LocalSpace:
         """The Space's paths; raises ``SpaceNotFound``."""
         space = self._space(name)

@@ -27,6 +27,7 @@ from ..adapter import DirectoryCheckpointStore, WorkspaceSnapshots, durable_spac
 from ..errors import DurableError
 from ..log import Log
 from ..session_log import open_log_at
+from ..spaces import ShellReachable
 from ..spaces_loader import BadProvider, load_spaces, pairs
 from ..storage.base import Storage
 from .workspace_state import NoWorkspaceState, extract, state_at, unified_diff, with_its_commit
@@ -209,8 +210,6 @@ def _epoch_above(log: Log) -> int:
 
 def _shell_hint(spaces: object, name: str) -> str:
     """How a person opens a shell in the Space, as far as the provider says."""
-    if hasattr(spaces, "get") and getattr(spaces, "kind", "") == "local":
-        return f"cd {spaces.get(name).work}"  # a directory of this machine
-    if hasattr(spaces, "container_name"):
-        return f"docker exec -it {spaces.container_name(name)} bash -l"
+    if isinstance(spaces, ShellReachable):
+        return spaces.shell_hint(name)
     return f"none (reach it through its daemon: {type(spaces).__name__}.connect({name!r}, ...))"

@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import pytest
 
 from durable.errors import SpaceError, SpaceNotFound, StaleEpochError
-from durable.spaces import Spaces
+from durable.spaces import ShellReachable, Spaces
 from tests.backends.loss_contract import check_a_loss_is_one_instant
 from tests.backends.pause_contract import (
     check_a_command_pause_freezes_the_commands_alone,
@@ -112,6 +112,8 @@ def test_is_a_spaces_provider(spaces) -> None:
     assert spaces.exists("a") and not spaces.exists("b") and not spaces.exists("bad/name")
     assert spaces.names() == ["a"]
     assert spaces.connect("a", epoch=3).epoch == 3
+    assert isinstance(spaces, ShellReachable)
+    assert spaces.shell_hint("a") == f"docker exec -it {first.container} bash -l"
 
 
 @pytest.mark.parametrize("name", ["", "a/b", "..", ".hidden", "x" * 101, "new\nline"])
