@@ -19,9 +19,11 @@ def clean(args: argparse.Namespace) -> int:
     if campaigns:
         print(f"clean: ended {campaigns} dead campaign(s): {killed} process(es) killed, their "
               "Spaces and temp directories removed")
-    # --backend local: the Spaces under results (local, microVM); docker: those in engines.
+    # --backend local: every backend's Spaces under results (local, microVM), as local ones
+    # live; docker: those in engines; all: both.
+    chosen = BACKEND_DESCRIPTORS.get(args.backend)
     removed = sum(b.clean(args.results) for b in BACKEND_DESCRIPTORS.values()
-                  if b.clean is not None and (args.backend == "all" or
-                                              b.spaces_in_run_dir == (args.backend == "local")))
+                  if b.clean is not None and (
+                      chosen is None or b.spaces_in_run_dir == chosen.spaces_in_run_dir))
     print(f"clean: removed {removed} Space(s)")
     return 0
