@@ -15,6 +15,7 @@ import pytest
 
 import durable.failpoints
 from backends.local import LocalSpaces
+from chaos.coverage import cell_of, reachable_cells
 from durable.adapter import (
     SPACE_DOC,
     DirectoryCheckpointStore,
@@ -23,7 +24,6 @@ from durable.adapter import (
     WorkspaceSnapshots,
     durable_spaces,
 )
-from durable.adapter.decide import cell_of, reachable_cells
 from durable.adapter.image import IMAGE_KEY, Image
 from durable.adapter.snapshots import SnapshotProvider
 from durable.coding_tools import coding_tools
