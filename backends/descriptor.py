@@ -7,10 +7,10 @@ module outside ``backends/`` compares a backend's name.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from backends.space_client import REQUEST_TIMEOUT_S, Via
 
@@ -39,17 +39,23 @@ def delete_spaces_under(results: Path, provider: Callable[[Path], _Deletes]) -> 
     return removed
 
 
+#: The directories of a Space a backend may give a disk of its own (``ProviderOptions``):
+#: its daemon's state, its workspace.
+DiskName = Literal["state", "work"]
+
+
 @dataclass(frozen=True)
 class ProviderOptions:
     """How a run's provider is made. ``failpoints``: the channel the Spaces' daemons report
     their failpoints to (a unix socket); ``request_timeout``: how long its clients wait for
     a daemon's answer; ``via``: where their endpoints are routed (the run's link proxies);
-    ``state_disk``: the size of the state disk of its own each Space gets."""
+    ``disks``: which directories of each Space get a disk of their own (``"state"``,
+    ``"work"``), and their size in bytes."""
 
     failpoints: str | None = None
     request_timeout: float = REQUEST_TIMEOUT_S
     via: Via | None = None
-    state_disk: int | None = None
+    disks: Mapping[DiskName, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -72,8 +78,8 @@ class BackendDescriptor:
     #: Its Spaces are whole machines: whole-machine snapshots, a daemon's kill taken as the
     #: machine's fault, held faults at the points a guest reports, power to cut.
     machines: bool = False
-    #: Its Spaces can get a state disk of their own (``ProviderOptions.state_disk``).
-    state_disks: bool = False
+    #: The directories its Spaces can get a disk of their own for (``ProviderOptions.disks``).
+    own_disks: frozenset[DiskName] = frozenset()
     #: Remove every Space of this backend that campaigns left behind (under ``results``
     #: where they live in run directories, else in its engine); how many. ``chaos clean``.
     clean: Callable[[Path], int] | None = None

@@ -48,7 +48,7 @@ def check(scenario: Scenario, obs: Observation, *, campaign_mode: str,
         return _with_forks(run_checks(scenario, obs, campaign_mode, golden=golden), scenario,
                            obs, campaign_mode)
     first = run_checks(scenario, obs, campaign_mode, skip=("G1",))
-    after_first = implied(scenario, obs.calls).workspace
+    after_first = implied(scenario, obs.calls, disk_filled=obs.disk_filled).workspace
     scenario_b = replace(second_scenario(obs.second["scenario"]), initial=after_first)
     second = run_checks(scenario_b, Observation.from_json(obs.second["observation"]),
                         campaign_mode)

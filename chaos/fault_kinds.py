@@ -8,8 +8,9 @@ command's shim), ``PowerLoss`` (a microVM's power cut: unsynced writes lost, the
 booted again), ``PauseDriver`` (SIGSTOP of the driver's process group), ``PauseSpace``
 (the whole Space frozen for the fault's ``hold``, then thawed), ``CutLink`` (the link
 between the drivers and the Space cut for its ``hold``, then healed) and ``JumpClock`` (the
-Space's clock stepped for its ``hold``, then set right), ``FillStateDisk`` (the disk
-of the Space's daemon state full for its ``hold``, then freed). ``FaultNemesis`` holds
+Space's clock stepped for its ``hold``, then set right), ``FillStateDisk`` and
+``FillWorkDisk`` (the disk of the Space's daemon state, of its workspace, full for its
+``hold``, then freed). ``FaultNemesis`` holds
 them all, by action. Each ends an operation in one completion
 (``chaos.nemesis`` has the contract): ``info`` when it struck, ``fail`` with the reason when
 it could not.
@@ -33,12 +34,14 @@ from .space_providers import (
     Clocked,
     CommandPausable,
     DaemonPausable,
+    DiskFillable,
     Pausable,
     PowerSwitched,
-    StateDiskFillable,
 )
 
 if TYPE_CHECKING:
+    from backends.descriptor import DiskName
+
     from .space_providers import CampaignSpaces
 
 
@@ -378,29 +381,46 @@ class JumpClock(_SpaceHeld):
         cast(Clocked, self.spaces).set_clock(space)
 
 
-class FillStateDisk(_SpaceHeld):
-    """Every free block of the disk that holds the Space's daemon state taken
-    (``StateDiskFillable.fill_state_disk``), freed at the end of its hold: the daemon runs
-    on, its ledger, journals, command output and checkpoints meet ``ENOSPC``; the
-    workspace has room."""
+class _FillDisk(_SpaceHeld):
+    """Every free block of a disk of the Space's own taken (``DiskFillable.fill_disk``),
+    freed at the end of its hold."""
 
-    action = "fill_state_disk"
-    needs = StateDiskFillable
-    lacks = "keeps a Space's daemon state on the Space's one disk; state disk fills need " \
-            "--backend local"
+    needs = DiskFillable
+    #: Which of the Space's disks (``HeldKind.disk``).
+    disk: ClassVar[DiskName]
 
-    #: The most a fill leaves free (pages of 4 KiB): what the daemon's next writes take
-    #: before one of them is cut short.
+    #: The most a fill leaves free (pages of 4 KiB): what the next writes take before one
+    #: of them is cut short.
     LEAVE_PAGES = 4
 
     def hold_on(self, space: str, fault: Fault) -> None:
         # The room left is the fault's own (from its description: the same plan leaves the
         # same room), so the write the disk cuts short falls at a seeded place.
         pages = zlib.crc32(fault.describe().encode()) % (self.LEAVE_PAGES + 1)
-        cast(StateDiskFillable, self.spaces).fill_state_disk(space, leave=pages * 4096)
+        cast(DiskFillable, self.spaces).fill_disk(space, self.disk, leave=pages * 4096)
 
     def release_on(self, space: str) -> None:
-        cast(StateDiskFillable, self.spaces).free_state_disk(space)
+        cast(DiskFillable, self.spaces).free_disk(space, self.disk)
+
+
+class FillStateDisk(_FillDisk):
+    """The disk that holds the Space's daemon state full: the daemon runs on, its ledger,
+    journals, command output and checkpoints meet ``ENOSPC``; the workspace has room."""
+
+    action = "fill_state_disk"
+    disk = "state"
+    lacks = "keeps a Space's daemon state on the Space's one disk; state disk fills need " \
+            "--backend local"
+
+
+class FillWorkDisk(_FillDisk):
+    """The disk that holds the Space's workspace full, as a mounted volume fills: writes,
+    edits, commands and restores meet ``ENOSPC``; the daemon's state has room."""
+
+    action = "fill_work_disk"
+    disk = "work"
+    lacks = "keeps a Space's workspace on the Space's one disk; workspace disk fills need " \
+            "--backend local"
 
 
 class CutLink(_Held):
@@ -426,7 +446,7 @@ class CutLink(_Held):
 
 KINDS: tuple[type[_Kind], ...] = (KillDriver, KillDaemon, RestartSpace, LoseSpace, KillProcess,
                                   PowerLoss, PauseDriver, PauseSpace, CutLink, JumpClock,
-                                  PauseDaemon, FillStateDisk, PauseCommands)
+                                  PauseDaemon, FillStateDisk, PauseCommands, FillWorkDisk)
 
 
 class FaultNemesis:

@@ -26,7 +26,10 @@ SIGCONT of every process of a local Space, ``docker pause``, QMP ``stop``; campa
 ``hold`` seconds, then set to the host's again: a microVM's own clock; campaigns with
 ``--jump-clocks``), ``fill_state_disk`` (every free block of the disk that holds the
 Space's daemon state taken for ``hold`` seconds, then freed: a local Space's state on a
-tmpfs of its own; campaigns with ``--fill-state-disks``), ``pause_commands`` (every process
+tmpfs of its own; campaigns with ``--fill-state-disks``), ``fill_work_disk`` (the same for
+the disk that holds the Space's workspace, a tmpfs of its own as a mounted volume would be:
+writes, edits, commands and restores meet ``ENOSPC``; ``--fill-work-disks``),
+``pause_commands`` (every process
 of the daemon's commands frozen for ``hold`` seconds while the daemon answers, then thawed;
 campaigns with ``--pause-commands``). A Space fault may also kill the
 driver (``kill_driver=True``) or let it run into the fault itself.
@@ -51,11 +54,11 @@ from scenarios.plan import Scenario
 from spacesd.failpoints import POINTS as SPACE_POINTS
 
 if TYPE_CHECKING:
-    from backends.descriptor import BackendDescriptor
+    from backends.descriptor import BackendDescriptor, DiskName
 
 #: The faults that hold for a while (``HELD_KINDS`` describes each).
 HeldAction = Literal["pause_space", "cut_link", "jump_clock", "pause_daemon", "fill_state_disk",
-                     "pause_commands"]
+                     "pause_commands", "fill_work_disk"]
 Action = Literal["kill_driver", "kill_daemon", "restart_space", "delete_space", "kill_process",
                  "power_loss", "pause_driver", HeldAction]
 
@@ -90,6 +93,9 @@ class HeldKind:
     #: running): these points four times in five, else a seeded time. Empty: anywhere
     #: the driver uses the Space (``HOLD_POINTS``), a recovery's point, or a seeded time.
     points: tuple[str, ...] = ()
+    #: The directory of the Space it needs on a disk of its own (the run's provider then
+    #: gives every Space one of ``DISK_BYTES``).
+    disk: DiskName | None = None
 
     @property
     def field(self) -> str:
@@ -122,13 +128,13 @@ HELD_KINDS: dict[str, HeldKind] = {k.action: k for k in (
              "most past the faulted drivers' request timeout, which drops to 2 s "
              "(transactional, checkpoint, auto, stale and redrive modes)"),
     HeldKind("fill_state_disk", "--fill-state-disks", "state_disk_fills", "state_fills",
-             lambda b: b.state_disks, "a local Space's daemon state gets a disk of its own "
-             "(a tmpfs, mounted as root); docker and microvm Spaces keep it on their one disk",
-             False,
+             lambda b: "state" in b.own_disks, "a local Space's daemon state gets a disk of "
+             "its own (a tmpfs, mounted as root); docker and microvm Spaces keep it on their "
+             "one disk", False,
              "also fill each run's Space's state disk (the daemon's ledger, journals, command "
              "output and checkpoints, on a tmpfs of its own) once or twice at seeded points "
              "for seeded times, then free it (--backend local, as root; transactional, "
-             "checkpoint, auto, stale and redrive modes)", root=True),
+             "checkpoint, auto, stale and redrive modes)", root=True, disk="state"),
     HeldKind("pause_commands", "--pause-commands", "command_pauses", "command_pauses", None, "",
              False,
              "also freeze each run's running commands once or twice (SIGSTOP of every process "
@@ -136,6 +142,15 @@ HELD_KINDS: dict[str, HeldKind] = {k.action: k for k in (
              "running) at seeded points for seeded times, then thaw them (transactional, "
              "checkpoint, auto, stale and redrive modes)",
              points=("spacesd.exec.spawned", "space.running", "spacesd.exec.exit_writing")),
+    HeldKind("fill_work_disk", "--fill-work-disks", "work_disk_fills", "work_fills",
+             lambda b: "work" in b.own_disks, "a local Space's workspace gets a disk of its "
+             "own (a tmpfs, mounted as root), as a volume would; docker and microvm Spaces "
+             "keep it on their one disk", False,
+             "also fill each run's Space's workspace disk (a tmpfs of its own, as a mounted "
+             "volume) once or twice at seeded points for seeded times, then free it: writes, "
+             "edits, commands and restores meet ENOSPC (--backend local, as root; "
+             "transactional, checkpoint, auto, stale and redrive modes)", root=True,
+             disk="work"),
 )}
 if set(HELD_KINDS) != set(get_args(HeldAction)):
     raise ImportError(f"chaos.faults: HeldAction {get_args(HeldAction)} and HELD_KINDS "
@@ -171,8 +186,8 @@ def in_effect_at(history: list[dict[str, Any]], t: float) -> tuple[set[str], boo
     return holding, False
 
 
-#: The size of the state disk of its own a run's local Spaces get for ``fill_state_disk``.
-STATE_DISK_BYTES = 32 * 1024 * 1024
+#: The size of a disk of its own a run's Spaces get for a held kind that fills it.
+DISK_BYTES = 32 * 1024 * 1024
 
 
 def held_of(raw: dict[str, Any]) -> tuple[HeldAction, ...]:

@@ -42,9 +42,9 @@ from .driver import SPACE_PREFIX, initial_tree
 from .fault_kinds import FaultNemesis
 from .fault_schedule import FaultSchedule
 from .faults import (
+    DISK_BYTES,
     HELD_KINDS,
     HOLD_REQUEST_TIMEOUT_S,
-    STATE_DISK_BYTES,
     FaultPlan,
     on_virtual,
     with_held_faults,
@@ -281,9 +281,10 @@ class Run:
                                       self.schedule.armed))
             return self.attempts(rv.address)
         # The Space's daemons report their failpoints to the same rendezvous.
-        fills = any(f.action == "fill_state_disk" for f in self.plan.faults)
+        disks = {k.disk: DISK_BYTES for k in (HELD_KINDS.get(f.action) for f in self.plan.faults)
+                 if k is not None and k.disk is not None}
         self.spaces = make_spaces(self.spec.backend, self.dir, failpoints=rv.address,
-                                  state_disk=STATE_DISK_BYTES if fills else None)
+                                  disks=disks)
         if any(f.action == "cut_link" for f in self.plan.faults):
             self.link = LinkProxy(self.spaces.endpoint(self.space))
             self.links.publish(self.space, self.link)
@@ -315,6 +316,7 @@ class Run:
                                   foreign_keys=self.foreign_keys)
         obs.coordinator = self.redrive
         obs.second = observe_second(self)
+        obs.disk_filled = self._disk_filled()
         obs.forks = self._observe_forks(final_exit)
         if self.spec.golden:  # the oracle itself: it must only have finished
             return obs, events, Verdict(True if final_exit == EXIT_OK else "unknown",
@@ -361,9 +363,15 @@ class Run:
                 name = self.space_of(self.session, conversation)
                 obs, _ = observe(self.dir, self.spaces, name, ledgers=self.state.ledgers(name),
                                  **common)
+            obs.disk_filled = self._disk_filled()
             out.append({"conversation": conversation, "after_step": self.scenario.fork_after,
                         "observation": obs.to_json()})
         return out
+
+    def _disk_filled(self) -> bool:
+        """Whether a held fault filled a workspace's disk (its calls may meet ENOSPC)."""
+        counts = self.state.counts()
+        return any(counts.get(k.key) for k in HELD_KINDS.values() if k.disk == "work")
 
     def _golden(self, obs: Observation) -> Golden | None:
         """A workload's oracle for this run: the golden run without the calls this run

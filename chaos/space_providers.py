@@ -7,10 +7,11 @@ never share one.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from backends.descriptor import BackendDescriptor, ProviderOptions
+from backends.descriptor import BackendDescriptor, DiskName, ProviderOptions
 from backends.descriptor import BackendUnavailable as BackendUnavailableHere
 from backends.docker import descriptor as docker
 from backends.local import descriptor as local
@@ -118,15 +119,16 @@ class CommandPausable(Protocol):
 
 
 @runtime_checkable
-class StateDiskFillable(Protocol):
-    """A provider whose Spaces keep their daemon's state on a disk of their own, which it
-    can fill and free (the nemesis's ``fill_state_disk``)."""
+class DiskFillable(Protocol):
+    """A provider whose Spaces keep a directory on a disk of their own (``disk``: their
+    daemon's ``"state"``, their ``"work"``space), which it can fill and free (the nemesis's
+    ``fill_state_disk``, ``fill_work_disk``)."""
 
-    def fill_state_disk(self, name: str, leave: int = 0) -> None:
-        """Fill it but ``leave`` bytes, until ``free_state_disk``."""
+    def fill_disk(self, name: str, disk: DiskName, leave: int = 0) -> None:
+        """Fill it but ``leave`` bytes, until ``free_disk``."""
         ...
 
-    def free_state_disk(self, name: str) -> None: ...
+    def free_disk(self, name: str, disk: DiskName) -> None: ...
 
 
 def _no_spaces(run_dir: Path, options: ProviderOptions) -> CampaignSpaces:
@@ -161,16 +163,20 @@ def backend(name: str) -> BackendDescriptor:
 
 def make_spaces(name: str, run_dir: Path, *, failpoints: str | None = None,
                 request_timeout: float = REQUEST_TIMEOUT_S,
-                via: Via | None = None, state_disk: int | None = None) -> CampaignSpaces:
+                via: Via | None = None, disks: Mapping[DiskName, int] | None = None
+                ) -> CampaignSpaces:
     """The run's Spaces provider of the backend ``name`` (``ProviderOptions`` says what the
-    options are; a state disk of its own is for backends that have them, and every process
-    of the run then makes Spaces with one)."""
+    options are; disks of their own are for backends that have them, and every process of
+    the run then makes Spaces with them)."""
     chosen = backend(name)
-    if state_disk is not None and not chosen.state_disks:
-        raise BackendUnavailable(f"a state disk of its own is for local Spaces, not {name}")
+    lacking = sorted(set(disks or ()) - chosen.own_disks)
+    if lacking:
+        able = [b.name for b in BACKEND_DESCRIPTORS.values() if b.own_disks]
+        raise BackendUnavailable(f"the {name} backend cannot give its Spaces' {lacking} a "
+                                 f"disk of their own; use a backend that can ({able})")
     try:
         spaces: CampaignSpaces = chosen.make(run_dir, ProviderOptions(
-            failpoints, request_timeout, via, state_disk))
+            failpoints, request_timeout, via, dict(disks or {})))
     except BackendUnavailableHere as exc:
         raise BackendUnavailable(str(exc)) from None
     return spaces

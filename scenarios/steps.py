@@ -179,7 +179,7 @@ def _rm(step: Step, ws: WorkspaceModel) -> tuple[int, str]:
 
 def _mv(step: Step, ws: WorkspaceModel) -> tuple[int, str]:
     src, dst = step.params["src"], step.params["dst"]
-    if src not in ws.files:
+    if not ws.has_file(src):
         return 0, "nothing to move\n"
     data, mode = ws.files[src]
     when = ws.times.get(src)  # mv keeps the inode: its mode and mtime
@@ -207,7 +207,7 @@ def _symlink(step: Step, ws: WorkspaceModel) -> tuple[int, str]:
 
 def _chmod(step: Step, ws: WorkspaceModel) -> tuple[int, str]:
     path = step.params["path"]
-    if path not in ws.files:
+    if not ws.has_file(path):
         return 0, "no file\n"
     for member in ws.group(path):  # the mode is the inode's
         ws.files[member] = (ws.files[member][0], step.params["mode"])

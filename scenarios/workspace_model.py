@@ -8,6 +8,12 @@ write or a command makes (``mkdir -p``, the write tool's parents: 0755 under the
 umask 022) stays until a step removes it. An mtime is known only where a step sets it
 (``touch -d``): a command's writes happen at a time no model can predict, so those entries
 carry none and the checker compares their mtimes with nothing (``protocol.times_as``).
+
+A command that a full disk cut short changed what it got to, and no model can say how far
+that was (bash's ``>`` truncates, then its write fails; an ``&&`` chain stops): the paths
+it changed are *unsure* from then on, as an indeterminate operation is in Jepsen's
+histories. The checker takes the Space's word for them, and a later step whose effect
+reads one gives a result (and changes) no model can predict, so they become unsure too.
 """
 
 from __future__ import annotations
@@ -39,18 +45,40 @@ class WorkspaceModel:
     extents: dict[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)
     #: the mtimes a step set (``touch -d``), by path
     times: dict[str, int] = field(default_factory=dict)
+    #: paths whose state no model knows (a command a full disk cut short changed them)
+    unsure: set[str] = field(default_factory=set)
+    #: whether an effect read an unsure path (``content``, ``has_file``) since the copy
+    read_unsure: bool = False
+    #: the files an effect wrote since the copy, even with what they held (``>`` truncates
+    #: first: cut short, it leaves less)
+    written: set[str] = field(default_factory=set)
 
     def copy(self) -> WorkspaceModel:
         return WorkspaceModel(dict(self.files), dict(self.links), dict(self.dirs),
                               dict(self.fifos), dict(self.hardlinks), dict(self.extents),
-                              dict(self.times))
+                              dict(self.times), set(self.unsure))
 
     def exists(self, path: str) -> bool:
         return any(path in t for t in (self.files, self.links, self.dirs, self.fifos))
 
     def content(self, path: str) -> bytes | None:
+        self.read_unsure |= path in self.unsure
         entry = self.files.get(path)
         return None if entry is None else entry[0]
+
+    def has_file(self, path: str) -> bool:
+        self.read_unsure |= path in self.unsure
+        return path in self.files
+
+    def cut_short(self, after: WorkspaceModel) -> WorkspaceModel:
+        """``after`` (a copy of this state with a step's whole effect applied) with every
+        path the step changed or wrote made unsure: the state a full disk may have cut it
+        short anywhere in."""
+        was = {e.path: e.state() for e in self.entries()}
+        now = {e.path: e.state() for e in after.entries()}
+        after.unsure |= {p for p in was.keys() | now.keys() if was.get(p) != now.get(p)}
+        after.unsure |= after.written
+        return after
 
     def parents(self, path: str) -> None:
         """Make ``path``'s missing parent directories (``mkdir -p``): its parent's mtime
@@ -80,9 +108,16 @@ class WorkspaceModel:
             self.files[member] = (data, keep if mode is None else mode)
             self.times.pop(member, None)
             self.extents.pop(member, None)
+            self.unsure.discard(member)
+            self.written.add(member)
 
     def append(self, path: str, data: bytes) -> None:
-        self.write(path, (self.content(path) or b"") + data)
+        """``>>``: an unsure file stays unsure (what it held is still unknown)."""
+        entry = self.files.get(path)
+        unsure = path in self.unsure
+        self.write(path, (b"" if entry is None else entry[0]) + data)
+        if unsure:
+            self.unsure.update(self.group(path))
 
     def group(self, path: str) -> list[str]:
         """``path`` and every path hardlinked with it."""
@@ -98,6 +133,7 @@ class WorkspaceModel:
         if path in self.files:
             self.touched_dir_of(path)
         members = [p for p in self.group(path) if p != path] if path in self.files else []
+        self.unsure.discard(path)
         self.files.pop(path, None)
         self.extents.pop(path, None)
         self.times.pop(path, None)

@@ -13,7 +13,8 @@ def _make(run_dir: Path, options: ProviderOptions) -> Any:
 
     return LocalSpaces(run_dir / "spaces", failpoints=options.failpoints,
                        request_timeout=options.request_timeout, via=options.via,
-                       state_disk=options.state_disk)
+                       state_disk=options.disks.get("state"),
+                       work_disk=options.disks.get("work"))
 
 
 def _clean(results: Path) -> int:
@@ -22,4 +23,5 @@ def _clean(results: Path) -> int:
     return delete_spaces_under(results, LocalSpaces)
 
 
-BACKEND = BackendDescriptor("local", _make, state_disks=True, clean=_clean)
+BACKEND = BackendDescriptor("local", _make, own_disks=frozenset({"state", "work"}),
+                            clean=_clean)

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import spacesd.protocol
-from backends.local import procs
+from backends.descriptor import DiskName
+from backends.local import own_disks, procs
 from backends.space_client import (
     REQUEST_TIMEOUT_S,
     Endpoint,
@@ -53,11 +54,6 @@ from spacesd.protocol import (
 from spacesd.supervisor import signal_commands
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
-#: In ``base_dir``: the size (bytes) of the state disk of its own that every Space made
-#: there gets (``LocalSpaces(state_disk=...)``), whichever process makes it.
-STATE_DISK_FILE = ".state-disk"
-#: On a state disk of its own: the file that fills it (``fill_state_disk``).
-BALLAST = ".ballast"
 #: What a token file holds (``_ensure_token`` writes a new one over anything else).
 _TOKEN = re.compile(r"[0-9a-f]{64}\n?")
 #: Where ``python -m spacesd`` is importable from (the parent of the spacesd package).
@@ -91,6 +87,10 @@ class LocalSpace:
     @property
     def state(self) -> Path:
         return self.dir / "state"
+
+    def disk(self, which: DiskName) -> Path:
+        """The directory that ``which`` disk of its own is mounted on, if it has one."""
+        return self.state if which == "state" else self.work
 
     @property
     def token_file(self) -> Path:
@@ -142,19 +142,22 @@ class LocalSpaces:
     def __init__(self, base_dir: str | os.PathLike[str], *, failpoints: str | None = None,
                  start_timeout: float = 30.0, daemon_args: Sequence[str] = (),
                  request_timeout: float = REQUEST_TIMEOUT_S, via: Via | None = None,
-                 state_disk: int | None = None) -> None:
-        """``state_disk``: every Space made under ``base_dir`` from now on, by any process,
-        keeps its daemon's state on a disk of its own of that many bytes (a tmpfs mount,
-        which needs root), as a Space whose ``/var`` is a partition of its own does; its
-        workspace stays where it was. ``fill_state_disk`` fills it."""
+                 state_disk: int | None = None, work_disk: int | None = None) -> None:
+        """``state_disk``, ``work_disk``: every Space made under ``base_dir`` from now on,
+        by any process, keeps its daemon's state (as a Space whose ``/var`` is a partition
+        of its own does), its workspace (as one whose workspace is a volume), on a disk of
+        its own of that many bytes (a tmpfs mount, which needs root: ``own_disks``);
+        ``fill_disk`` fills it."""
         self.base_dir = Path(base_dir).resolve()
         #: Where its clients' endpoints are routed (the campaign's link proxies), if anywhere.
         self.via = via
         #: How long its clients wait for an answer before the outcome is unknown.
         self.request_timeout = request_timeout
         self.base_dir.mkdir(parents=True, exist_ok=True)
-        if state_disk is not None:
-            (self.base_dir / STATE_DISK_FILE).write_text(f"{state_disk}\n")
+        sizes: dict[DiskName, int | None] = {"state": state_disk, "work": work_disk}
+        for disk, size in sizes.items():
+            if size is not None:
+                own_disks.marker(self.base_dir, disk).write_text(f"{size}\n")
         self.failpoints = failpoints
         self.daemon_args = list(daemon_args)
         self.start_timeout = start_timeout
@@ -192,8 +195,8 @@ class LocalSpaces:
                 return
             space.work.mkdir(parents=True, exist_ok=True)
             space.state.mkdir(parents=True, exist_ok=True)
-            if not os.path.ismount(space.state):
-                self._mount_state_disk(space)
+            for disk in own_disks.DISKS:
+                own_disks.mount(self.base_dir, disk, space.disk(disk))
             self._kill_daemon(space)  # a hung one, if any
             self._start_daemon(space)
 
@@ -225,7 +228,8 @@ class LocalSpaces:
             self._kill_daemon(space)
             procs.kill_space_processes(str(space.state))
             try:
-                self._unmount_state_disk(space)
+                for disk in own_disks.DISKS:
+                    own_disks.unmount(space.disk(disk))
                 shutil.rmtree(space.dir)
                 return
             except OSError as exc:
@@ -319,39 +323,14 @@ class LocalSpaces:
             with suppress(ProcessLookupError):
                 os.kill(proc.pid, signal.SIGCONT)
 
-    def fill_state_disk(self, name: str, leave: int = 0) -> None:
-        """Take the free blocks of the Space's state disk (one of its own: ``state_disk``)
-        but ``leave`` bytes' worth with a ballast file outside anything the daemon keeps,
-        until ``free_state_disk``: the daemon's next writes take what is left, and the one
-        that finds it gone is cut short where it stands, as on a disk that fills up. Raises
-        ``SpaceError`` for a Space without one."""
-        state = self.get(name).state
-        if not os.path.ismount(state):
-            raise SpaceError(f"Space {name!r} has no state disk of its own to fill: make its "
-                             "provider with state_disk=<bytes> before the Space is made")
-        fd = os.open(state / BALLAST, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            # The daemon writes meanwhile: what is free shrinks between the look and the
-            # allocation (which then takes nothing), so take it in halving parts.
-            block = os.statvfs(state).f_frsize
+    def fill_disk(self, name: str, disk: DiskName, leave: int = 0) -> None:
+        """Fill the Space's ``disk`` of its own (``state_disk``, ``work_disk``) but
+        ``leave`` bytes, until ``free_disk`` (``own_disks.fill``). Raises ``SpaceError`` for
+        a Space without one."""
+        own_disks.fill(self.get(name).disk(disk), leave)
 
-            def spare() -> int:
-                return max(0, os.statvfs(state).f_bavail * block - leave) // block * block
-
-            want = spare()
-            while want >= block:
-                try:
-                    os.posix_fallocate(fd, os.fstat(fd).st_size, want)
-                    want = spare()
-                except OSError as exc:
-                    if exc.errno != errno.ENOSPC:
-                        raise
-                    want = min(want // 2, spare())
-        finally:
-            os.close(fd)
-
-    def free_state_disk(self, name: str) -> None:
-        (self.get(name).state / BALLAST).unlink(missing_ok=True)
+    def free_disk(self, name: str, disk: DiskName) -> None:
+        own_disks.free(self.base_dir, disk, self.get(name).disk(disk))
 
     def connect(self, name: str, *, epoch: int) -> HttpSpaceClient:
         self.get(name)
@@ -396,31 +375,6 @@ class LocalSpaces:
         running = space.daemon()
         if running:
             procs.kill_process(*running)
-
-    def _mount_state_disk(self, space: LocalSpace) -> None:
-        """Mount the state disk of its own a Space gets (``STATE_DISK_FILE``), if any, on
-        its state directory while that is still empty: also on the ``create`` after one
-        whose mount failed, so that the Space never runs on the host's disk instead. (A
-        Space whose daemon ran before the marker was written keeps the host's disk.)"""
-        try:
-            size = int((self.base_dir / STATE_DISK_FILE).read_text())
-        except FileNotFoundError:
-            return
-        if any(space.state.iterdir()):
-            return
-        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700",
-                                  "tmpfs", str(space.state)], capture_output=True, text=True)
-        if mounted.returncode:
-            raise SpaceError(f"Space {space.name!r}: cannot give it a state disk of its own "
-                             f"(mount -t tmpfs: {mounted.stderr.strip()}); that needs root: "
-                             f"run as root, or remove {self.base_dir / STATE_DISK_FILE}")
-
-    @staticmethod
-    def _unmount_state_disk(space: LocalSpace) -> None:
-        if os.path.ismount(space.state) and \
-                subprocess.run(["umount", str(space.state)], capture_output=True).returncode:
-            # busy (a process of the Space still starting): detached now, freed with it
-            subprocess.run(["umount", "-l", str(space.state)], check=True, capture_output=True)
 
     @staticmethod
     def _ensure_token(space: LocalSpace) -> None:

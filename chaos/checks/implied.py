@@ -5,13 +5,22 @@ effect of every call that has a committed, non-interrupted result; each such cal
 must be the one its step gives on the workspace it ran on (``scenarios.steps.Step.apply``).
 A workload's calls have no model: its golden run (``chaos.golden``) gives the final state
 and each call's result instead.
+
+A run whose workspace disk was filled (``Observation.disk_filled``) may have calls that
+met ``ENOSPC``: such a call's result is its real error, which says so. A write or an edit
+that failed so took no effect (the tools are atomic); a command took what effect it got to
+before the disk stopped it, so the paths its step changes are unsure from then on
+(``WorkspaceModel.cut_short``), and so are those of a later step whose effect reads one.
+Neither kind of call has a result the model can give.
 """
 
 from __future__ import annotations
 
+import errno
+import os
 from typing import TYPE_CHECKING
 
-from scenarios import Scenario
+from scenarios import Expected, Scenario, Step
 
 from .model import Implied, ObservedCall
 
@@ -19,8 +28,12 @@ if TYPE_CHECKING:
     from ..golden import Golden
 
 
+#: What every program says of a write that met a full disk (bash, tee, cp, Python).
+NO_SPACE = os.strerror(errno.ENOSPC)
+
+
 def implied(scenario: Scenario, calls: list[ObservedCall],
-            golden: Golden | None = None) -> Implied:
+            golden: Golden | None = None, *, disk_filled: bool = False) -> Implied:
     if scenario.workload is not None and golden is None:
         raise ValueError("a workload's run is checked against its golden run; none was given")
     steps = dict(enumerate(scenario.steps))  # a call's step is its position in the script
@@ -37,7 +50,12 @@ def implied(scenario: Scenario, calls: list[ObservedCall],
                                  "differ from the scenario")
             continue
         if golden is None:
-            out.expected[call.call_id] = step.apply(out.workspace)
+            cut = disk_filled and call.result == "fail" and NO_SPACE in call.content
+            expected = apply_step(step, out, cut)
+            if cut:
+                out.cut_short.add(call.call_id)
+            if expected is not None:
+                out.expected[call.call_id] = expected
         elif step.index not in golden.results:
             out.strangers.append(f"call {call.call_id} of step {call.step} took effect, but "
                                  "the golden run it is compared with left that call out")
@@ -47,3 +65,24 @@ def implied(scenario: Scenario, calls: list[ObservedCall],
         out.applied.append((call, step))
     out.state = out.workspace.entries() if golden is None else list(golden.entries)
     return out
+
+
+def apply_step(step: Step, out: Implied, cut: bool) -> Expected | None:
+    """Apply ``step``'s effect to the implied workspace; the result it gives, or None where
+    no model can say (``cut``: a full disk cut the call short)."""
+    ws = out.workspace
+    if cut and step.tool != "bash":
+        return None  # an atomic tool that failed: no effect
+    after = ws.copy()
+    after.read_unsure = False
+    try:
+        expected = step.apply(after)
+    except ValueError:  # an edit whose text the model cannot find (nor have unsure)
+        if not after.read_unsure:
+            raise
+        return None  # the edit's outcome depends on an unsure file: no effect is one of them
+    if cut or after.read_unsure:
+        out.workspace = ws.cut_short(after)
+        return None
+    out.workspace = after
+    return expected

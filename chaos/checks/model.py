@@ -84,6 +84,9 @@ class Observation:
     #: The conversation observed: the agent's (1), or a fork's, whose history (``calls``,
     #: ``events``) holds its parent's up to the fork, and whose Space is its own.
     conversation: int = 1
+    #: The workspace's disk was full for a while (a ``fill_work_disk`` struck): a call may
+    #: have met ``ENOSPC`` (``chaos.checks.implied``).
+    disk_filled: bool = False
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -138,6 +141,8 @@ class Implied:
     applied: list[tuple[ObservedCall, Step]] = field(default_factory=list)
     #: Calls that do not match the scenario (unknown step, other arguments).
     strangers: list[str] = field(default_factory=list)
+    #: Calls a full disk cut short (their results say ``ENOSPC``; ``implied``).
+    cut_short: set[str] = field(default_factory=set)
 
 
 class Undecided(Exception):

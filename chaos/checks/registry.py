@@ -47,7 +47,8 @@ def run_checks(scenario: Scenario, obs: Observation, campaign_mode: str,
     """Every check but those in ``skip`` (``chaos.checker.check`` says when); a workload's
     ``golden`` run is its oracle (``chaos.golden``)."""
     try:
-        inp = CheckInput(scenario, obs, campaign_mode, implied(scenario, obs.calls, golden))
+        inp = CheckInput(scenario, obs, campaign_mode, implied(scenario, obs.calls, golden,
+                                                           disk_filled=obs.disk_filled))
     except Exception as exc:  # noqa: BLE001 - the checker's own failure is "unknown", never an abort
         return Verdict("unknown", [f"checker crashed: {type(exc).__name__}: {exc}",
                                    traceback.format_exc(limit=5)], ["checker"])

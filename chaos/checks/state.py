@@ -5,7 +5,8 @@ contents, link targets, hardlink groups, sparse extents, directories, FIFOs) und
 (``spacesd.protocol.workspace_hash``) over the Space's final scan and over the implied
 model; mtimes wherever the model decides them (``protocol.times_as``). In transactional
 mode (as the conversation ended), the log's own image of the workspace must equal it too,
-mtimes included, unless the image was marked stale."""
+mtimes included, unless the image was marked stale. Paths a command cut short by a full
+disk left unsure (``chaos.checks.implied``) are as the Space has them."""
 
 from __future__ import annotations
 
@@ -24,6 +25,10 @@ def check(inp: CheckInput) -> list[str]:
     if inp.scenario.workload is not None:
         expected = inp.scenario.workload.comparable(expected)
         observed = inp.scenario.workload.comparable(observed)
+    if inp.implied.workspace.unsure:  # a full disk cut a command short: the Space's word
+        unsure = inp.implied.workspace.unsure
+        expected = [e for e in expected if e.path not in unsure]
+        observed = [e for e in observed if e.path not in unsure]
     if obs.dirs_implied:
         parents = {e.path.rpartition("/")[0] for e in expected if e.kind != "dir"}
         implied = {p.rsplit("/", i)[0] for p in parents if p for i in range(p.count("/") + 1)}

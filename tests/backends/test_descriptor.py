@@ -40,8 +40,9 @@ def test_the_abilities_each_backend_declares() -> None:
 
 
 def test_a_backend_without_an_ability_refuses_it_before_making_anything(tmp_path: Path) -> None:
-    with pytest.raises(BackendUnavailable, match="state disk of its own is for local"):
-        make_spaces("docker", tmp_path, state_disk=1 << 20)
+    with pytest.raises(BackendUnavailable, match=r"docker backend cannot give its Spaces' "
+                       r"\['work'\] a disk of their own; use a backend that can \(\['local'\]\)"):
+        make_spaces("docker", tmp_path, disks={"work": 1 << 20})
     with pytest.raises(BackendUnavailable, match="has no Spaces"):
         make_spaces("virtual", tmp_path)
     probe_backend("local", tmp_path)  # can run here: no error

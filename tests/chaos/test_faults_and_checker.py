@@ -27,6 +27,7 @@ from durable.coding_tools import bash_result
 from scenarios import generate, load
 from scenarios.plan import Scenario
 from scenarios.preset import parse
+from scenarios.workspace_model import WorkspaceModel
 from spacesd.shim import LOST_OUTPUT
 
 
@@ -471,3 +472,58 @@ def test_g5_takes_output_a_full_state_disk_lost_only_as_spacesd_says_it() -> Non
     assert _verdict(obs, s)[0] == ["G5"]
     lost("", len(output) + 10)  # a byte past the output, with none of it kept
     assert _verdict(obs, s)[0] == ["G5"]
+
+
+def _met_a_full_disk(obs: Observation, call: ObservedCall, ws: WorkspaceModel,
+                     error: str) -> None:
+    """``obs`` with ``call`` ended in its ENOSPC ``error`` and the Space as ``ws``."""
+    call.result = "fail"
+    call.content = error
+    call.content_sha256 = hashlib.sha256(error.encode()).hexdigest()
+    obs.workspace = ws.entries()
+    obs.image_hash = ws.hash()
+    obs.log_txt = (ws.content("log.txt") or b"").decode()
+    obs.disk_filled = True
+
+
+def test_a_call_a_full_workspace_disk_cut_short_is_its_real_error_and_no_more() -> None:
+    """A command that met ENOSPC took what effect it got to: its paths are the Space's
+    word from then on, its marker in log.txt once or not at all; a write that met it took
+    none. Outside a run whose workspace disk was filled, the same error is a failure, and a
+    marker twice or a write's content half there is caught."""
+    s = generate(11, parse({"name": "full", "sequence": ["write", "append", "sums", "append",
+                                                          "write"]}, "full.yaml"))
+    no_space = bash_result(1, "bash: line 1: printf: write error: No space left on device\n"
+                           ).content
+    # The second step's append wrote nothing; the sums step after it hashed what was there.
+    ws = s.initial.copy()
+    for step in s.steps:
+        if step.index != 1:
+            step.apply(ws)
+    obs = _clean_run(s)
+    _met_a_full_disk(obs, obs.calls[1], ws, no_space)
+    assert _verdict(obs, s)[0] == [], _verdict(obs, s)[1]
+    obs.disk_filled = False
+    checks, text = _verdict(obs, s)
+    assert "G5" in checks and "step 1 (append) ended in an error" in text, text
+    # ... or as far as its append got: the whole line, once; twice is caught.
+    twice = s.initial.copy()
+    for step in s.steps:
+        step.apply(twice)
+        if step.index == 1:
+            step.apply(twice)
+    obs = _clean_run(s)
+    _met_a_full_disk(obs, obs.calls[1], twice, no_space)
+    checks, text = _verdict(obs, s)
+    assert checks == ["G5"] and "step-1 appears 2 times in log.txt, want 0 or 1" in text, text
+    # A write that met a full disk is atomic: no part of its content may be there.
+    last = s.steps[4]
+    assert last.tool == "write"
+    half = s.initial.copy()
+    for step in s.steps:
+        step.apply(half)
+    half.write(last.args["path"], last.args["content"].encode()[:5], renamed=True)
+    obs = _clean_run(s)
+    _met_a_full_disk(obs, obs.calls[4], half, "[Errno 28] No space left on device")
+    checks, text = _verdict(obs, s)
+    assert checks == ["G1"] and repr(last.args["path"]) in text, text

@@ -8,12 +8,17 @@ ledger's tail (a recovery). If this test fails, the checker would call correct r
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from backends.local import LocalSpaces
+from chaos.checks.implied import NO_SPACE, apply_step
+from chaos.checks.model import Implied
 from chaos.checks.state import state_difference
 from chaos.run_spaces import seed_space
 from durable.coding_tools import apply_edits, bash_result
+from durable.errors import SpaceError
 from scenarios import generate, load
 from scenarios.preset import STEP_KINDS, parse
 from scenarios.steps import Step
@@ -73,3 +78,53 @@ def test_model_matches_a_real_space(local_spaces: LocalSpaces, preset: str) -> N
         if replayed is not None:
             assert replayed == expected.content, f"replayed tail differs for {step}"
         assert _differs(client, ws) is None, f"{step.kind} {step.args}: {_differs(client, ws)}"
+
+
+def test_the_model_of_a_call_a_full_disk_cut_short_holds_for_real_bash(tmp_path) -> None:
+    """Every step kind, three times over, in a real Space whose workspace is on a disk of
+    its own, every other step run with that disk full (``LocalSpaces.fill_disk``): what bash
+    and the tools really do there is the reference. A call that met ENOSPC must say so in
+    its result; the checker's model of it (``chaos.checks.implied.apply_step``: an atomic
+    tool took no effect, a command's changed paths are unsure) must then equal the Space on
+    every path it is sure of, and a call that needed no room must be exactly predicted."""
+    if os.geteuid() != 0:
+        pytest.skip("a workspace disk of its own is a tmpfs mount, which needs root")
+    spaces = LocalSpaces(tmp_path / "spaces", work_disk=16 * 1024 * 1024)
+    scenario = generate(11, EVERY_KIND, steps=3 * len(STEP_KINDS))
+    try:
+        spaces.create("full")
+        seed_space(spaces, "full", scenario)
+        client = spaces.connect("full", epoch=1)
+        out = Implied(scenario.initial.copy())
+        cut_kinds = set()
+        for step in scenario.steps:
+            if not step.touches_workspace():
+                continue
+            full = step.index % 2 == 0
+            if full:
+                spaces.fill_disk("full", "work")
+            try:
+                content, is_error, _ = _run(client, step)
+            except SpaceError as exc:
+                assert step.tool != "bash", exc
+                content, is_error = str(exc), True
+            finally:
+                if full:
+                    spaces.free_disk("full", "work")
+            cut = is_error and NO_SPACE in content
+            assert full or not cut, f"{step.kind} met a full disk that was not full: {content}"
+            expected = apply_step(step, out, cut)
+            if cut:
+                cut_kinds.add(step.kind)
+            elif expected is not None:
+                assert (content, is_error) == (expected.content, expected.is_error), \
+                    f"{step.kind} on a full disk: {content!r}"
+            ws = out.workspace
+            want = [e for e in ws.entries() if e.path not in ws.unsure]
+            got = [e for e in times_as(client.scan().entries, want) if e.path not in ws.unsure]
+            assert workspace_hash(got) == workspace_hash(want), \
+                f"{step.kind} {step.args}: {state_difference(got, want, 'Space', 'model')}"
+        # the disk was really full: the kinds that write content met it
+        assert {"write", "binary", "append", "sums"} <= cut_kinds, cut_kinds
+    finally:
+        spaces.delete_all()

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from backends.local import LocalSpaces
-from backends.local.provider import STATE_DISK_FILE
+from backends.local import LocalSpaces, own_disks
 from durable.errors import SpaceError, SpaceUnavailable
 from spacesd.journal import Journal, load
 
@@ -158,13 +157,13 @@ def test_local_spaces_get_a_state_disk_of_their_own_to_fill_and_free(tmp_path: P
         assert os.path.ismount(state)
         assert os.statvfs(state).f_blocks * os.statvfs(state).f_frsize == DISK_BYTES
         client = spaces.connect("s1", epoch=1)
-        spaces.fill_state_disk("s1")
+        spaces.fill_disk("s1", "state")
         assert os.statvfs(state).f_bavail == 0
         with pytest.raises(SpaceError) as refused:
             client.exec_start("k@1", "echo one > a.txt")
         assert refused.value.code == "no_space", refused.value
         client.write_file("b.txt", b"the workspace has room")
-        spaces.free_state_disk("s1")
+        spaces.free_disk("s1", "state")
         client.exec_start("k@2", "cat b.txt")
         assert client.exec_wait("k@2", timeout=60).output == "the workspace has room"
     finally:
@@ -173,8 +172,8 @@ def test_local_spaces_get_a_state_disk_of_their_own_to_fill_and_free(tmp_path: P
     plain = LocalSpaces(tmp_path / "plain")
     try:
         plain.create("s2")
-        with pytest.raises(SpaceError, match="no state disk of its own"):
-            plain.fill_state_disk("s2")
+        with pytest.raises(SpaceError, match="no disk of its own"):
+            plain.fill_disk("s2", "state")
     finally:
         plain.delete_all()
 
@@ -187,15 +186,51 @@ def test_a_create_after_a_failed_state_disk_mount_mounts_it(tmp_path: Path) -> N
         pytest.skip("a state disk of its own is a tmpfs mount, which needs root")
     base = tmp_path / "spaces"
     spaces = LocalSpaces(base, state_disk=DISK_BYTES)
-    (base / STATE_DISK_FILE).write_text("-1\n")  # a size mount(8) refuses
+    own_disks.marker(base, "state").write_text("-1\n")  # a size mount(8) refuses
     try:
-        with pytest.raises(SpaceError, match="cannot give it a state disk of its own"):
+        with pytest.raises(SpaceError, match=r"cannot give .* a disk of its own"):
             spaces.create("s1")
         state = base / "s1" / "state"
         assert state.is_dir() and not os.path.ismount(state)
-        (base / STATE_DISK_FILE).write_text(f"{DISK_BYTES}\n")
+        own_disks.marker(base, "state").write_text(f"{DISK_BYTES}\n")
         spaces.create("s1")
         assert os.path.ismount(state), "the second create ran the Space on the host's disk"
         assert os.statvfs(state).f_blocks * os.statvfs(state).f_frsize == DISK_BYTES
     finally:
         spaces.delete_all()
+
+
+def test_a_workspace_on_a_disk_of_its_own_fills_and_every_tool_says_so(tmp_path: Path) -> None:
+    """``LocalSpaces(work_disk=...)``: the workspace on a tmpfs of its own, as a mounted
+    volume. Filled, a write and an edit fail as the tool's own error and leave the file as
+    it was (no part of the new content, no temp file in the workspace); a command that
+    meets the full disk exits non-zero as bash does; freed, each works again."""
+    if os.geteuid() != 0:
+        pytest.skip("a workspace disk of its own is a tmpfs mount, which needs root")
+    spaces = LocalSpaces(tmp_path / "spaces", work_disk=DISK_BYTES)
+    try:
+        spaces.create("s1")
+        work = spaces.get("s1").work
+        assert os.path.ismount(work) and not os.path.ismount(spaces.get("s1").state)
+        client = spaces.connect("s1", epoch=1)
+        client.write_file("a.txt", b"old line\n")
+        spaces.fill_disk("s1", "work")
+        assert os.statvfs(work).f_bavail * os.statvfs(work).f_frsize <= PAGE
+        with pytest.raises(SpaceError, match="No space left on device") as refused:
+            client.write_file("a.txt", b"n" * 4 * PAGE)
+        assert refused.value.code == "conflict"  # the write tool's own error, for the model
+        with pytest.raises(SpaceError, match="No space left on device"):
+            client.edit_file("a.txt", "old line", "new line " + "m" * 4 * PAGE)
+        assert (work / "a.txt").read_bytes() == b"old line\n"
+        client.exec_start("k@1", f"head -c {4 * PAGE} /dev/zero > b.bin")
+        done = client.exec_wait("k@1", timeout=60)
+        assert done.state == "exited" and done.exit_code != 0, done
+        assert "No space left on device" in done.output, done.output
+        assert sorted(p.name for p in work.iterdir()) == ["a.txt", "b.bin"], \
+            "a full workspace kept a temp file of a failed write"
+        spaces.free_disk("s1", "work")
+        client.edit_file("a.txt", "old line", "new line")
+        assert (work / "a.txt").read_bytes() == b"new line\n"
+    finally:
+        spaces.delete_all()
+    assert not work.exists(), "the Space's workspace disk stayed behind"
