@@ -282,6 +282,12 @@ SLICES: tuple[Slice, ...] = (
           "refused or cut short must leave the log and the Space consistent",
           {"mode": "checkpoint", "held": ("fill_state_disk",), "seeds": (1, 2, 3, 4, 5, 6),
            "plans": _held_plans("fill_state_disk")}),
+    Slice("work-disk", "the workspace's own disk full (a volume's: writes, edits, commands and "
+          "restores meet ENOSPC; the daemon's state keeps its room) at seeded points and "
+          "inside a write, a start and a running command: a write or an edit that met it "
+          "must fail whole, a command must say so in its result",
+          {"mode": "checkpoint", "held": ("fill_work_disk",), "seeds": (1, 2, 3, 4, 5, 6),
+           "plans": _held_plans("fill_work_disk")}),
     Slice("forks-transactional", "an agent that forks its conversation at a seeded step's "
           "result and plays the rest again in the fork, under faults: the fork's Space must "
           "start from the log's image as of that result",

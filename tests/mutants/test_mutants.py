@@ -373,6 +373,16 @@ MUTANTS: tuple[Mutant, ...] = (
         "a checkpoint leaves out a name with a newline (what used to wedge restores), so a "
         "restore removes that file",
         "shapes-checkpoint", "G1", "restored file file_cut after an odd_name step"),
+    Mutant(
+        "write-ignores-a-short-write", "spacesd/fsio.py",
+        (("                            f.writelines(chunks)\n"
+          "                            f.flush()\n",
+          "                            for chunk in chunks:\n"
+          "                                with contextlib.suppress(OSError):\n"
+          "                                    os.write(fd, chunk)\n"),),
+        "the write tool writes its content with os.write and ignores a short count and "
+        "ENOSPC, so a write that met a full disk reports success over a cut-short file",
+        "work-disk", "G1", "fill_work_disk at a file call's write"),
 )
 BY_ID = {m.id: m for m in MUTANTS}
 
