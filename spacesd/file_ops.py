@@ -37,7 +37,7 @@ from typing import Any
 
 from . import paths
 from .errors import BadRequest, Conflict, NotFound, OpError, OutsideRoot, TooLarge
-from .fsio import AtomicWriter
+from .fsio import AtomicWriter, StateDirError
 from .protocol import MAX_READ_LIMIT
 
 DEFAULT_FILE_MODE = 0o644
@@ -51,6 +51,8 @@ def os_errors(path: str) -> Iterator[None]:
     """Turn the OS's refusals into protocol errors that name ``path``."""
     try:
         yield
+    except StateDirError:
+        raise  # the daemon's disk, not the path's
     except FileNotFoundError:
         raise NotFound(f"{path!r}: no such file or directory") from None
     except IsADirectoryError:

@@ -9,6 +9,7 @@ would count it), else next to the target under a dot-name.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import uuid
@@ -24,6 +25,16 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+#: The end of the name of a record, in the tmp directory, of a temp entry made outside it.
+_OUTSIDE = ".outside"
+
+
+class StateDirError(OSError):
+    """A write to the daemon's own state directory failed, not one to the workspace: the
+    request fails for the daemon's disk (``no_space`` when it is full), never as the file
+    tool's own error."""
+
+
 class AtomicWriter:
     """``write`` and ``symlink`` take a path, or with ``dir_fd`` a name in that directory
     (file ops pass the fd of a directory ``paths.Walk`` opened, so the rename lands in it
@@ -33,7 +44,14 @@ class AtomicWriter:
         os.makedirs(tmp_dir, mode=0o700, exist_ok=True)
         self.tmp_dir = tmp_dir
         self._dev = os.stat(tmp_dir).st_dev
-        # Temp files of a daemon that crashed are garbage now.
+        # Temp files of a daemon that crashed are garbage now: those it made next to their
+        # targets first (named by its records), then its own.
+        for name in os.listdir(tmp_dir):
+            if name.endswith(_OUTSIDE):
+                with open(os.path.join(tmp_dir, name), "rb") as f:
+                    left = os.fsdecode(f.read())
+                with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                    os.unlink(left)
         for name in os.listdir(tmp_dir):
             path = os.path.join(tmp_dir, name)
             if os.path.isdir(path) and not os.path.islink(path):
@@ -59,7 +77,35 @@ class AtomicWriter:
             finally:
                 os.close(tmp_fd)
         else:
-            yield dir_fd, f".{name[:100]}.spacesd-{uuid.uuid4().hex[:12]}"
+            tmp = f".{name[:100]}.spacesd-{uuid.uuid4().hex[:12]}"
+            with self._recorded(os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), tmp)):
+                yield dir_fd, tmp
+
+    @contextlib.contextmanager
+    def _recorded(self, path: str) -> Iterator[None]:
+        """While the temp entry ``path`` (outside the tmp directory) may exist: a record of
+        it in the tmp directory, durable before the entry is made (a power cut keeps neither
+        or the record), which the next daemon reads to remove it if this one dies first."""
+        record = os.path.join(self.tmp_dir, uuid.uuid4().hex + _OUTSIDE)
+        try:
+            fd = os.open(record, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            try:
+                data = os.fsencode(path)
+                if os.write(fd, data) != len(data):
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            fsync_dir(self.tmp_dir)
+        except OSError as exc:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(record)
+            raise StateDirError(exc.errno, f"the daemon's state directory: {exc.strerror}"
+                                ) from exc
+        try:
+            yield
+        finally:
+            os.unlink(record)
 
     def _split(self, target: str, dir_fd: int | None) -> tuple[int, str]:
         if dir_fd is not None:

@@ -145,8 +145,9 @@ def test_output_a_full_disk_lost_is_said_in_the_output_before_the_exit(disk: Pat
 def test_local_spaces_get_a_state_disk_of_their_own_to_fill_and_free(tmp_path: Path) -> None:
     """``LocalSpaces(state_disk=...)``: every Space made in its directory, by any process's
     provider, keeps its daemon's state on a tmpfs of that size (the campaign's
-    ``fill_state_disk``); filled, the daemon refuses what needs room and the workspace
-    still has it; freed, it runs on; deleted, nothing stays mounted."""
+    ``fill_state_disk``); filled, the daemon refuses what needs room in its state (a start,
+    a write's record), nothing half done; freed, it runs on; deleted, nothing stays
+    mounted."""
     if os.geteuid() != 0:
         pytest.skip("a state disk of its own is a tmpfs mount, which needs root")
     LocalSpaces(tmp_path / "spaces", state_disk=DISK_BYTES)
@@ -162,8 +163,15 @@ def test_local_spaces_get_a_state_disk_of_their_own_to_fill_and_free(tmp_path: P
         with pytest.raises(SpaceError) as refused:
             client.exec_start("k@1", "echo one > a.txt")
         assert refused.value.code == "no_space", refused.value
-        client.write_file("b.txt", b"the workspace has room")
+        # The workspace has room, but a write there keeps a record in the daemon's state
+        # while its temp file exists (another filesystem: spacesd.fsio): refused whole.
+        with pytest.raises(SpaceError) as refused:
+            client.write_file("b.txt", b"the workspace has room")
+        assert refused.value.code == "no_space", refused.value
+        assert not (spaces.get("s1").work / "b.txt").exists()
+        assert [p.name for p in spaces.get("s1").work.iterdir()] == []
         spaces.free_disk("s1", "state")
+        client.write_file("b.txt", b"the workspace has room")
         client.exec_start("k@2", "cat b.txt")
         assert client.exec_wait("k@2", timeout=60).output == "the workspace has room"
     finally:
