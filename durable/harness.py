@@ -41,6 +41,7 @@ from .tools import (
     Tool,
     ToolRegistry,
     ToolResult,
+    error_result,
     interrupted_result,
 )
 
@@ -264,7 +265,7 @@ class Harness:
             tool = self.registry.get(slot.name)
             schema.check(slot.args, tool.schema)
         except ToolError as exc:
-            self._commit_result(ctx, ToolResult(f"Error: {exc}", is_error=True))
+            self._commit_result(ctx, error_result(exc))
             return
         ctx.env = self.env_for(conversation)
         if slot.state == "pending":
@@ -292,7 +293,7 @@ class Harness:
             out = fn(args, ctx)
         except ToolError as exc:
             ctx.discard()  # a call that throws changes no document
-            return ToolResult(f"Error: {exc}", is_error=True)
+            return error_result(exc)
         except DurableError:
             raise
         except Exception as exc:  # noqa: BLE001 - a tool's own bug is the model's error result

@@ -62,6 +62,11 @@ class ToolResult:
         }
 
 
+def error_result(exc: Exception) -> ToolResult:
+    """The result a call that raised ``ToolError`` gives the model."""
+    return ToolResult(f"Error: {exc}", is_error=True)
+
+
 def interrupted_result(name: str, partial: str = "", reason: str = "") -> ToolResult:
     """The result of a call that was cut off and will not run again."""
     text = (

@@ -20,12 +20,12 @@ from typing import Any
 from spacesd.protocol import ExecInfo
 
 from ..coding_tools import apply_edits, bash_result
-from ..errors import SpaceError, SpaceUnavailable
+from ..errors import SpaceError, SpaceUnavailable, ToolError
 from ..failpoints import failpoint
 from ..fence_contract import Fence
 from ..log import Transaction
 from ..spaces import SpaceClient
-from ..tools import CallContext, ToolResult
+from ..tools import CallContext, ToolResult, error_result
 from . import policy
 from .checkpoint_keeper import CheckpointKeeper
 from .events import EventRecorder
@@ -80,7 +80,13 @@ class CallRunner:
             result = self.stream(ctx, handle, key, info, args.get("timeout"), boot)
         else:
             failpoint("space.file_op", call=ctx.call_id, tool=tool)
-            result, written = _file_op(handle.client, tool, args)
+            try:
+                result, written = _file_op(handle.client, tool, args)
+            except ToolError as exc:
+                # A write that failed changed no content, but it may have changed the
+                # directory it was in (a temp file next to a target on a filesystem of its
+                # own came and went): the image follows the workspace after it too.
+                result = error_result(exc)
             failpoint("space.file_written", call=ctx.call_id, tool=tool)
         return self.settle(ctx, handle, mode, tool, result, written)
 

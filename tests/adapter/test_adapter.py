@@ -438,3 +438,29 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def test_the_image_follows_a_write_a_full_disk_refused(tmp_path: Path) -> None:
+    """A write that met a full disk changed no content, but on a workspace on a filesystem
+    of its own its temp file came and went next to the target, and the directory's mtime
+    with it: the log's image must follow the workspace after a failed call too (it kept the
+    mtime before it, and the campaign's G1 found the image and the workspace apart)."""
+    if os.geteuid() != 0:
+        pytest.skip("a workspace disk of its own is a tmpfs mount, which needs root")
+    spaces = LocalSpaces(tmp_path / "spaces", work_disk=1024 * 1024)
+    try:
+        fill = ("bash", {"command": "mkdir -p files && head -c 2000000 /dev/zero > ballast"})
+        big = ("write", {"path": "files/w.txt", "content": "w" * 20000})
+        s = open_session(tmp_path, spaces, steps(fill, big), epoch=1, mode="transactional")
+        run(s)
+        got = results(s)
+        assert [r["is_error"] for r in got] == [True, True], got
+        assert "No space left on device" in got[1]["content"], got[1]
+        image = Image()
+        for e in s.harness.log.entries(1):
+            if e.kind == "system" and IMAGE_KEY in e.data:
+                image.fold(e.id, e.data[IMAGE_KEY])
+        assert image.hash() == space_hash(s)
+        s.harness.close()
+    finally:
+        spaces.delete_all()
