@@ -288,6 +288,12 @@ SLICES: tuple[Slice, ...] = (
           "must fail whole, a command must say so in its result",
           {"mode": "checkpoint", "held": ("fill_work_disk",), "seeds": (1, 2, 3, 4, 5, 6),
            "plans": _held_plans("fill_work_disk")}),
+    Slice("log-disk", "the disk of the drivers' JSONL log full (an append cut short where it "
+          "stands) from a file call's write, inside a start and while a command runs: a "
+          "commit that did not land whole must fail, and the next driver must read the log "
+          "as it was",
+          {"mode": "checkpoint", "held": ("fill_log_disk",), "seeds": (1, 2, 3, 4, 5, 6),
+           "log_storage": "jsonl", "plans": _held_plans("fill_log_disk")}),
     Slice("forks-transactional", "an agent that forks its conversation at a seeded step's "
           "result and plays the rest again in the fork, under faults: the fork's Space must "
           "start from the log's image as of that result",

@@ -25,9 +25,10 @@ import zlib
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, ClassVar, cast
 
+from backends.local import own_disks
 from durable.errors import SpaceError, SpaceNotFound
 
-from .faults import HELD_KINDS, RELEASE, Action, Fault
+from .faults import DISK_BYTES, HELD_KINDS, RELEASE, Action, Fault
 from .nemesis import Completion, Operation, Target
 from .observe import kept_ledgers, read_ledger, unread_ledger
 from .space_providers import (
@@ -393,11 +394,14 @@ class _FillDisk(_SpaceHeld):
     #: of them is cut short.
     LEAVE_PAGES = 4
 
+    @classmethod
+    def leave(cls, fault: Fault) -> int:
+        """The room a fill leaves: the fault's own (from its description: the same plan
+        leaves the same room), so the write the disk cuts short falls at a seeded place."""
+        return zlib.crc32(fault.describe().encode()) % (cls.LEAVE_PAGES + 1) * 4096
+
     def hold_on(self, space: str, fault: Fault) -> None:
-        # The room left is the fault's own (from its description: the same plan leaves the
-        # same room), so the write the disk cuts short falls at a seeded place.
-        pages = zlib.crc32(fault.describe().encode()) % (self.LEAVE_PAGES + 1)
-        cast(DiskFillable, self.spaces).fill_disk(space, self.disk, leave=pages * 4096)
+        cast(DiskFillable, self.spaces).fill_disk(space, self.disk, leave=self.leave(fault))
 
     def release_on(self, space: str) -> None:
         cast(DiskFillable, self.spaces).free_disk(space, self.disk)
@@ -423,6 +427,27 @@ class FillWorkDisk(_FillDisk):
             "--backend local"
 
 
+class FillLogDisk(_Held):
+    """The disk of the drivers' log (the run's state directory, a tmpfs of its own) full,
+    freed at the end of its hold: a commit meets ``ENOSPC`` (SQLite's ``SQLITE_FULL``, a
+    JSONL append cut short) and must fail whole, never half-record a call."""
+
+    action = "fill_log_disk"
+
+    def able(self) -> None:
+        if self.target.log_disk is None:
+            raise SpaceError("this run's log is on the host's disk: no disk of its own to "
+                             "fill (the runner gives it one only when the plan fills it)")
+
+    def begin(self, fault: Fault) -> None:
+        assert self.target.log_disk is not None
+        own_disks.fill(self.target.log_disk, leave=_FillDisk.leave(fault))
+
+    def end(self) -> None:
+        assert self.target.log_disk is not None
+        own_disks.free(self.target.log_disk, DISK_BYTES)
+
+
 class CutLink(_Held):
     """The link between the drivers and the Space cut (``chaos.link_proxy``), healed at
     the end of its hold: the daemon runs on and carries out what reached it, its answers
@@ -446,7 +471,8 @@ class CutLink(_Held):
 
 KINDS: tuple[type[_Kind], ...] = (KillDriver, KillDaemon, RestartSpace, LoseSpace, KillProcess,
                                   PowerLoss, PauseDriver, PauseSpace, CutLink, JumpClock,
-                                  PauseDaemon, FillStateDisk, PauseCommands, FillWorkDisk)
+                                  PauseDaemon, FillStateDisk, PauseCommands, FillWorkDisk,
+                                  FillLogDisk)
 
 
 class FaultNemesis:

@@ -29,6 +29,8 @@ Space's daemon state taken for ``hold`` seconds, then freed: a local Space's sta
 tmpfs of its own; campaigns with ``--fill-state-disks``), ``fill_work_disk`` (the same for
 the disk that holds the Space's workspace, a tmpfs of its own as a mounted volume would be:
 writes, edits, commands and restores meet ``ENOSPC``; ``--fill-work-disks``),
+``fill_log_disk`` (the same for the disk of the drivers' log, the run's state directory on
+a tmpfs of its own as the host's disk: a commit meets ``ENOSPC``; ``--fill-log-disks``),
 ``pause_commands`` (every process
 of the daemon's commands frozen for ``hold`` seconds while the daemon answers, then thawed;
 campaigns with ``--pause-commands``). A Space fault may also kill the
@@ -58,7 +60,7 @@ if TYPE_CHECKING:
 
 #: The faults that hold for a while (``HELD_KINDS`` describes each).
 HeldAction = Literal["pause_space", "cut_link", "jump_clock", "pause_daemon", "fill_state_disk",
-                     "pause_commands", "fill_work_disk"]
+                     "pause_commands", "fill_work_disk", "fill_log_disk"]
 Action = Literal["kill_driver", "kill_daemon", "restart_space", "delete_space", "kill_process",
                  "power_loss", "pause_driver", HeldAction]
 
@@ -96,6 +98,9 @@ class HeldKind:
     #: The directory of the Space it needs on a disk of its own (the run's provider then
     #: gives every Space one of ``DISK_BYTES``).
     disk: DiskName | None = None
+    #: It needs the drivers' log (the run's state directory) on a disk of its own (the
+    #: runner then mounts one of ``DISK_BYTES`` there).
+    log_disk: bool = False
 
     @property
     def field(self) -> str:
@@ -151,6 +156,13 @@ HELD_KINDS: dict[str, HeldKind] = {k.action: k for k in (
              "edits, commands and restores meet ENOSPC (--backend local, as root; "
              "transactional, checkpoint, auto, stale and redrive modes)", root=True,
              disk="work"),
+    HeldKind("fill_log_disk", "--fill-log-disks", "log_disk_fills", "log_fills", None, "",
+             False,
+             "also fill the disk of each run's log (the drivers' SQLite or JSONL log, on a "
+             "tmpfs of its own as the host's disk) once or twice at seeded points for seeded "
+             "times, then free it: a commit meets ENOSPC and must fail whole, the call with "
+             "it (every backend, as root; transactional, checkpoint, auto, stale and redrive "
+             "modes)", root=True, log_disk=True),
 )}
 if set(HELD_KINDS) != set(get_args(HeldAction)):
     raise ImportError(f"chaos.faults: HeldAction {get_args(HeldAction)} and HELD_KINDS "

@@ -54,6 +54,8 @@ class Target:
     link: LinkProxy | None = None
     #: Whether the agent forks its conversation (``Scenario.fork_after``).
     forks: bool = False
+    #: The drivers' log's directory, when the plan fills its disk (``fill_log_disk``).
+    log_disk: Path | None = None
 
     def space_now(self) -> str:
         """The Space a fault of the Space strikes: the fork's once it exists (the drivers

@@ -27,7 +27,9 @@ import time
 import traceback
 from typing import Any
 
+from backends.local import own_disks
 from durable.adapter.space_names import session_token, space_name
+from durable.errors import CorruptLog
 from durable.log import ROOT_CONVERSATION, Log
 from durable.session_driver import EXIT_FENCED, EXIT_OK, EXIT_PERMANENT
 from durable.session_log import open_for_audit
@@ -119,6 +121,10 @@ class Run:
         #: The link between the faulted drivers and the Space, when the plan cuts it.
         self.link: LinkProxy | None = None
         self.links = LinkTable(self.dir / "links")
+        #: The drivers' log's directory, on a disk of its own when the plan fills it.
+        self.log_disk = self.dir / "state" if any(
+            HELD_KINDS[f.action].log_disk for f in self.plan.faults if f.action in HELD_KINDS
+        ) else None
         self._fired_at_launch = 0
 
     def _draw_plan(self) -> FaultPlan:
@@ -220,6 +226,8 @@ class Run:
         if self.dir.exists():
             shutil.rmtree(self.dir)
         (self.dir / "state").mkdir(parents=True)
+        if self.log_disk is not None:
+            own_disks.mount_tmpfs(self.log_disk, DISK_BYTES, "leave --fill-log-disks off")
         sock_dir = tempfile.mkdtemp(prefix="cua-fp-")
         if self.note is not None:
             self.note.temp(sock_dir)
@@ -254,6 +262,9 @@ class Run:
             t_done = time.time() - state.t0
             time.sleep(max(0.0, self.settle_at - time.time()))
             obs, events, verdict = self._observe(final_exit)
+        except CorruptLog as exc:  # the log under test lost what it said it had committed
+            verdict = Verdict(False, [f"run: the session's log is damaged, so no driver can "
+                                      f"go on with it: {exc}"], ["run"])
         except Exception as exc:  # noqa: BLE001 - the run itself broke: unknown, with the reason
             verdict = Verdict("unknown", [f"run crashed: {type(exc).__name__}: {exc}",
                                           traceback.format_exc(limit=8)])
@@ -261,6 +272,8 @@ class Run:
             shutil.rmtree(sock_dir, ignore_errors=True)
             if self.link is not None:
                 self.link.close()
+            if self.log_disk is not None:  # the log stays, on the host's disk (repro reads it)
+                own_disks.unmount(self.log_disk, keep=True)
             self._clean_up(failed=verdict.valid is not True)
         return RunRecord(
             index=spec.index, seed=spec.seed, campaign_mode=spec.campaign_mode,
@@ -278,7 +291,7 @@ class Run:
         other party); the last driver's exit code."""
         if not backend(self.spec.backend).spaces:  # no Space: the driver seeds the log's workspace
             self.nemesis.setup(Target(None, self.space, self.dir / "ledgers", self.state,
-                                      self.schedule.armed))
+                                      self.schedule.armed, log_disk=self.log_disk))
             return self.attempts(rv.address)
         # The Space's daemons report their failpoints to the same rendezvous.
         disks = {k.disk: DISK_BYTES for k in (HELD_KINDS.get(f.action) for f in self.plan.faults)
@@ -290,7 +303,7 @@ class Run:
             self.links.publish(self.space, self.link)
         self.nemesis.setup(Target(self.spaces, self.space, self.dir / "ledgers", self.state,
                                   self.schedule.armed, self.link,
-                                  self.scenario.fork_after is not None))
+                                  self.scenario.fork_after is not None, self.log_disk))
         seed_space(self.spaces, self.space, self.scenario)
         return self.mode.drive(self, rv)
 

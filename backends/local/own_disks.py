@@ -1,7 +1,8 @@
-"""A directory of a local Space on a disk of its own: a tmpfs of a fixed size mounted on it
-(which needs root), as a Space whose workspace is a volume or whose ``/var`` is a partition
-of its own has. A campaign fills it to make the Space's next writes meet ``ENOSPC`` where
-they stand, and frees it again.
+"""A directory on a disk of its own: a tmpfs of a fixed size mounted on it (which needs
+root), as a Space whose workspace is a volume or whose ``/var`` is a partition of its own
+has (a local Space's ``state`` and ``work``), or a campaign run's log on the host's disk. A
+campaign fills it to make the next writes there meet ``ENOSPC`` where they stand, and frees
+it again.
 
 Filling shrinks the tmpfs to what it holds (a remount with a smaller ``size=``) rather than
 writing a ballast file into it: nothing appears in the directory, so a workspace's scan and
@@ -12,7 +13,9 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import get_args
 
@@ -49,16 +52,32 @@ def mount(base_dir: Path, disk: Disk, directory: Path) -> None:
     size = size_of(base_dir, disk)
     if size is None or os.path.ismount(directory) or any(directory.iterdir()):
         return
+    mount_tmpfs(directory, size, f"remove {marker(base_dir, disk)}")
+
+
+def mount_tmpfs(directory: Path, size: int, or_else: str) -> None:
+    """A tmpfs of ``size`` bytes on ``directory``, with its mode; ``or_else``: what else to
+    do when that cannot be done (it needs root)."""
     mode = os.stat(directory).st_mode & 0o7777
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode={mode:o}",
                               "tmpfs", str(directory)], capture_output=True, text=True)
     if mounted.returncode:
         raise SpaceError(f"cannot give {directory} a disk of its own (mount -t tmpfs: "
                          f"{mounted.stderr.strip()}); that needs root: run as root, or "
-                         f"remove {marker(base_dir, disk)}")
+                         f"{or_else}")
 
 
-def unmount(directory: Path) -> None:
+def unmount(directory: Path, *, keep: bool = False) -> None:
+    """``keep``: what the disk holds is moved to the directory beneath it first."""
+    if keep and os.path.ismount(directory):
+        held = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", dir=directory.parent))
+        for entry in directory.iterdir():
+            shutil.move(entry, held / entry.name)
+        unmount(directory)
+        for entry in held.iterdir():
+            shutil.move(entry, directory / entry.name)
+        held.rmdir()
+        return
     if os.path.ismount(directory) and \
             subprocess.run(["umount", str(directory)], capture_output=True).returncode:
         # busy (a process of the Space still starting): detached now, freed with it
@@ -83,9 +102,8 @@ def fill(directory: Path, leave: int = 0) -> None:
                      f"size given in {_FILL_TRIES} tries (last: {_remount(directory, size)})")
 
 
-def free(base_dir: Path, disk: Disk, directory: Path) -> None:
-    """Give the disk on ``directory`` its whole size again (``fill`` undone)."""
-    size = size_of(base_dir, disk)
+def free(directory: Path, size: int | None) -> None:
+    """Give the disk on ``directory`` its whole ``size`` again (``fill`` undone)."""
     if size is None or not os.path.ismount(directory):
         return
     failed = _remount(directory, size)

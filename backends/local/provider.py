@@ -330,7 +330,7 @@ class LocalSpaces:
         own_disks.fill(self.get(name).disk(disk), leave)
 
     def free_disk(self, name: str, disk: DiskName) -> None:
-        own_disks.free(self.base_dir, disk, self.get(name).disk(disk))
+        own_disks.free(self.get(name).disk(disk), own_disks.size_of(self.base_dir, disk))
 
     def connect(self, name: str, *, epoch: int) -> HttpSpaceClient:
         self.get(name)

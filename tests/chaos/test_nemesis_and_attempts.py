@@ -356,7 +356,8 @@ def test_a_run_record_is_the_line_every_campaign_wrote() -> None:
                                       "machine_checks", "pauses", "space_pauses",
                                       "link_cuts", "clock_jumps",
                                       "daemon_pauses", "state_disk_fills",
-                                      "command_pauses", "work_disk_fills"]  # appended only
+                                      "command_pauses", "work_disk_fills",
+                                      "log_disk_fills"]  # appended only
     assert json.loads(json.dumps(record)) == record
 
 

@@ -383,6 +383,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "the write tool writes its content with os.write and ignores a short count and "
         "ENOSPC, so a write that met a full disk reports success over a cut-short file",
         "work-disk", "G1", "fill_work_disk at a file call's write"),
+    Mutant(
+        "jsonl-append-ignores-a-short-write", "durable/storage/jsonl.py",
+        (("        if written != len(line):\n"
+          "            raise self._uncertain(f\"only {written} of {len(line)} bytes were "
+          "written\")\n", ""),),
+        "a JSONL commit that a full disk cut short is taken as landed, so the driver goes on "
+        "from a result its log holds half of (only a full log disk shows it)",
+        "log-disk", "run", "fill_log_disk inside a commit"),
 )
 BY_ID = {m.id: m for m in MUTANTS}
 
