@@ -88,6 +88,15 @@ def space_hash(s: Session) -> str:
     return workspace_hash(s.adapter.ensure_space(s.harness, 1).scan().entries)
 
 
+def log_image(s: Session) -> Image:
+    """The workspace image the log of ``s`` holds (its image entries folded in)."""
+    image = Image()
+    for e in s.harness.log.entries(1):
+        if e.kind == "system" and IMAGE_KEY in e.data:
+            image.fold(e.id, e.data[IMAGE_KEY])
+    return image
+
+
 def results(s: Session) -> list[dict]:
     return [e.data for e in s.harness.log.entries(1) if e.kind == "tool_result"]
 
@@ -173,11 +182,7 @@ def test_image_in_the_log_equals_the_workspace(tmp_path: Path, spaces: LocalSpac
     s = open_session(tmp_path, spaces, steps(WRITE, APPEND, EDIT, APPEND), epoch=1,
                      mode="transactional")
     run(s)
-    image = Image()
-    for e in s.harness.log.entries(1):
-        if e.kind == "system" and IMAGE_KEY in e.data:
-            image.fold(e.id, e.data[IMAGE_KEY])
-    assert image.hash() == space_hash(s)
+    assert log_image(s).hash() == space_hash(s)
     s.harness.close()
 
 
@@ -456,11 +461,7 @@ def test_the_image_follows_a_write_a_full_disk_refused(tmp_path: Path) -> None:
         got = results(s)
         assert [r["is_error"] for r in got] == [True, True], got
         assert "No space left on device" in got[1]["content"], got[1]
-        image = Image()
-        for e in s.harness.log.entries(1):
-            if e.kind == "system" and IMAGE_KEY in e.data:
-                image.fold(e.id, e.data[IMAGE_KEY])
-        assert image.hash() == space_hash(s)
+        assert log_image(s).hash() == space_hash(s)
         s.harness.close()
     finally:
         spaces.delete_all()

@@ -8,9 +8,11 @@ told to kill at; ``fp_spaces`` starts every daemon with that channel."""
 from __future__ import annotations
 
 import os
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +20,25 @@ from backends.local import LocalSpace, LocalSpaces
 from backends.local.procs import kill_process, start_time
 from backends.space_client import HttpSpaceClient
 from chaos.rendezvous import Answer, Hit, Rendezvous
+
+#: A disk of a test's own: small enough to fill in a moment, big enough for a daemon's state.
+DISK_BYTES = 16 * 1024 * 1024
+
+
+@pytest.fixture
+def disk(tmp_path: Path) -> Iterator[Path]:
+    """A filesystem of the test's own (a tmpfs, so root only), ``DISK_BYTES`` in size."""
+    if os.geteuid() != 0:
+        pytest.skip("a disk of the test's own is a tmpfs mount, which needs root")
+    root = tmp_path / "disk"
+    root.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK_BYTES}", "tmpfs", str(root)],
+                   check=True)
+    try:
+        yield root
+    finally:
+        if subprocess.run(["umount", str(root)], capture_output=True).returncode:
+            subprocess.run(["umount", "-l", str(root)], check=True)  # a process still in it
 
 
 @pytest.fixture

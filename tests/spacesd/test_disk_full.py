@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import errno
 import os
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,26 +14,9 @@ import pytest
 from backends.local import LocalSpaces, own_disks
 from durable.errors import SpaceError, SpaceUnavailable
 from spacesd.journal import Journal, load
+from tests.spacesd.conftest import DISK_BYTES
 
-#: Small enough to fill in a moment, big enough for a daemon's state.
-DISK_BYTES = 16 * 1024 * 1024
 PAGE = 4096
-
-
-@pytest.fixture
-def disk(tmp_path: Path) -> Iterator[Path]:
-    """A filesystem of the test's own, ``DISK_BYTES`` in size."""
-    if os.geteuid() != 0:
-        pytest.skip("a disk of the test's own is a tmpfs mount, which needs root")
-    root = tmp_path / "disk"
-    root.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK_BYTES}", "tmpfs", str(root)],
-                   check=True)
-    try:
-        yield root
-    finally:
-        if subprocess.run(["umount", str(root)], capture_output=True).returncode:
-            subprocess.run(["umount", "-l", str(root)], check=True)  # a process still in it
 
 
 def fill(disk: Path) -> Path:

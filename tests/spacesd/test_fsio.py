@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,25 +31,11 @@ writer.write(target, chunks(), mode=0o644)
 """
 
 
-@pytest.fixture
-def other_disk(tmp_path: Path) -> Iterator[Path]:
-    """A directory on a filesystem of its own (as a workspace on a volume)."""
-    if os.geteuid() != 0:
-        pytest.skip("a filesystem of the test's own is a tmpfs mount, which needs root")
-    root = tmp_path / "work"
-    root.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(root)], check=True)
-    try:
-        yield root
-    finally:
-        subprocess.run(["umount", "-l", str(root)], check=True)
-
-
 @pytest.mark.parametrize("name", ["doc.txt", "odd\nname \\ with 'quotes'"])
 def test_a_temp_file_a_killed_writer_left_in_the_workspace_is_removed_by_the_next(
-        tmp_path: Path, other_disk: Path, name: str) -> None:
+        tmp_path: Path, disk: Path, name: str) -> None:
     tmp = tmp_path / "state" / "tmp"
-    target = other_disk / "sub" / name
+    target = disk / "sub" / name
     target.parent.mkdir()
     target.write_bytes(b"before")
     died = subprocess.run([sys.executable, "-c", DIES_MID_WRITE, str(tmp), str(target)],
@@ -64,11 +49,11 @@ def test_a_temp_file_a_killed_writer_left_in_the_workspace_is_removed_by_the_nex
     assert os.listdir(tmp) == []
 
 
-def test_a_finished_write_outside_leaves_no_record(tmp_path: Path, other_disk: Path) -> None:
+def test_a_finished_write_outside_leaves_no_record(tmp_path: Path, disk: Path) -> None:
     tmp = tmp_path / "state" / "tmp"
     writer = AtomicWriter(str(tmp))
-    writer.write(str(other_disk / "a.txt"), [b"one"], mode=0o600)
-    writer.symlink(str(other_disk / "l"), "a.txt")
-    assert sorted(p.name for p in other_disk.iterdir()) == ["a.txt", "l"]
-    assert (other_disk / "a.txt").read_bytes() == b"one"
+    writer.write(str(disk / "a.txt"), [b"one"], mode=0o600)
+    writer.symlink(str(disk / "l"), "a.txt")
+    assert sorted(p.name for p in disk.iterdir()) == ["a.txt", "l"]
+    assert (disk / "a.txt").read_bytes() == b"one"
     assert os.listdir(tmp) == []
