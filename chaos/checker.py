@@ -26,7 +26,7 @@ not decide (it lacked data, or crashed); a crashing check never aborts the campa
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from scenarios import Scenario
 
@@ -50,8 +50,7 @@ def check(scenario: Scenario, obs: Observation, *, campaign_mode: str,
     first = run_checks(scenario, obs, campaign_mode, skip=("G1",))
     after_first = implied(scenario, obs.calls, disk_filled=obs.disk_filled).workspace
     scenario_b = replace(second_scenario(obs.second["scenario"]), initial=after_first)
-    second = run_checks(scenario_b, Observation.from_json(obs.second["observation"]),
-                        campaign_mode)
+    second = run_checks(scenario_b, _part_of(obs, obs.second["observation"]), campaign_mode)
     checks = first.checks + [c for c in second.checks if c not in first.checks]
     return Verdict(merge([first.valid, second.valid]),
                    first.errors + [f"second session: {e}" for e in second.errors], checks)
@@ -70,10 +69,16 @@ def _with_forks(verdict: Verdict, scenario: Scenario, obs: Observation,
                       "but the log has no fork")
         checks += [] if "run" in checks else ["run"]
     for fork in obs.forks:
-        got = run_checks(scenario, Observation.from_json(fork["observation"]), campaign_mode,
+        got = run_checks(scenario, _part_of(obs, fork["observation"]), campaign_mode,
                          skip=("G6",))
         verdicts.append(got.valid)
         errors += [f"fork c{fork['conversation']} (after step {fork['after_step']}): {e}"
                    for e in got.errors]
         checks += [c for c in got.checks if c not in checks]
     return Verdict(merge(verdicts), errors, checks)
+
+
+def _part_of(run: Observation, part: dict[str, Any]) -> Observation:
+    """The observation of a part of the run (a fork, a race's second session), from its
+    JSON, with what holds for the whole run: whether its workspace disk was filled."""
+    return replace(Observation.from_json(part), disk_filled=run.disk_filled)

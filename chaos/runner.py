@@ -376,7 +376,6 @@ class Run:
                 name = self.space_of(self.session, conversation)
                 obs, _ = observe(self.dir, self.spaces, name, ledgers=self.state.ledgers(name),
                                  **common)
-            obs.disk_filled = self._disk_filled()
             out.append({"conversation": conversation, "after_step": self.scenario.fork_after,
                         "observation": obs.to_json()})
         return out

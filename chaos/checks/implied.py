@@ -11,7 +11,9 @@ met ``ENOSPC``: such a call's result is its real error, which says so. A write o
 that failed so took no effect (the tools are atomic); a command took what effect it got to
 before the disk stopped it, so the paths its step changes are unsure from then on
 (``WorkspaceModel.cut_short``), and so are those of a later step whose effect reads one.
-Neither kind of call has a result the model can give.
+Neither kind of call has a result the model can give. The scripted agent goes on as if
+each call had done its whole work, so a later edit of a file whose write a full disk
+refused fails: it gets the edit tool's own error (``_failed_edit``).
 """
 
 from __future__ import annotations
@@ -20,7 +22,10 @@ import errno
 import os
 from typing import TYPE_CHECKING
 
-from scenarios import Expected, Scenario, Step
+from durable.coding_tools import apply_edits
+from durable.errors import ToolError
+from durable.tools import error_result
+from scenarios import Expected, Scenario, Step, WorkspaceModel
 
 from .model import Implied, ObservedCall
 
@@ -77,12 +82,29 @@ def apply_step(step: Step, out: Implied, cut: bool) -> Expected | None:
     after.read_unsure = False
     try:
         expected = step.apply(after)
-    except ValueError:  # an edit whose text the model cannot find (nor have unsure)
-        if not after.read_unsure:
+    except ValueError:  # an edit whose text the model cannot find
+        if after.read_unsure:
+            return None  # its outcome depends on an unsure file: no effect is one of them
+        if step.tool != "edit" or not out.cut_short:
             raise
-        return None  # the edit's outcome depends on an unsure file: no effect is one of them
+        return _failed_edit(step, ws)
     if cut or after.read_unsure:
         out.workspace = ws.cut_short(after)
         return None
     out.workspace = after
     return expected
+
+
+def _failed_edit(step: Step, ws: WorkspaceModel) -> Expected | None:
+    """An edit of this agent's that an earlier call a full disk cut short left without its
+    text (the write it edits took no effect): it fails as the tool fails, and changes
+    nothing. None when the file is not there at all: the tool's error then names the
+    Space, which no model knows."""
+    data = ws.content(step.args["path"])
+    if data is None:
+        return None
+    try:
+        apply_edits(data.decode(), step.args["edits"], step.args["path"])
+    except ToolError as exc:
+        return Expected(error_result(exc).content, True)
+    raise ValueError(f"{step.marker}: the model and the edit tool disagree on its text")

@@ -23,7 +23,9 @@ from chaos.faults import (
     with_held_faults,
 )
 from chaos.summary import parse_summary, summarize, summary_line
-from durable.coding_tools import bash_result
+from durable.coding_tools import apply_edits, bash_result
+from durable.errors import ToolError
+from durable.tools import error_result
 from scenarios import generate, load
 from scenarios.plan import Scenario
 from scenarios.preset import parse
@@ -527,3 +529,29 @@ def test_a_call_a_full_workspace_disk_cut_short_is_its_real_error_and_no_more() 
     _met_a_full_disk(obs, obs.calls[4], half, "[Errno 28] No space left on device")
     checks, text = _verdict(obs, s)
     assert checks == ["G1"] and repr(last.args["path"]) in text, text
+
+
+def test_an_edit_of_what_a_full_disk_refused_fails_as_the_tool_does() -> None:
+    """The scripted agent goes on as if each call had worked: an edit of a line whose
+    earlier edit a full disk refused no longer finds its text, and the edit tool says so.
+    That error is what the model gives; a success in its place is caught."""
+    s = generate(2, parse({"name": "edits", "sequence": ["edit", "edit", "edit"]},
+                           "edits.yaml"), steps=3)
+    first, second = s.steps[0], s.steps[1]
+    assert first.params["slot"] == second.params["slot"]
+    ws = s.initial.copy()
+    s.steps[2].apply(ws)  # only the third edit (another line) took effect
+    text = ws.content(second.args["path"])
+    assert text is not None
+    with pytest.raises(ToolError) as refused:
+        apply_edits(text.decode(), second.args["edits"], second.args["path"])
+    obs = _clean_run(s)
+    _met_a_full_disk(obs, obs.calls[0], ws, "Error: Space 'x': 'doc.txt': No space left on "
+                                            "device")
+    failed = error_result(refused.value).content
+    obs.calls[1].result, obs.calls[1].content = "fail", failed
+    obs.calls[1].content_sha256 = hashlib.sha256(failed.encode()).hexdigest()
+    assert _verdict(obs, s)[0] == [], _verdict(obs, s)[1]
+    obs.calls[1].result = "ok"  # the same text, but called a success
+    checks, text_ = _verdict(obs, s)
+    assert checks == ["G5"] and "step 1 (edit)" in text_, text_
