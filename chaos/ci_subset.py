@@ -294,6 +294,14 @@ SLICES: tuple[Slice, ...] = (
           "as it was",
           {"mode": "checkpoint", "held": ("fill_log_disk",), "seeds": (1, 2, 3, 4, 5, 6),
            "log_storage": "jsonl", "plans": _held_plans("fill_log_disk")}),
+    Slice("host-power", "the drivers' host losing power at seeded driver points (every "
+          "driver killed, the SQLite log keeping only what reached its disk), then booting: "
+          "every commit that had returned must still be in the log (G7), and the next driver "
+          "must go on from it",
+          {"mode": "transactional", "held": ("cut_host_power",), "seeds": (1, 2, 3, 4, 5, 6)}),
+    Slice("host-power-jsonl", "the same power cuts under the JSONL log and its file fence",
+          {"mode": "checkpoint", "held": ("cut_host_power",), "seeds": (1, 2, 3, 4, 5, 6),
+           "log_storage": "jsonl"}),
     Slice("forks-transactional", "an agent that forks its conversation at a seeded step's "
           "result and plays the rest again in the fork, under faults: the fork's Space must "
           "start from the log's image as of that result",

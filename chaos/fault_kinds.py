@@ -8,9 +8,10 @@ command's shim), ``PowerLoss`` (a microVM's power cut: unsynced writes lost, the
 booted again), ``PauseDriver`` (SIGSTOP of the driver's process group), ``PauseSpace``
 (the whole Space frozen for the fault's ``hold``, then thawed), ``CutLink`` (the link
 between the drivers and the Space cut for its ``hold``, then healed) and ``JumpClock`` (the
-Space's clock stepped for its ``hold``, then set right), ``FillStateDisk`` and
-``FillWorkDisk`` (the disk of the Space's daemon state, of its workspace, full for its
-``hold``, then freed). ``FaultNemesis`` holds
+Space's clock stepped for its ``hold``, then set right), ``FillStateDisk``,
+``FillWorkDisk`` and ``FillLogDisk`` (the disk of the Space's daemon state, of its
+workspace, of the drivers' log, full for its ``hold``, then freed), ``CutHostPower`` (the
+drivers' host loses power, its log what did not reach its disk). ``FaultNemesis`` holds
 them all, by action. Each ends an operation in one completion
 (``chaos.nemesis`` has the contract): ``info`` when it struck, ``fail`` with the reason when
 it could not.
@@ -31,6 +32,7 @@ from durable.errors import SpaceError, SpaceNotFound
 from .faults import DISK_BYTES, HELD_KINDS, RELEASE, Action, Fault
 from .nemesis import Completion, Operation, Target
 from .observe import kept_ledgers, read_ledger, unread_ledger
+from .processes import Owned
 from .space_providers import (
     Clocked,
     CommandPausable,
@@ -448,6 +450,33 @@ class FillLogDisk(_Held):
         own_disks.free(self.target.log_disk, DISK_BYTES)
 
 
+class CutHostPower(_Kind):
+    """The drivers' host loses power (``chaos.host_power``): every driver on it dies at
+    once, and its log keeps only what reached its disk; the host then boots again. Struck
+    at a driver's failpoint, where no commit is in flight, so every commit that had
+    returned must still be there (G7)."""
+
+    action = "cut_host_power"
+
+    def invoke(self, op: Operation) -> Completion:
+        disk = self.target.host_disk
+        if disk is None:
+            return Completion("fail", self.action, f"skipped {op.fault.describe()}: this "
+                              "run's log is on the host's own disk (the runner gives it one "
+                              "that can lose power only when the plan cuts it)")
+        if not isinstance(op.driver, Owned) or op.driver.poll() is not None:
+            return Completion("fail", self.action, f"skipped {op.fault.describe()}: no "
+                              "driver of the runner's was running")
+        driver = op.driver
+
+        def drivers_dead() -> None:
+            driver.kill_group()
+            driver.wait()  # its files closed: the log it left is what the page cache holds
+
+        disk.cut(op.fault.describe(), drivers_dead)
+        return Completion("info", self.action, op.fault.describe())
+
+
 class CutLink(_Held):
     """The link between the drivers and the Space cut (``chaos.link_proxy``), healed at
     the end of its hold: the daemon runs on and carries out what reached it, its answers
@@ -472,7 +501,7 @@ class CutLink(_Held):
 KINDS: tuple[type[_Kind], ...] = (KillDriver, KillDaemon, RestartSpace, LoseSpace, KillProcess,
                                   PowerLoss, PauseDriver, PauseSpace, CutLink, JumpClock,
                                   PauseDaemon, FillStateDisk, PauseCommands, FillWorkDisk,
-                                  FillLogDisk)
+                                  FillLogDisk, CutHostPower)
 
 
 class FaultNemesis:

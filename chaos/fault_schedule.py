@@ -43,16 +43,17 @@ from .run_state import RunState
 ARMING_POINTS = ("call.", "recovery.", "session.")
 #: Which processes a fault ends, by the process that reported the failpoint.
 ENDS_REPORTER = {"spacesd": ("kill_daemon", "restart_space", "delete_space"),
-                 "shim": ("kill_process", "restart_space", "delete_space")}
+                 "shim": ("kill_process", "restart_space", "delete_space"),
+                 "driver": ("cut_host_power",)}
 
 
 def _kills_reporter(hit: Hit, fault: Fault, killed_driver: bool, injured: bool) -> bool:
     """Whether firing ``fault`` ended the process that reported ``hit`` (then its channel is
     closed; a live reporter must get its answer, or it stops reporting failpoints)."""
     process = hit.info.get("process")
-    if process is None:
-        return killed_driver
-    return injured and fault.action in ENDS_REPORTER.get(process, ())
+    if process is None and killed_driver:
+        return True
+    return injured and fault.action in ENDS_REPORTER.get(process or "driver", ())
 
 
 class FaultSchedule:

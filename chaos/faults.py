@@ -60,17 +60,18 @@ if TYPE_CHECKING:
 
 #: The faults that hold for a while (``HELD_KINDS`` describes each).
 HeldAction = Literal["pause_space", "cut_link", "jump_clock", "pause_daemon", "fill_state_disk",
-                     "pause_commands", "fill_work_disk", "fill_log_disk"]
+                     "pause_commands", "fill_work_disk", "fill_log_disk", "cut_host_power"]
 Action = Literal["kill_driver", "kill_daemon", "restart_space", "delete_space", "kill_process",
                  "power_loss", "pause_driver", HeldAction]
 
 
 @dataclass(frozen=True)
 class HeldKind:
-    """A fault that holds for a while (``Fault.hold``) and is then undone, drawn beside a
-    plan's own faults (``with_held_faults``) when its campaign flag is on. The one place a
-    held kind is named: the flag, the campaign's and a run's field, the counter and the
-    SUMMARY key all come from here."""
+    """A fault drawn beside a plan's own faults (``with_held_faults``) when its campaign
+    flag is on; most hold for a while (``Fault.hold``) and are then undone, one strikes
+    once (``holds=False``: a host's power cut). The one place such a kind is named: the
+    flag, the campaign's and a run's field, the counter and the SUMMARY key all come from
+    here."""
 
     action: HeldAction
     #: ``chaos run``'s flag; without its dashes, the field of the campaign's settings and of
@@ -99,8 +100,14 @@ class HeldKind:
     #: gives every Space one of ``DISK_BYTES``).
     disk: DiskName | None = None
     #: It needs the drivers' log (the run's state directory) on a disk of its own (the
-    #: runner then mounts one of ``DISK_BYTES`` there).
-    log_disk: bool = False
+    #: runner then mounts one of ``DISK_BYTES`` there): ``"tmpfs"`` to fill, ``"image"``
+    #: (``chaos.host_power``) to lose power under.
+    log_disk: Literal["tmpfs", "image"] | None = None
+    #: It holds for a while, then is undone (else it strikes once, and only at a driver's
+    #: failpoint, where no commit is in flight: what it did is then exact).
+    holds: bool = True
+    #: The campaign modes it is for (empty: every mode with held kinds).
+    modes: tuple[str, ...] = ()
 
     @property
     def field(self) -> str:
@@ -162,7 +169,18 @@ HELD_KINDS: dict[str, HeldKind] = {k.action: k for k in (
              "tmpfs of its own as the host's disk) once or twice at seeded points for seeded "
              "times, then free it: a commit meets ENOSPC and must fail whole, the call with "
              "it (every backend, as root; transactional, checkpoint, auto, stale and redrive "
-             "modes)", root=True, log_disk=True),
+             "modes)", root=True, log_disk="tmpfs"),
+    HeldKind("cut_host_power", "--cut-host-power", "host_power_cuts", "host_cuts", None, "",
+             False,
+             "also cut the power of each run's drivers' host once or twice at seeded driver "
+             "failpoints (every driver killed, the log, SQLite or JSONL on an ext4 disk of "
+             "its own, keeps only what reached that disk), then boot it again: every commit "
+             "that had returned must still be in the log (check G7; every backend, as root; "
+             "transactional, checkpoint and auto modes)", root=True,
+             points=("call.intent", "call.returned", "call.result", "space.start_mark",
+                     "space.running", "space.exited", "space.file_written", "space.outcome",
+                     "checkpoint.after"),
+             log_disk="image", holds=False, modes=("transactional", "checkpoint", "auto")),
 )}
 if set(HELD_KINDS) != set(get_args(HeldAction)):
     raise ImportError(f"chaos.faults: HeldAction {get_args(HeldAction)} and HELD_KINDS "
@@ -191,7 +209,7 @@ def in_effect_at(history: list[dict[str, Any]], t: float) -> tuple[set[str], boo
         if op["time"] > t:
             if op["f"] in KIND_COUNTS:
                 return holding, True
-        elif op["f"] in HELD_KINDS:
+        elif op["f"] in HELD_KINDS and HELD_KINDS[op["f"]].holds:
             holding.add(op["f"])
         elif op["f"] == RELEASE:
             holding.discard(op["value"]["action"])
@@ -284,8 +302,9 @@ class Fault:
         if self.action == "pause_driver" and self.kill_driver:
             raise ValueError("a pause_driver fault freezes the driver and must not also kill "
                              "it: give it kill_driver=False")
-        if (self.action in HELD_KINDS) != (self.hold is not None):
-            raise ValueError(f"{self.action}: a {' or '.join(HELD_KINDS)} fault needs hold "
+        holds = [a for a, k in HELD_KINDS.items() if k.holds]
+        if (self.action in holds) != (self.hold is not None):
+            raise ValueError(f"{self.action}: a {' or '.join(holds)} fault needs hold "
                              "(the seconds it holds), and only they have one")
         if self.hold is not None and (isinstance(self.hold, bool) or
                                       not isinstance(self.hold, int | float) or
@@ -480,8 +499,10 @@ def with_held_faults(plan: FaultPlan, action: HeldAction, scenario: Scenario,
     the kind's own ``points``), a recovery's point, or a seeded time. ``guest``: a
     microVM, whose daemon's points land at the driver's (``GUEST_POINT``). Not
     ``timed``: at points alone (a coordinator launches redrive's drivers, so no timer
-    starts with them); where a time was drawn, a point is."""
+    starts with them); where a time was drawn, a point is. A kind that strikes once
+    (``HeldKind.holds`` off) has no hold, and lands at its points alone."""
     kind = HELD_KINDS[action]
+    timed = timed and kind.holds
     rng = random.Random(f"{kind.seed}:{durable_mode}:{plan.seed}")
     points = reachable_points(scenario, durable_mode)
     names = [p for p in kind.points or HOLD_POINTS if p in points]
@@ -489,8 +510,11 @@ def with_held_faults(plan: FaultPlan, action: HeldAction, scenario: Scenario,
         if plan.faults and not kind.points else ()
     held: list[Fault] = []
     for _ in range(rng.choice((1, 1, 1, 2))):
-        hold = round(rng.uniform(*HOLDS[bisect.bisect(HOLD_BANDS, rng.random())]), 3)
-        kill = rng.random() < 0.2
+        hold: float | None = round(rng.uniform(*HOLDS[bisect.bisect(HOLD_BANDS,
+                                                                     rng.random())]), 3)
+        if not kind.holds:
+            hold = None
+        kill = rng.random() < 0.2 and kind.holds  # a cut kills every driver itself
         roll = rng.random()
         jump = rng.choice((-1, 1)) * rng.choice(JUMPS) if action == "jump_clock" else None
         if (roll < (0.8 if kind.points else 0.6) or not timed) and names:

@@ -30,6 +30,7 @@ from durable.adapter.space_names import session_spaces
 
 from .errors import NemesisContractError
 from .faults import KIND_COUNTS, Action, Fault, FaultPlan
+from .host_power import HostDisk
 from .link_proxy import LinkProxy
 from .processes import Driver
 from .rendezvous import Hit
@@ -56,6 +57,8 @@ class Target:
     forks: bool = False
     #: The drivers' log's directory, when the plan fills its disk (``fill_log_disk``).
     log_disk: Path | None = None
+    #: The drivers' log's disk, when the plan cuts the host's power (``cut_host_power``).
+    host_disk: HostDisk | None = None
 
     def space_now(self) -> str:
         """The Space a fault of the Space strikes: the fork's once it exists (the drivers

@@ -108,9 +108,17 @@ def _held(args: argparse.Namespace) -> tuple[HeldAction, ...]:
             able = [name for name, b in BACKEND_DESCRIPTORS.items() if kind.needs(b)]
             raise BadArguments(f"{kind.flag} needs --backend {' or '.join(able)}, "
                                f"not {args.backend}: {kind.needs_why}")
+        if kind.modes and args.mode not in kind.modes:
+            raise BadArguments(f"{kind.flag} is for --mode {', '.join(kind.modes)}, not "
+                               f"{args.mode}")
         if kind.root and os.geteuid() != 0:
             raise BadArguments(f"{kind.flag} needs root ({kind.needs_why}); run the "
                                "campaign as root, or leave it out")
+    disks = [HELD_KINDS[a] for a in held if HELD_KINDS[a].log_disk]
+    if len(disks) > 1:
+        raise BadArguments(f"{' and '.join(k.flag for k in disks)} each put the log on a disk "
+                           "of their own (a tmpfs to fill, an ext4 image to cut the power "
+                           "under): give one of them per campaign")
     return held
 
 

@@ -54,6 +54,7 @@ from .faults import (
 from .forked_run import forks_of
 from .golden import Golden, GoldenFailed, golden_for
 from .holds import Holds
+from .host_power import HostDisk
 from .launch import OtherSession, driver_argv, driver_env
 from .link_proxy import LinkProxy, LinkTable
 from .modes import MODES
@@ -121,10 +122,13 @@ class Run:
         #: The link between the faulted drivers and the Space, when the plan cuts it.
         self.link: LinkProxy | None = None
         self.links = LinkTable(self.dir / "links")
+        log_disks = {HELD_KINDS[f.action].log_disk for f in self.plan.faults
+                     if f.action in HELD_KINDS}
         #: The drivers' log's directory, on a disk of its own when the plan fills it.
-        self.log_disk = self.dir / "state" if any(
-            HELD_KINDS[f.action].log_disk for f in self.plan.faults if f.action in HELD_KINDS
-        ) else None
+        self.log_disk = self.dir / "state" if "tmpfs" in log_disks else None
+        #: The drivers' log's disk, when the plan cuts the host's power.
+        self.host_disk = HostDisk(self.dir / "state", DISK_BYTES) \
+            if "image" in log_disks else None
         self._fired_at_launch = 0
 
     def _draw_plan(self) -> FaultPlan:
@@ -168,6 +172,8 @@ class Run:
     def launch(self, attempt: int, failpoints: str | None, *, heartbeat: float = 0.5,
                other: OtherSession | None = None) -> Owned:
         """Start a driver of the run's session (at the next epoch), or of ``other``."""
+        if self.host_disk is not None:
+            self.host_disk.wait_up()  # no driver starts while the host is down
         epoch = other.epoch if other else self.epoch + 1
         run_dir = other.run_dir if other else self.dir
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -228,6 +234,8 @@ class Run:
         (self.dir / "state").mkdir(parents=True)
         if self.log_disk is not None:
             own_disks.mount_tmpfs(self.log_disk, DISK_BYTES, "leave --fill-log-disks off")
+        if self.host_disk is not None:
+            self.host_disk.mount()
         sock_dir = tempfile.mkdtemp(prefix="cua-fp-")
         if self.note is not None:
             self.note.temp(sock_dir)
@@ -274,6 +282,8 @@ class Run:
                 self.link.close()
             if self.log_disk is not None:  # the log stays, on the host's disk (repro reads it)
                 own_disks.unmount(self.log_disk, keep=True)
+            if self.host_disk is not None:
+                self.host_disk.close()
             self._clean_up(failed=verdict.valid is not True)
         return RunRecord(
             index=spec.index, seed=spec.seed, campaign_mode=spec.campaign_mode,
@@ -291,7 +301,8 @@ class Run:
         other party); the last driver's exit code."""
         if not backend(self.spec.backend).spaces:  # no Space: the driver seeds the log's workspace
             self.nemesis.setup(Target(None, self.space, self.dir / "ledgers", self.state,
-                                      self.schedule.armed, log_disk=self.log_disk))
+                                      self.schedule.armed, log_disk=self.log_disk,
+                                      host_disk=self.host_disk))
             return self.attempts(rv.address)
         # The Space's daemons report their failpoints to the same rendezvous.
         disks = {k.disk: DISK_BYTES for k in (HELD_KINDS.get(f.action) for f in self.plan.faults)
@@ -303,7 +314,8 @@ class Run:
             self.links.publish(self.space, self.link)
         self.nemesis.setup(Target(self.spaces, self.space, self.dir / "ledgers", self.state,
                                   self.schedule.armed, self.link,
-                                  self.scenario.fork_after is not None, self.log_disk))
+                                  self.scenario.fork_after is not None, self.log_disk,
+                                  self.host_disk))
         seed_space(self.spaces, self.space, self.scenario)
         return self.mode.drive(self, rv)
 
@@ -330,6 +342,7 @@ class Run:
         obs.coordinator = self.redrive
         obs.second = observe_second(self)
         obs.disk_filled = self._disk_filled()
+        obs.power_cuts = list(self.host_disk.cuts) if self.host_disk is not None else []
         obs.forks = self._observe_forks(final_exit)
         if self.spec.golden:  # the oracle itself: it must only have finished
             return obs, events, Verdict(True if final_exit == EXIT_OK else "unknown",

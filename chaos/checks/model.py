@@ -87,6 +87,10 @@ class Observation:
     #: The workspace's disk was full for a while (a ``fill_work_disk`` struck): a call may
     #: have met ``ENOSPC`` (``chaos.checks.implied``).
     disk_filled: bool = False
+    #: The drivers' host lost power (``cut_host_power``): per cut, ``{"fault": what,
+    #: "before": the log's commits in memory, "after": those the log kept}``
+    #: (``chaos.host_power.commits``), for G7.
+    power_cuts: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)

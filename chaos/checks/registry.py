@@ -15,7 +15,16 @@ from typing import TYPE_CHECKING
 
 from scenarios import Scenario
 
-from . import coordinator, fenced, never_twice, once_faithful, progress, stale_writers, state
+from . import (
+    coordinator,
+    durable_log,
+    fenced,
+    never_twice,
+    once_faithful,
+    progress,
+    stale_writers,
+    state,
+)
 from .implied import implied
 from .model import CheckInput, Observation, Undecided, Valid, Verdict, merge
 
@@ -39,6 +48,7 @@ def _checks() -> list[Check]:
         Check("G4", "stale writers", stale_writers.check),
         Check("G5", "once and faithful", once_faithful.check),
         Check("G6", "coordinator", coordinator.check),
+        Check("G7", "durable", durable_log.check),
     ]
 
 

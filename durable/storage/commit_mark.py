@@ -24,6 +24,14 @@ def encode(ident: str, count: int) -> bytes:
     return body + b" %08x\n" % zlib.crc32(body)
 
 
+def unwritten(data: bytes) -> bool:
+    """Whether ``data`` (a mark or record file's bytes) holds nothing: empty, or only NUL
+    bytes, which is what a power cut leaves of a file whose size reached the disk before
+    its unsynced data did (ext4's delayed allocation). Such a file says nothing, rather than
+    something damaged."""
+    return not data.strip(b"\0")
+
+
 def parse(data: bytes) -> tuple[str, int] | None:
     """(ident, count) of a well-formed mark line, or None when it is damaged."""
     m = _LINE.fullmatch(data)

@@ -36,9 +36,10 @@ cut, so it is torn too.
 Damage detection and its limits. Each line carries a CRC-32 of its payload. The high-water
 mark in ``log.lock`` is written after the append (and its sync) but not synced itself: after
 a process crash it is exact, so a log cut back to a line boundary (lines lost without a torn
-trace) and a deleted ``log.jsonl`` are detected; after a power cut it may lag behind, which
-only weakens detection. With ``fsync=False`` a power cut can leave the mark ahead of the log:
-the open then reports the lost commits (they were lost). An empty ``log.lock`` (logs made
+trace) and a deleted ``log.jsonl`` are detected; after a power cut it may lag behind or hold
+nothing (empty or NUL bytes: read as no mark), which only weakens detection. With
+``fsync=False`` a power cut can leave the mark ahead of the log: the open then reports the
+lost commits (they were lost). An empty ``log.lock`` (logs made
 before the mark existed) checks nothing. A ``log.lock`` whose mark is damaged is reported;
 emptying it accepts the log as it is. Other files (the header, epoch markers) are checked by
 their own readers; a damaged header is ``CorruptLog`` when ``log.lock`` holds a mark (else
@@ -135,11 +136,12 @@ def _decode(line: bytes) -> tuple[Batch, int | None] | None:
 
 
 def read_marker(path: Path) -> tuple[int, int] | None:
-    """(first entry id governed, unix ms raised) of an epoch marker; None when it is empty
-    (a crash between its creation and its write). ``CorruptLog`` when it holds anything else:
-    an audit must not trust a damaged record."""
+    """(first entry id governed, unix ms raised) of an epoch marker; None when it holds
+    nothing (``commit_mark.unwritten``: a crash between its creation and its write, or a
+    power cut that lost the write). ``CorruptLog`` when it holds anything else: an audit must
+    not trust a damaged record."""
     data = path.read_bytes()
-    if not data:
+    if commit_mark.unwritten(data):
         return None
     try:
         raw = json.loads(data)
@@ -374,7 +376,7 @@ class JsonlStorage:
         """(bytes, lines) committed, from ``log.lock``; None when it holds no mark."""
         assert self._lock_fd is not None
         data = os.pread(self._lock_fd, 128, 0)
-        if not data:
+        if commit_mark.unwritten(data):  # none yet, or a power cut lost its unsynced write
             return None
         size, lines = commit_mark.decode(
             data, mark=self.directory / LOCK_NAME, log=self.path, unseen="lost lines",

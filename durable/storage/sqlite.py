@@ -57,7 +57,8 @@ so a ``-wal`` deleted after a crash, or a log copied without it, silently goes b
 What detects it lives outside the WAL: ``<log>-commits`` holds the log id and the number of
 commits, rewritten after each COMMIT (under ``flock``, never lowered, not fsynced). An open
 that finds fewer commits in the log than the mark raises ``CorruptLog``. Limits: the mark is
-exact after a process crash, but after a power cut it may lag (a WAL lost then goes unseen);
+exact after a process crash, but after a power cut it may lag or hold nothing (its unsynced
+write lost: empty or NUL bytes, read as no mark), and a WAL lost then goes unseen;
 a log copied without both its ``-wal`` and its ``-commits`` cannot be checked; a mark of
 another log (a different id) is ignored and overwritten. A log restored from an older backup
 is reported the same way; deleting the mark accepts it.
@@ -655,13 +656,14 @@ class SqliteStorage:
     # ------------------------------------------------------------ the commit mark
 
     def _read_mark(self) -> tuple[str, int] | None:
-        """(log id, commits) from the mark file; None when there is none (or it is empty)."""
+        """(log id, commits) from the mark file; None when there is none (or it holds
+        nothing: ``commit_mark.unwritten``, as a power cut can leave it)."""
         try:
             with self.mark_path.open("rb") as f:
                 data = f.read(128)
         except FileNotFoundError:
             return None
-        if not data:
+        if commit_mark.unwritten(data):
             return None
         return commit_mark.decode(
             data, mark=self.mark_path, log=self.path, unseen="a lost -wal",

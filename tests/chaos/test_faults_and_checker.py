@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import pytest
 
@@ -24,6 +26,7 @@ from chaos.faults import (
 )
 from chaos.summary import parse_summary, summarize, summary_line
 from durable.coding_tools import apply_edits, bash_result
+from durable.failpoints import POINTS as DRIVER_POINTS
 from durable.errors import ToolError
 from durable.tools import error_result
 from scenarios import generate, load
@@ -113,6 +116,49 @@ def test_a_kind_with_points_of_its_own_is_drawn_there_or_at_a_time() -> None:
     timed = sum(f.trigger == "time" for f in added) / len(added)
     assert 0.1 < timed < 0.3, timed
     assert HELD_KINDS["pause_space"].points == (), "the other kinds keep HOLD_POINTS"
+
+
+def test_a_host_power_cut_strikes_once_at_a_drivers_point_and_holds_nothing() -> None:
+    """``cut_host_power`` has no hold and no timer: it lands at its own driver points
+    alone (where no commit is in flight, so G7 is exact), and kills the drivers itself."""
+    scenario = generate(1, load("default"))
+    plans = [draw_plan(s, scenario, "auto") for s in range(1, 120)]
+    added = [f for p in plans
+             for f in with_held_faults(p, "cut_host_power", scenario, "auto").faults[
+                 len(p.faults):]]
+    assert 120 <= len(added) <= 240
+    assert {f.trigger for f in added} == {"failpoint"}
+    assert {f.point for f in added} <= set(HELD_KINDS["cut_host_power"].points)
+    assert all(f.hold is None and not f.kill_driver for f in added)
+    assert all(p in DRIVER_POINTS for p in HELD_KINDS["cut_host_power"].points)
+    with pytest.raises(ValueError, match="only they have one"):
+        Fault("cut_host_power", "failpoint", "call.result", 1, kill_driver=False, hold=1.0)
+    with pytest.raises(ValueError, match="fill_log_disk fault needs hold"):
+        Fault("pause_space", "failpoint", "call.result", 1, kill_driver=False)
+
+
+def test_g7_fails_a_run_whose_power_cut_lost_a_commit_that_had_returned() -> None:
+    from chaos.checks import durable_log
+    from chaos.checks.model import CheckInput
+
+    def errors(cuts: list[dict[str, object]]) -> list[str]:
+        obs = Observation(calls=[], workspace=[], log_txt="", effects=[], final_exit=0,
+                          final_outcome_done=True, end_mode=None, image_hash=None,
+                          image_stale=None, power_cuts=cuts)
+        return durable_log.check(cast(CheckInput, SimpleNamespace(obs=obs)))
+
+    before = ["conversation 1", "entry 2 input aa", "entry 3 tool_result bb", "doc 1/x v1 r1 cc"]
+    assert errors([]) == []
+    assert errors([{"fault": "cut_host_power at call.result#1", "before": before,
+                    "after": before + ["entry 4 system dd"]}]) == []
+    found = errors([{"fault": "cut_host_power at call.result#1", "before": before,
+                     "after": before[:2]}])
+    assert len(found) == 1
+    assert "(cut_host_power at call.result#1) lost 2 of 4 commits" in found[0]
+    assert "entry 3 tool_result bb; doc 1/x v1 r1 cc" in found[0]
+    changed = errors([{"fault": "f", "before": before,
+                       "after": [*before[:3], "doc 1/x v1 r1 ee"]}])
+    assert changed and "doc 1/x v1 r1 cc" in changed[0], "a commit changed is a commit lost"
 
 
 def test_pauses_reach_the_drivers_as_their_request_timeout(tmp_path: Path) -> None:

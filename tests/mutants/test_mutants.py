@@ -391,6 +391,21 @@ MUTANTS: tuple[Mutant, ...] = (
         "a JSONL commit that a full disk cut short is taken as landed, so the driver goes on "
         "from a result its log holds half of (only a full log disk shows it)",
         "log-disk", "run", "fill_log_disk inside a commit"),
+    Mutant(
+        "log-commits-not-synced", "durable/storage/sqlite.py",
+        (('            conn.execute("PRAGMA synchronous=FULL")\n',
+          '            conn.execute("PRAGMA synchronous=NORMAL")\n'),),
+        "the SQLite log no longer syncs its WAL at each commit (WAL with synchronous=NORMAL), "
+        "so a commit that returned is lost when the host loses power (a SIGKILL keeps it in "
+        "the page cache: only a power cut shows it)",
+        "host-power", "G7", "cut_host_power after a commit"),
+    Mutant(
+        "jsonl-append-not-synced", "durable/storage/jsonl.py",
+        (("            if written == len(line) and self.fsync:\n",
+          "            if written == len(line) and self.fsync and False:\n"),),
+        "a JSONL commit returns before its line is synced, so it is lost when the host "
+        "loses power (only a power cut shows it)",
+        "host-power-jsonl", "G7", "cut_host_power after a commit"),
 )
 BY_ID = {m.id: m for m in MUTANTS}
 

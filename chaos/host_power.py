@@ -1,0 +1,145 @@
+"""The drivers' host losing power: the run's log on a disk that keeps only what reached it.
+
+SIGKILL never loses a write: the killed driver's writes sit in the kernel's page cache and
+the next driver reads them, whether or not the log synced them. A power cut loses every
+write the disk did not get, so only a log that syncs its commits keeps them. To attack the
+log's durability settings (SQLite's ``synchronous``, the JSONL log's ``fdatasync``, the
+file fence's), a run's state directory is an ext4 filesystem in an image file on a loop
+device (``HostDisk``), mounted with a long journal commit interval (``commit=600``, as a
+laptop mode would), so that nothing but a sync, or the kernel's writeback of old dirty
+pages, carries a write to the image. A cut (``HostDisk.cut``) copies the image (what the
+disk holds at that instant: the loop device writes through to it, the filesystem's dirty
+pages do not), reads the log the dead driver left in the page cache, swaps the copy in and
+mounts it, as the host boots again: ext4 replays its journal, the log its own. Needs root
+(a loop mount); the campaign's ``--cut-host-power``.
+
+This is LazyFS's idea (a layer that drops unsynced writes at a simulated power cut) with
+the kernel's own page cache as the layer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import subprocess
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from backends.local.own_disks import unmount
+from durable.errors import StorageError
+from durable.session_log import open_for_audit
+from durable.storage.records import encode_json
+
+#: ``mount``'s options: ``commit=600`` keeps ext4 from committing its journal (and, with
+#: ``data=ordered``, flushing data) every 5 s, so a write reaches the disk by a sync.
+MOUNT_OPTIONS = "loop,commit=600"
+
+
+def commits(state_dir: Path) -> list[str]:
+    """What the log in ``state_dir`` holds, one line per committed record (conversation,
+    entry, slot state, document write, request), each with a digest of its content: the
+    lines of two logs are equal where they hold the same commits. Empty when there is no
+    log yet (a cut before the first driver opened it)."""
+    try:
+        storage = open_for_audit(state_dir)
+    except StorageError:
+        return []
+    try:
+        snap = storage.load()
+    finally:
+        storage.close()
+
+    def digest(value: object) -> str:
+        return hashlib.sha256(encode_json(value).encode("utf-8", "surrogatepass")
+                              ).hexdigest()[:12]
+
+    return [
+        *(f"conversation {c.id}" for c in snap.conversations),
+        *(f"entry {e.id} {e.kind} {digest(e.data)}" for e in snap.entries),
+        *(f"slot {s.conversation}/{s.call_id} {s.state} result {s.result_entry}"
+          for s in snap.slots),
+        *(f"doc {d.conversation}/{d.kind} v{d.version} r{d.revision} {digest(d.value)}"
+          for d in snap.docs),
+        *(f"request {r.request_id}" for r in snap.requests),
+    ]
+
+
+class HostDisk:
+    """``directory`` (a run's ``state``) on an ext4 image of ``size`` bytes of its own.
+
+    ``cut`` loses power; ``up`` is clear from the cut until the host is back, and a driver
+    is launched only while it is set (``wait_up``), so no driver opens the log mid-swap.
+    ``cuts`` records each cut's commits before and after (``commits``), for the durability
+    check (G7). Shared by the threads that fire faults and the runner's (its lock)."""
+
+    def __init__(self, directory: Path, size: int) -> None:
+        self.directory = directory
+        self.image = directory.parent / f".{directory.name}.ext4"
+        self.size = size
+        self.up = threading.Event()
+        self.up.set()
+        self.cuts: list[dict[str, object]] = []
+        self._lock = threading.Lock()
+
+    def mount(self) -> None:
+        """Make the image and mount it on the (empty) directory. Raises ``OSError`` with
+        what to do when that cannot be done (a loop mount needs root)."""
+        with open(self.image, "wb") as f:
+            f.truncate(self.size)
+        self._run(["mkfs.ext4", "-q", "-F", "-E", "nodiscard", str(self.image)], "make")
+        self._mount()
+
+    def _mount(self) -> None:
+        self._run(["mount", "-o", MOUNT_OPTIONS, str(self.image), str(self.directory)],
+                  "mount")
+        os.chmod(self.directory, 0o755)
+
+    def _run(self, argv: list[str], what: str) -> None:
+        done = subprocess.run(argv, capture_output=True, text=True)
+        if done.returncode:
+            raise OSError(f"cannot {what} the disk of {self.directory} ({argv[0]}: "
+                          f"{done.stderr.strip() or f'exit {done.returncode}'}); a host "
+                          "power cut needs root and a loop device: run as root, or leave "
+                          "--cut-host-power off")
+
+    def cut(self, fault: str, before_boot: Callable[[], None] = lambda: None) -> None:
+        """The power goes out now: the disk keeps what reached it. ``before_boot`` runs
+        while the host is down (the nemesis makes sure the drivers are dead there); then
+        the host boots on what the disk kept."""
+        with self._lock:
+            self.up.clear()
+            try:
+                kept = self.image.with_name(self.image.name + ".cut")
+                shutil.copyfile(self.image, kept)  # the instant of the cut
+                before_boot()
+                before = commits(self.directory)  # what the drivers committed, in memory
+                self._unmount()
+                os.replace(kept, self.image)
+                self._mount()
+                self.cuts.append({"fault": fault, "before": before,
+                                  "after": commits(self.directory)})
+            finally:
+                self.up.set()
+
+    def wait_up(self) -> None:
+        """Return once the host is up (at once, but during a cut)."""
+        self.up.wait()
+
+    def _unmount(self) -> None:
+        if subprocess.run(["umount", str(self.directory)], capture_output=True).returncode:
+            # a process that had the log open is still being reaped: detach it now
+            subprocess.run(["umount", "-l", str(self.directory)], check=True,
+                           capture_output=True)
+
+    def close(self) -> None:
+        """Keep what the disk holds in the directory itself (``chaos repro`` reads it) and
+        delete the image."""
+        with self._lock:
+            if os.path.ismount(self.directory):
+                with contextlib.suppress(OSError):  # ext4's own, empty: not the log's
+                    (self.directory / "lost+found").rmdir()
+                unmount(self.directory, keep=True)
+            self.image.unlink(missing_ok=True)

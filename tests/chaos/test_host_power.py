@@ -1,0 +1,95 @@
+"""The drivers' host losing power (``chaos.host_power``), on a real ext4 image on a real loop
+device: what was synced survives a cut, what was not is lost, and a durable log keeps every
+commit that returned."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from chaos.faults import DISK_BYTES
+from chaos.host_power import HostDisk, commits
+from durable.storage import Batch, ConversationRecord, EntryRecord
+from durable.storage_fences import open_fenced_sqlite
+
+
+@pytest.fixture
+def host_disk(tmp_path: Path) -> Iterator[HostDisk]:
+    if os.geteuid() != 0:
+        pytest.skip("a host disk of its own is a loop mount, which needs root")
+    state = tmp_path / "state"
+    state.mkdir()
+    disk = HostDisk(state, DISK_BYTES)
+    disk.mount()
+    try:
+        yield disk
+    finally:
+        disk.close()
+
+
+def test_a_cut_keeps_what_was_synced_and_loses_what_was_not(host_disk: HostDisk) -> None:
+    state = host_disk.directory
+    with open(state / "synced", "wb") as f:
+        f.write(b"kept")
+        f.flush()
+        os.fsync(f.fileno())
+    fd = os.open(state, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # its name too
+    finally:
+        os.close(fd)
+    (state / "unsynced").write_bytes(b"lost")
+    # A database that does not sync its commits (SQLite's synchronous=OFF), committed and
+    # closed, as a killed driver's would be: its rows are in the page cache only.
+    conn = sqlite3.connect(state / "lax.sqlite", isolation_level=None)
+    conn.execute("PRAGMA synchronous=OFF")
+    conn.execute("CREATE TABLE t (x)")
+    conn.execute("INSERT INTO t VALUES (1)")
+    conn.close()
+    assert (state / "unsynced").exists() and (state / "lax.sqlite").stat().st_size > 0
+    seen: list[bool] = []
+
+    host_disk.cut("a test's cut", lambda: seen.append(host_disk.up.is_set()))
+
+    assert seen == [False], "the host is down while the drivers die"
+    assert host_disk.up.is_set()
+    assert (state / "synced").read_bytes() == b"kept"
+    assert not (state / "unsynced").exists()
+    lax = state / "lax.sqlite"
+    assert not lax.exists() or lax.stat().st_size == 0, "an unsynced database is lost"
+    assert host_disk.cuts == [{"fault": "a test's cut", "before": [], "after": []}]
+
+
+def test_a_durable_log_keeps_every_commit_that_returned(host_disk: HostDisk) -> None:
+    path = host_disk.directory / "log.sqlite"
+    storage, _fence = open_fenced_sqlite(path, 1)
+    storage.commit(Batch(base_id=1, next_id=2,
+                         conversations=[ConversationRecord(1, "main", None, None, 5)]))
+    for i in range(2, 12):
+        storage.commit(Batch(base_id=i, next_id=i + 1,
+                             entries=[EntryRecord(i, 1, "user", {"n": i}, 1000 + i)]))
+
+    host_disk.cut("cut after 11 commits", storage.close)
+
+    (cut,) = host_disk.cuts
+    assert len(cut["before"]) == 11 and cut["before"][1].startswith("entry 2 user ")
+    assert cut["after"] == cut["before"]
+    assert commits(host_disk.directory) == cut["before"]
+
+
+def test_closing_keeps_the_log_in_the_directory_and_deletes_the_image(
+    host_disk: HostDisk,
+) -> None:
+    with open(host_disk.directory / "log.jsonl", "wb") as f:
+        f.write(b"a line\n")
+        f.flush()
+        os.fsync(f.fileno())
+    host_disk.close()
+    assert not os.path.ismount(host_disk.directory)
+    assert sorted(os.listdir(host_disk.directory)) == ["log.jsonl"]
+    assert (host_disk.directory / "log.jsonl").read_bytes() == b"a line\n"
+    assert not host_disk.image.exists()
