@@ -26,8 +26,8 @@ from chaos.faults import (
 )
 from chaos.summary import parse_summary, summarize, summary_line
 from durable.coding_tools import apply_edits, bash_result
-from durable.failpoints import POINTS as DRIVER_POINTS
 from durable.errors import ToolError
+from durable.failpoints import POINTS as DRIVER_POINTS
 from durable.tools import error_result
 from scenarios import generate, load
 from scenarios.plan import Scenario
