@@ -31,6 +31,9 @@ the disk that holds the Space's workspace, a tmpfs of its own as a mounted volum
 writes, edits, commands and restores meet ``ENOSPC``; ``--fill-work-disks``),
 ``fill_log_disk`` (the same for the disk of the drivers' log, the run's state directory on
 a tmpfs of its own as the host's disk: a commit meets ``ENOSPC``; ``--fill-log-disks``),
+``cut_host_power`` (the drivers' host loses power at a driver's failpoint: every driver
+killed, the log, on an ext4 image of its own, keeps what reached that disk; no hold;
+``--cut-host-power``),
 ``pause_commands`` (every process
 of the daemon's commands frozen for ``hold`` seconds while the daemon answers, then thawed;
 campaigns with ``--pause-commands``). A Space fault may also kill the

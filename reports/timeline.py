@@ -31,7 +31,7 @@ FAULT_STYLE = {"kill_driver": ("X", "#c0392b"), "kill_daemon": ("v", "#8e44ad"),
                "pause_space": ("P", "#117a65"), "cut_link": ("x", "#b9770e"),
                "jump_clock": (">", "#1f618d"), "pause_daemon": ("p", "#0e6655"),
                "fill_state_disk": ("H", "#7b241c"), "fill_work_disk": ("h", "#a93226"),
-               "fill_log_disk": ("8", "#641e16")}
+               "fill_log_disk": ("8", "#641e16"), "cut_host_power": ("^", "#7e5109")}
 RECOVERY_COLOR = {"adopted": "#2e86c1", "reattached": "#17a589", "replayed": "#48c9b0",
                   "ran": "#5d6d7e", "restored": "#d68910", "reverted": "#ca6f1e",
                   "reimaged": "#a04000", "interrupted": "#c0392b", "mode": "#7d3c98"}
@@ -78,7 +78,8 @@ def held_spans(history: list[dict[str, Any]], end: float
     ends them), or to ``end`` when none was recorded."""
     spans = []
     for op in history:
-        if op["process"] == "nemesis" and op["f"] in HELD_KINDS and op["type"] == "info":
+        if op["process"] == "nemesis" and op["type"] == "info" and op["f"] in HELD_KINDS \
+                and HELD_KINDS[op["f"]].holds:  # a host power cut strikes once
             stop = next((o["time"] for o in history if o["process"] == "nemesis" and
                          o["f"] == RELEASE and o["time"] >= op["time"] and
                          (o["value"] or {}).get("action") == op["f"]), end)

@@ -122,7 +122,8 @@ def test_the_timeline_places_recoveries_on_the_run_clock() -> None:
 
 def test_a_held_fault_spans_the_timeline_until_its_release() -> None:
     """Two overlapping pauses end at the one release of their action; a cut link that was
-    never released runs to the end; a fault that was skipped spans nothing."""
+    never released runs to the end; a fault that was skipped spans nothing, and so does one
+    that strikes once (a host power cut)."""
     def nemesis(type_: str, f: str, value: Any, time: float) -> dict[str, Any]:
         return {"process": "nemesis", "type": type_, "f": f, "value": value, "time": time}
 
@@ -132,6 +133,7 @@ def test_a_held_fault_spans_the_timeline_until_its_release() -> None:
         nemesis("info", "cut_link", "cut_link for 5s at call.intent#1", 1.2),
         nemesis("info", "pause_space", "pause_space for 1s at space.exited#1", 1.5),
         nemesis("fail", "fill_state_disk", "skipped: no Space", 1.6),
+        nemesis("info", "cut_host_power", "cut_host_power at call.result#1", 1.7),
         nemesis("info", "release", {"action": "pause_space"}, 3.0),
         nemesis("info", "release", {"action": "pause_space"}, 3.5),
     ]
