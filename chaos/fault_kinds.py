@@ -426,7 +426,7 @@ class FillWorkDisk(_FillDisk):
     action = "fill_work_disk"
     disk = "work"
     lacks = "keeps a Space's workspace on the Space's one disk; workspace disk fills need " \
-            "--backend local"
+            "--backend local or docker"
 
 
 class FillLogDisk(_Held):

@@ -158,12 +158,12 @@ HELD_KINDS: dict[str, HeldKind] = {k.action: k for k in (
              "checkpoint, auto, stale and redrive modes)",
              points=("spacesd.exec.spawned", "space.running", "spacesd.exec.exit_writing")),
     HeldKind("fill_work_disk", "--fill-work-disks", "work_disk_fills", "work_fills",
-             lambda b: "work" in b.own_disks, "a local Space's workspace gets a disk of its "
-             "own (a tmpfs, mounted as root), as a volume would; docker and microvm Spaces "
-             "keep it on their one disk", False,
+             lambda b: "work" in b.own_disks, "a local or docker Space's workspace gets a disk "
+             "of its own (a tmpfs on the host, mounted as root), as a volume would; a microVM "
+             "keeps it on its one disk", False,
              "also fill each run's Space's workspace disk (a tmpfs of its own, as a mounted "
              "volume) once or twice at seeded points for seeded times, then free it: writes, "
-             "edits, commands and restores meet ENOSPC (--backend local, as root; "
+             "edits, commands and restores meet ENOSPC (--backend local or docker, as root; "
              "transactional, checkpoint, auto, stale and redrive modes)", root=True,
              disk="work"),
     HeldKind("fill_log_disk", "--fill-log-disks", "log_disk_fills", "log_fills", None, "",

@@ -171,7 +171,7 @@ def make_spaces(name: str, run_dir: Path, *, failpoints: str | None = None,
     chosen = backend(name)
     lacking = sorted(set(disks or ()) - chosen.own_disks)
     if lacking:
-        able = [b.name for b in BACKEND_DESCRIPTORS.values() if b.own_disks]
+        able = [b.name for b in BACKEND_DESCRIPTORS.values() if set(disks or ()) <= b.own_disks]
         raise BackendUnavailable(f"the {name} backend cannot give its Spaces' {lacking} a "
                                  f"disk of their own; use a backend that can ({able})")
     try:

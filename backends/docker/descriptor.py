@@ -25,7 +25,8 @@ def _make(run_dir: Path, options: ProviderOptions) -> Any:
     readable = re.sub(r"[^A-Za-z0-9-]", "-", run_dir.name).strip("-")[:40] or "run"
     try:
         return DockerSpaces(label_scope=f"{readable}-{digest}", failpoints=options.failpoints,
-                            request_timeout=options.request_timeout, via=options.via)
+                            request_timeout=options.request_timeout, via=options.via,
+                            work_disk=options.disks.get("work"), disk_dir=run_dir / "disks")
     except DockerUnavailable as exc:
         raise BackendUnavailable(str(exc)) from None
 
@@ -45,4 +46,4 @@ def _clean(results: Path) -> int:
 
 
 BACKEND = BackendDescriptor("docker", _make, spaces_in_run_dir=False, shared_failpoints=True,
-                            clean=_clean)
+                            clean=_clean, own_disks=frozenset({"work"}))

@@ -40,6 +40,7 @@ second turns fewer daemon restarts into driver crashes.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import re
@@ -60,7 +61,9 @@ import docker.errors
 import requests.exceptions
 from docker.types import LogConfig
 
+from backends.descriptor import DiskName
 from backends.docker.errors import DockerUnavailable
+from backends.local import own_disks
 from backends.local.provider import _NAME  # one rule for Space names on every backend
 from backends.space_client import (
     REQUEST_TIMEOUT_S,
@@ -86,6 +89,8 @@ IMAGE = "durable-space"
 LABEL = "durable.space"
 LABEL_SCOPE = "durable.space.scope"
 LABEL_NAME = "durable.space.name"
+#: The host directory a container's workspace disk of its own is mounted on (``work_disk``).
+LABEL_WORK_DISK = "durable.space.work-disk"
 PORT = "7777/tcp"
 TOKEN_ENV = "SPACESD_TOKEN"
 #: The daemon's state directory in the image (``--state`` of the Dockerfile's CMD).
@@ -94,6 +99,8 @@ STATE_DIR = "/var/lib/spacesd"
 FAILPOINTS_MOUNT = "/run/chaos-failpoints"
 PID_FILE = f"{STATE_DIR}/daemon.pid"
 WORKSPACE = "/home/cua/work"
+#: The image's user ``cua`` (Dockerfile), who owns the workspace.
+WORKSPACE_UID = 1000
 _SCOPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,62}")  # no '.': it separates scope and name
 #: Errors of the engine's API and of the HTTP connection to it.
 _ENGINE_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException)
@@ -194,7 +201,14 @@ class DockerSpaces:
     def __init__(self, *, label_scope: str = "default", image: str = IMAGE,
                  limits: Limits | None = None, start_timeout: float = 60.0,
                  api_timeout: float = 60.0, failpoints: str | None = None,
-                 request_timeout: float = REQUEST_TIMEOUT_S, via: Via | None = None) -> None:
+                 request_timeout: float = REQUEST_TIMEOUT_S, via: Via | None = None,
+                 work_disk: int | None = None, disk_dir: Path | None = None) -> None:
+        """``work_disk``: every Space made from now on keeps its workspace on a disk of its
+        own of that many bytes, as on a mounted volume: a tmpfs on the host (which needs
+        root: ``backends.local.own_disks``) in ``disk_dir``, bound into its container, kept
+        across a restart and gone with the container; ``fill_disk`` fills it. The size is
+        written into ``disk_dir``, so that every provider made with the same ``disk_dir``
+        (a driver's, which makes a lost Space again) gives its Spaces the same disk."""
         if not isinstance(label_scope, str) or not _SCOPE.fullmatch(label_scope):
             raise ValueError(f"Expected a label_scope of 1-63 of A-Z a-z 0-9 - (starting with "
                              f"a letter or digit) but got label_scope={label_scope!r}")
@@ -212,6 +226,15 @@ class DockerSpaces:
         self.request_timeout = request_timeout
         #: Where its clients' endpoints are routed (the campaign's link proxies), if anywhere.
         self.via = via
+        if work_disk is not None and disk_dir is None:
+            raise ValueError("a work_disk needs a disk_dir, the host directory its disks are "
+                             "mounted in")
+        if disk_dir is not None and work_disk is not None:
+            disk_dir.mkdir(parents=True, exist_ok=True)
+            own_disks.marker(disk_dir, "work").write_text(f"{work_disk}\n")
+        elif disk_dir is not None:
+            work_disk = own_disks.size_of(disk_dir, "work")
+        self.work_disk, self.disk_dir = work_disk, disk_dir
         self._docker = _connect_engine(api_timeout)
         self._api = self._docker.api
         try:
@@ -304,22 +327,29 @@ class DockerSpaces:
 
     def _create_container(self, name: str, cname: str) -> None:
         lim = self.limits
+        binds = dict(self._failpoint_binds() or {})
+        labels = {LABEL: "1", LABEL_SCOPE: self.scope, LABEL_NAME: name}
+        disk = self._new_work_disk(cname)
+        if disk is not None:
+            binds[str(disk)] = {"bind": WORKSPACE, "mode": "rw"}
+            labels[LABEL_WORK_DISK] = str(disk)
         host_config = self._api.create_host_config(
             port_bindings={PORT: ("127.0.0.1", None)},
             nano_cpus=int(lim.cpus * 1e9), mem_limit=lim.memory, pids_limit=lim.pids,
             cap_drop=["ALL"], security_opt=["no-new-privileges"],
             log_config=LogConfig(type="json-file", config={"max-size": "1m", "max-file": "2"}),
-            binds=self._failpoint_binds())
+            binds=binds or None)
         environment = {TOKEN_ENV: secrets.token_hex(32)}
         if self.failpoints is not None:
             socket_name = os.path.basename(self.failpoints[len("unix:"):])
             environment[FAILPOINTS_ENV] = f"unix:{FAILPOINTS_MOUNT}/{socket_name}"
+        created = False
         try:
             self._api.create_container(
                 self.image, name=cname, detach=True, host_config=host_config,
-                ports=[7777], environment=environment,
-                labels={LABEL: "1", LABEL_SCOPE: self.scope, LABEL_NAME: name},
+                ports=[7777], environment=environment, labels=labels,
                 use_config_proxy=False)
+            created = True
         except docker.errors.ImageNotFound:
             raise _no_image(self.image) from None
         except docker.errors.APIError as exc:
@@ -327,6 +357,42 @@ class DockerSpaces:
                 raise SpaceUnavailable(f"Space {name!r}: docker create failed ({exc})") from exc
         except _ENGINE_ERRORS as exc:
             raise SpaceUnavailable(f"Space {name!r}: docker create failed ({exc})") from exc
+        finally:
+            if disk is not None and not created:
+                _drop_disk(str(disk))
+
+    def _new_work_disk(self, cname: str) -> Path | None:
+        """A new container's workspace disk (``work_disk``): a tmpfs of its own on the
+        host, owned by the image's user; None without one. Each container gets its own
+        directory, so a Space made again after a loss never finds the lost one's files."""
+        if self.work_disk is None:
+            return None
+        assert self.disk_dir is not None
+        disk = self.disk_dir / f"{cname}-{secrets.token_hex(4)}"
+        disk.mkdir(parents=True)
+        own_disks.mount_tmpfs(disk, self.work_disk, "leave --fill-work-disks off")
+        os.chown(disk, WORKSPACE_UID, WORKSPACE_UID)
+        return disk
+
+    def _work_disk(self, name: str) -> Path:
+        disk = (self._inspect(name)["Config"].get("Labels") or {}).get(LABEL_WORK_DISK)
+        if disk is None:
+            raise SpaceError(f"Space {name!r} keeps its workspace on its container's one disk: "
+                             "make its provider with a work_disk before the Space is made")
+        return Path(disk)
+
+    def fill_disk(self, name: str, disk: DiskName, leave: int = 0) -> None:
+        """Fill the Space's workspace disk of its own (``work_disk``) but ``leave`` bytes,
+        until ``free_disk`` (``own_disks.fill``); a docker Space keeps its daemon's state on
+        its container's one disk."""
+        if disk != "work":
+            raise SpaceError(f"a docker Space has no {disk} disk of its own to fill: it keeps "
+                             "its daemon's state on its container's one disk")
+        own_disks.fill(self._work_disk(name), leave)
+
+    def free_disk(self, name: str, disk: DiskName) -> None:
+        if disk == "work":
+            own_disks.free(self._work_disk(name), self.work_disk)
 
     def _failpoint_binds(self) -> dict[str, Mapping[str, str]] | None:
         """The failpoint socket's directory, mounted where the daemon finds it (the socket
@@ -407,6 +473,18 @@ class DockerSpaces:
             # else: not running (stopped already): nothing left to answer
 
     def _remove(self, container: str) -> None:
+        """Remove ``container`` (and its workspace disk of its own, if it has one)."""
+        try:
+            labels = self._api.inspect_container(container)["Config"].get("Labels") or {}
+        except docker.errors.NotFound:
+            return
+        except _ENGINE_ERRORS as exc:
+            raise SpaceUnavailable(f"docker rm {container} failed ({exc})") from exc
+        self._remove_container(container)
+        if LABEL_WORK_DISK in labels:
+            _drop_disk(labels[LABEL_WORK_DISK])
+
+    def _remove_container(self, container: str) -> None:
         deadline = time.monotonic() + self.start_timeout
         while True:
             try:
@@ -603,6 +681,9 @@ class DockerSpaces:
                     engine.api.remove_container(c["Id"], v=True, force=True)
                 except docker.errors.NotFound:
                     pass
+                disk = (c.get("Labels") or {}).get(LABEL_WORK_DISK)
+                if disk is not None:
+                    _drop_disk(disk)
             return len(found)
         finally:
             engine.close()
@@ -645,3 +726,11 @@ class DockerSpaces:
             return self._api.logs(container, tail=30).decode(errors="replace")
         except _ENGINE_ERRORS as exc:
             return f"(no log: {exc})"
+
+
+def _drop_disk(directory: str) -> None:
+    """Unmount a workspace disk of a container's own and remove its directory (what it
+    held is gone with its container)."""
+    own_disks.unmount(Path(directory))
+    with contextlib.suppress(OSError):  # left where it is when something else is in it
+        os.rmdir(directory)

@@ -41,8 +41,9 @@ def test_the_abilities_each_backend_declares() -> None:
 
 def test_a_backend_without_an_ability_refuses_it_before_making_anything(tmp_path: Path) -> None:
     with pytest.raises(BackendUnavailable, match=r"docker backend cannot give its Spaces' "
-                       r"\['work'\] a disk of their own; use a backend that can \(\['local'\]\)"):
-        make_spaces("docker", tmp_path, disks={"work": 1 << 20})
+                       r"\['state'\] a disk of their own; use a backend that can "
+                       r"\(\['local'\]\)"):
+        make_spaces("docker", tmp_path, disks={"state": 1 << 20})
     with pytest.raises(BackendUnavailable, match="has no Spaces"):
         make_spaces("virtual", tmp_path)
     probe_backend("local", tmp_path)  # can run here: no error

@@ -209,6 +209,55 @@ def test_delete_removes_the_container(spaces) -> None:
     spaces.delete("s")  # again: no error
 
 
+def test_a_workspace_disk_of_its_own_fills_outlives_a_restart_and_goes_with_its_container(
+        tmp_path: Path) -> None:
+    """``work_disk``: the workspace on a tmpfs of the host's, bound into the container (a
+    volume's disk): filled, a write meets ENOSPC and the file is untouched; freed, it is
+    written; a restart keeps it; a provider of another process with the same ``disk_dir``
+    gives its Spaces one too; a delete unmounts it."""
+    reason = _why_not()
+    if reason:
+        pytest.skip(reason)
+    if os.geteuid() != 0:
+        pytest.skip("a workspace disk of its own is a tmpfs mount, which needs root")
+    from backends.docker import DockerSpaces
+
+    disks = tmp_path / "disks"
+    scope = f"pytest-{os.getpid()}-{secrets.token_hex(4)}"
+    spaces = DockerSpaces(label_scope=scope, start_timeout=60, work_disk=8 * 1024 * 1024,
+                          disk_dir=disks)
+    try:
+        spaces.create("w")
+        (disk,) = list(disks.glob("durable-space.*"))
+        assert os.path.ismount(disk)
+        client = spaces.connect("w", epoch=1)
+        client.write_file("a.txt", b"before\n")
+        assert (disk / "a.txt").read_bytes() == b"before\n", "the workspace is the disk"
+        spaces.fill_disk("w", "work")
+        with pytest.raises(SpaceError, match="No space left on device"):
+            client.write_file("a.txt", b"x" * 65536)
+        assert client.read_file("a.txt") == b"before\n", "a refused write changes nothing"
+        spaces.free_disk("w", "work")
+        client.write_file("a.txt", b"x" * 65536)
+        spaces.restart("w")
+        assert spaces.connect("w", epoch=1).read_file("a.txt") == b"x" * 65536
+        with pytest.raises(SpaceError, match="no state disk of its own"):
+            spaces.fill_disk("w", "state")
+        # A driver's provider (another process, the same disk_dir, no size given) makes a
+        # lost Space again on a disk of its own too.
+        in_child(scope, f"from pathlib import Path\n"
+                        f"other = DockerSpaces(label_scope={scope!r}, "
+                        f"disk_dir=Path({str(disks)!r}))\n"
+                        "other.create('v')\nother.close()")
+        assert len(list(disks.glob("durable-space.*"))) == 2
+        spaces.delete("w")
+        spaces.delete("v")
+        assert list(disks.glob("durable-space.*")) == [], "each disk went with its container"
+    finally:
+        spaces.delete_all()
+        spaces.close()
+
+
 def test_save_state_copies_the_audit_files_with_the_daemon_up_or_down(spaces,
                                                                        tmp_path: Path) -> None:
     from spacesd import audit
