@@ -457,6 +457,8 @@ class CutHostPower(_Kind):
     returned must still be there (G7)."""
 
     action = "cut_host_power"
+    #: The longest a SIGKILLed driver takes to be reaped; only a hang reaches it.
+    DEATH_S = 120.0
 
     def invoke(self, op: Operation) -> Completion:
         disk = self.target.host_disk
@@ -464,6 +466,10 @@ class CutHostPower(_Kind):
             return Completion("fail", self.action, f"skipped {op.fault.describe()}: this "
                               "run's log is on the host's own disk (the runner gives it one "
                               "that can lose power only when the plan cuts it)")
+        if op.hit is None or op.hit.info.get("process") is not None:
+            return Completion("fail", self.action, f"skipped {op.fault.describe()}: a host "
+                              "power cut lands at a driver's failpoint, where no commit is "
+                              "in flight")
         if not isinstance(op.driver, Owned) or op.driver.poll() is not None:
             return Completion("fail", self.action, f"skipped {op.fault.describe()}: no "
                               "driver of the runner's was running")
@@ -471,7 +477,8 @@ class CutHostPower(_Kind):
 
         def drivers_dead() -> None:
             driver.kill_group()
-            driver.wait()  # its files closed: the log it left is what the page cache holds
+            # its files closed: the log it left is what the page cache holds
+            driver.wait(timeout=self.DEATH_S)
 
         disk.cut(op.fault.describe(), drivers_dead)
         return Completion("info", self.action, op.fault.describe())

@@ -509,6 +509,8 @@ def with_held_faults(plan: FaultPlan, action: HeldAction, scenario: Scenario,
     rng = random.Random(f"{kind.seed}:{durable_mode}:{plan.seed}")
     points = reachable_points(scenario, durable_mode)
     names = [p for p in kind.points or HOLD_POINTS if p in points]
+    if not kind.holds and not names:
+        return plan  # it lands at its points alone, and none is reached
     recovery = MODE_RECOVERY_POINTS.get(durable_mode, RECOVERY_POINTS) \
         if plan.faults and not kind.points else ()
     held: list[Fault] = []

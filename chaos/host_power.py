@@ -24,13 +24,14 @@ import hashlib
 import os
 import shutil
 import subprocess
+import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
 from backends.local.own_disks import unmount
 from durable.errors import StorageError
-from durable.session_log import open_for_audit
+from durable.session_log import LOG_NAMES, open_for_audit
 from durable.storage.records import encode_json
 
 #: ``mount``'s options: ``commit=600`` keeps ext4 from committing its journal (and, with
@@ -42,11 +43,12 @@ def commits(state_dir: Path) -> list[str]:
     """What the log in ``state_dir`` holds, one line per committed record (conversation,
     entry, slot state, document write, request), each with a digest of its content: the
     lines of two logs are equal where they hold the same commits. Empty when there is no
-    log yet (a cut before the first driver opened it)."""
-    try:
-        storage = open_for_audit(state_dir)
-    except StorageError:
+    log yet (a cut before the first driver opened it); a log that cannot be read raises
+    (``StorageError``: ``CorruptLog`` for a damaged one). Opening a log may change it (a
+    torn tail truncated, a WAL checkpointed): read a copy of one a driver will open."""
+    if not any((state_dir / name).exists() for name in LOG_NAMES.values()):
         return []
+    storage = open_for_audit(state_dir)
     try:
         snap = storage.load()
     finally:
@@ -67,6 +69,24 @@ def commits(state_dir: Path) -> list[str]:
     ]
 
 
+def _read(state_dir: Path) -> tuple[list[str], str | None]:
+    """``commits`` of ``state_dir``, read from a copy of it (so that the next driver opens
+    the log exactly as the cut left it), and why it could not be read (else None)."""
+    copy = Path(tempfile.mkdtemp(prefix=".audit-", dir=state_dir.parent))
+    try:
+        shutil.copytree(state_dir, copy, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("lost+found"))
+        return commits(copy), None
+    except (StorageError, OSError) as exc:
+        return [], f"{type(exc).__name__}: {exc}"
+    finally:
+        shutil.rmtree(copy, ignore_errors=True)
+
+
+class HostDiskBroken(RuntimeError):
+    """A power cut could not bring the host back: the run's log is no longer testable."""
+
+
 class HostDisk:
     """``directory`` (a run's ``state``) on an ext4 image of ``size`` bytes of its own.
 
@@ -81,7 +101,11 @@ class HostDisk:
         self.size = size
         self.up = threading.Event()
         self.up.set()
+        #: A cut's copy of the image, until it is swapped in.
+        self._kept = self.image.with_name(self.image.name + ".cut")
         self.cuts: list[dict[str, object]] = []
+        #: Why a cut could not bring the host back (None: it always could).
+        self.broken: str | None = None
         self._lock = threading.Lock()
 
     def mount(self) -> None:
@@ -108,25 +132,33 @@ class HostDisk:
     def cut(self, fault: str, before_boot: Callable[[], None] = lambda: None) -> None:
         """The power goes out now: the disk keeps what reached it. ``before_boot`` runs
         while the host is down (the nemesis makes sure the drivers are dead there); then
-        the host boots on what the disk kept."""
+        the host boots on what the disk kept. A cut that fails part-way leaves the host
+        down for good (``wait_up`` raises ``HostDiskBroken``) and its image kept."""
         with self._lock:
             self.up.clear()
             try:
-                kept = self.image.with_name(self.image.name + ".cut")
-                shutil.copyfile(self.image, kept)  # the instant of the cut
+                shutil.copyfile(self.image, self._kept)  # the instant of the cut
                 before_boot()
-                before = commits(self.directory)  # what the drivers committed, in memory
+                before, before_error = _read(self.directory)  # what the drivers committed
                 self._unmount()
-                os.replace(kept, self.image)
+                os.replace(self._kept, self.image)
                 self._mount()
-                self.cuts.append({"fault": fault, "before": before,
-                                  "after": commits(self.directory)})
+                after, after_error = _read(self.directory)
+                self.cuts.append({"fault": fault, "before": before, "after": after,
+                                  "before_error": before_error, "after_error": after_error})
+            except BaseException as exc:
+                self.broken = f"{type(exc).__name__}: {exc}"
+                raise
             finally:
                 self.up.set()
 
     def wait_up(self) -> None:
-        """Return once the host is up (at once, but during a cut)."""
+        """Return once the host is up (at once, but during a cut); ``HostDiskBroken`` when
+        a cut could not bring it back."""
         self.up.wait()
+        if self.broken is not None:
+            raise HostDiskBroken(f"the drivers' host did not come back from its power cut "
+                                 f"({self.broken}); its image is kept in {self.image}")
 
     def _unmount(self) -> None:
         if subprocess.run(["umount", str(self.directory)], capture_output=True).returncode:
@@ -136,10 +168,12 @@ class HostDisk:
 
     def close(self) -> None:
         """Keep what the disk holds in the directory itself (``chaos repro`` reads it) and
-        delete the image."""
+        delete the image (kept, with a cut's copy, when a cut broke: the evidence)."""
         with self._lock:
             if os.path.ismount(self.directory):
                 with contextlib.suppress(OSError):  # ext4's own, empty: not the log's
                     (self.directory / "lost+found").rmdir()
                 unmount(self.directory, keep=True)
-            self.image.unlink(missing_ok=True)
+            if self.broken is None:
+                self.image.unlink(missing_ok=True)
+                self._kept.unlink(missing_ok=True)

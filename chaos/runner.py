@@ -232,10 +232,6 @@ class Run:
         if self.dir.exists():
             shutil.rmtree(self.dir)
         (self.dir / "state").mkdir(parents=True)
-        if self.log_disk is not None:
-            own_disks.mount_tmpfs(self.log_disk, DISK_BYTES, "leave --fill-log-disks off")
-        if self.host_disk is not None:
-            self.host_disk.mount()
         sock_dir = tempfile.mkdtemp(prefix="cua-fp-")
         if self.note is not None:
             self.note.temp(sock_dir)
@@ -248,6 +244,10 @@ class Run:
         hits: dict[str, int] = {}
         t_done: float | None = None
         try:
+            if self.log_disk is not None:
+                own_disks.mount_tmpfs(self.log_disk, DISK_BYTES, "leave --fill-log-disks off")
+            if self.host_disk is not None:
+                self.host_disk.mount()
             # Leaving the scope reaps every faulted driver before the channel closes.
             shared = backend(spec.backend).shared_failpoints
             with Rendezvous(os.path.join(sock_dir, "fp.sock"), self.on_hit,
@@ -280,10 +280,13 @@ class Run:
             shutil.rmtree(sock_dir, ignore_errors=True)
             if self.link is not None:
                 self.link.close()
-            if self.log_disk is not None:  # the log stays, on the host's disk (repro reads it)
-                own_disks.unmount(self.log_disk, keep=True)
-            if self.host_disk is not None:
-                self.host_disk.close()
+            try:
+                self._log_disk_back()
+            except Exception as exc:  # noqa: BLE001 - said in the verdict; the Spaces still go
+                verdict = Verdict(False if verdict.valid is False else "unknown",
+                                  [f"run: the log could not be moved back to the host's disk "
+                                   f"({type(exc).__name__}: {exc}); it is in {self.dir}",
+                                   *verdict.errors], ["run", *verdict.checks])
             self._clean_up(failed=verdict.valid is not True)
         return RunRecord(
             index=spec.index, seed=spec.seed, campaign_mode=spec.campaign_mode,
@@ -295,6 +298,14 @@ class Run:
             observation=obs, seconds=round(time.time() - state.t0, 3), started_at=state.t0,
             run_dir=str(self.dir) if (verdict.valid is not True or spec.keep) else None,
             interrupted=self.scope.cancelled)
+
+    def _log_disk_back(self) -> None:
+        """The log stays, on the host's disk (``chaos repro`` reads it): off the disk of its
+        own a plan gave it."""
+        if self.log_disk is not None:
+            own_disks.unmount(self.log_disk, keep=True)
+        if self.host_disk is not None:
+            self.host_disk.close()
 
     def _under_faults(self, rv: Rendezvous) -> int | None:
         """Phase 1 and 2: the seeded Space, then the drivers under faults (or stale mode's

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .model import Undecided
+
 if TYPE_CHECKING:
     from .model import CheckInput
 
@@ -18,6 +20,15 @@ SHOWN = 5
 def check(inp: CheckInput) -> list[str]:
     errors: list[str] = []
     for cut in inp.obs.power_cuts:
+        if cut.get("before_error"):
+            raise Undecided(f"the log before the host's power cut ({cut['fault']}) could not "
+                            f"be read, so what it had committed is unknown: "
+                            f"{cut['before_error']}")
+        if cut.get("after_error"):
+            errors.append(f"the host's power cut ({cut['fault']}) left a log that cannot be "
+                          f"read ({cut['after_error']}); it held {len(cut['before'])} "
+                          "commits that had returned")
+            continue
         kept = set(cut["after"])
         lost = [c for c in cut["before"] if c not in kept]
         if lost:

@@ -24,12 +24,17 @@ def encode(ident: str, count: int) -> bytes:
     return body + b" %08x\n" % zlib.crc32(body)
 
 
+#: The most NUL bytes a power cut leaves of a mark or an epoch marker (each one short line):
+#: more is damage.
+MAX_UNWRITTEN = 128
+
+
 def unwritten(data: bytes) -> bool:
     """Whether ``data`` (a mark or record file's bytes) holds nothing: empty, or only NUL
     bytes, which is what a power cut leaves of a file whose size reached the disk before
     its unsynced data did (ext4's delayed allocation). Such a file says nothing, rather than
     something damaged."""
-    return not data.strip(b"\0")
+    return len(data) <= MAX_UNWRITTEN and not data.strip(b"\0")
 
 
 def parse(data: bytes) -> tuple[str, int] | None:

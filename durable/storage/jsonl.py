@@ -17,7 +17,8 @@ The directory holds:
 A fenced writer's lines carry its epoch (``"epoch"`` beside the batch), so
 ``epoch_history()`` gives an auditor what ``SqliteStorage.epoch_history`` gives: each raise
 of the floor with the first entry it governs, and each entry's writer. A marker left empty
-by a crash between its creation and its write raised the floor (the fence holds) but
+by a crash between its creation and its write (or holding only NUL bytes: a power cut's
+leftover of a write that did not reach the disk) raised the floor (the fence holds) but
 records no raise; lines of an unfenced writer, or older ones, carry no epoch (None).
 
 Any other name in the directory, or a ``log.jsonl`` without the header, raises ``NotALog``

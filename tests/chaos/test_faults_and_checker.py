@@ -133,13 +133,13 @@ def test_a_host_power_cut_strikes_once_at_a_drivers_point_and_holds_nothing() ->
     assert all(p in DRIVER_POINTS for p in HELD_KINDS["cut_host_power"].points)
     with pytest.raises(ValueError, match="only they have one"):
         Fault("cut_host_power", "failpoint", "call.result", 1, kill_driver=False, hold=1.0)
-    with pytest.raises(ValueError, match="fill_log_disk fault needs hold"):
+    with pytest.raises(ValueError, match=r"pause_space: a .* fault needs hold"):
         Fault("pause_space", "failpoint", "call.result", 1, kill_driver=False)
 
 
 def test_g7_fails_a_run_whose_power_cut_lost_a_commit_that_had_returned() -> None:
     from chaos.checks import durable_log
-    from chaos.checks.model import CheckInput
+    from chaos.checks.model import CheckInput, Undecided
 
     def errors(cuts: list[dict[str, object]]) -> list[str]:
         obs = Observation(calls=[], workspace=[], log_txt="", effects=[], final_exit=0,
@@ -159,6 +159,13 @@ def test_g7_fails_a_run_whose_power_cut_lost_a_commit_that_had_returned() -> Non
     changed = errors([{"fault": "f", "before": before,
                        "after": [*before[:3], "doc 1/x v1 r1 ee"]}])
     assert changed and "doc 1/x v1 r1 cc" in changed[0], "a commit changed is a commit lost"
+    unreadable = errors([{"fault": "f", "before": before, "after": [],
+                          "after_error": "CorruptLog: the mark says 9 commits"}])
+    assert unreadable == ["the host's power cut (f) left a log that cannot be read "
+                          "(CorruptLog: the mark says 9 commits); it held 4 commits that had "
+                          "returned"]
+    with pytest.raises(Undecided, match="could not be read"):
+        errors([{"fault": "f", "before": [], "after": [], "before_error": "OSError: gone"}])
 
 
 def test_pauses_reach_the_drivers_as_their_request_timeout(tmp_path: Path) -> None:

@@ -217,18 +217,25 @@ def test_jsonl_epoch_history_reads_back_as_written(tmp_path: Path) -> None:
                                                       EntryRecord(4, 1, "note", {})]))
     three.close()
     (path / "epoch-00000004").touch()  # created, then the process died before writing it
-    five, _ = fs.open(5)
+    # created and written, then the host lost power before the write reached the disk:
+    # ext4 kept its size, not its data (a marker's write is synced; one of an older build,
+    # or a disk that lies, may not be)
+    (path / "epoch-00000006").write_bytes(b"\0" * 40)
+    five, _ = FencedFileSystem(path).open(7)
     five.commit(Batch(base_id=5, next_id=6, entries=[EntryRecord(5, 1, "note", {})]))
     five.close()
 
     audit = JsonlStorage(path)  # reopened: everything comes from the files
     try:
         history = audit.epoch_history()
-        assert [(e, first) for e, first, _ms in history.raises] == [(3, 3), (5, 5)]
+        assert [(e, first) for e, first, _ms in history.raises] == [(3, 3), (7, 5)]
         assert all(ms > 0 for _e, _first, ms in history.raises)
-        assert history.entry_epochs == {2: None, 3: 3, 4: 3, 5: 5}
-        (path / "epoch-00000005").write_text("{not json")
-        with pytest.raises(CorruptLog, match="epoch-00000005"):
+        assert history.entry_epochs == {2: None, 3: 3, 4: 3, 5: 7}
+        (path / "epoch-00000007").write_text("{not json")
+        with pytest.raises(CorruptLog, match="epoch-00000007"):
+            audit.epoch_history()
+        (path / "epoch-00000007").write_bytes(b"\0" * 20 + b"{")  # partly NUL: damage
+        with pytest.raises(CorruptLog, match="epoch-00000007"):
             audit.epoch_history()
     finally:
         audit.close()
