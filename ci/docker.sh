@@ -7,7 +7,8 @@
 #   3. build the Space image (ci/build-images.sh: a debootstrap'd base when no registry);
 #   4. pytest -m docker;
 #   5. a short docker campaign per mode (transactional, checkpoint, auto, redrive, and auto
-#      with --pause-spaces --cut-links), SUMMARY lines.
+#      with --pause-spaces --cut-links, and as root --fill-work-disks --cut-host-power),
+#      SUMMARY lines.
 # Exits non-zero when any step fails; every SUMMARY line is printed before that.
 # `--prepare` stops after step 3 (engine and image ready); `--campaign` skips step 4.
 #
@@ -77,8 +78,10 @@ for mode in transactional checkpoint auto redrive; do
         | grep -Ev '^run [0-9]+ seed=[0-9]+ ok ' || status=1
 done
 # ... and one with the containers paused (docker pause) and their links cut past the drivers'
-# request timeout
-.venv/bin/python -m chaos run --mode auto --backend docker --pause-spaces --cut-links \
+# request timeout; as root, their workspace disks filled and the drivers' host's power cut too
+held=(--pause-spaces --cut-links)
+[ "$(id -u)" = 0 ] && held+=(--fill-work-disks --cut-host-power)
+.venv/bin/python -m chaos run --mode auto --backend docker "${held[@]}" \
     --runs "${DOCKER_CAMPAIGN_RUNS:-10}" --jobs "${JOBS:-2}" \
     --seed-base "${CRASH_SEED_BASE:-1}" --results "${RESULTS:-results}" \
     | grep -Ev '^run [0-9]+ seed=[0-9]+ ok ' || status=1
