@@ -12,7 +12,8 @@ it ends. If it is SIGKILLed instead:
   the local Spaces in its Spaces directories (their daemons and commands, even when the
   results directory was deleted: found by the ``--state`` argument of a daemon and the
   ``SPACESD_STATE`` marker of a command under the noted directory, never by a name), its
-  temp directories, and then its file.
+  temp directories, the disks of their own its runs' logs were mounted on (unmounted, what
+  they held moved into the directory beneath, for ``chaos repro``), and then its file.
 
 Docker Spaces need no note: their containers carry the campaign's labels (``chaos clean``
 removes them already).
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from backends.local import own_disks
 from durable.lifetime import die_with
 from spacesd import procfs
 from spacesd.protocol import ENV_SPACE_STATE
@@ -78,6 +80,10 @@ class Campaign:
 
     def temp(self, directory: str) -> None:
         self._add({"temp": directory})
+
+    def mount(self, directory: Path) -> None:
+        """A disk of its own mounted on ``directory`` (a run's log's)."""
+        self._add({"mount": str(Path(directory).resolve())})
 
     def close(self) -> None:
         self.path.unlink(missing_ok=True)
@@ -163,6 +169,8 @@ def clean_dead() -> tuple[int, int]:
         for e in entries:
             if "temp" in e:
                 shutil.rmtree(e["temp"], ignore_errors=True)
+            if "mount" in e and os.path.ismount(e["mount"]):
+                own_disks.unmount(Path(e["mount"]), keep=True)
         note.unlink(missing_ok=True)
         campaigns += 1
     return campaigns, killed

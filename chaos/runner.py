@@ -244,6 +244,9 @@ class Run:
         hits: dict[str, int] = {}
         t_done: float | None = None
         try:
+            if self.note is not None and (self.log_disk is not None or
+                                          self.host_disk is not None):
+                self.note.mount(self.dir / "state")  # before: a SIGKILL may come mid-mount
             if self.log_disk is not None:
                 own_disks.mount_tmpfs(self.log_disk, DISK_BYTES, "leave --fill-log-disks off")
             if self.host_disk is not None:

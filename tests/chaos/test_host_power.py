@@ -4,6 +4,7 @@ commit that returned."""
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 from collections.abc import Iterator
@@ -112,3 +113,21 @@ def test_a_cut_that_breaks_leaves_the_host_down_and_keeps_the_image(host_disk: H
     assert host_disk.image.exists(), "the evidence is kept"
     host_disk.image.unlink()
     host_disk.image.with_name(host_disk.image.name + ".cut").unlink()
+
+
+def test_chaos_clean_unmounts_what_a_dead_campaign_mounted_and_keeps_the_log(
+        host_disk: HostDisk, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A campaign SIGKILLed mid-run leaves its run's log on a disk of its own: ``chaos
+    clean`` unmounts it and keeps the log in the directory (for ``chaos repro``)."""
+    from chaos import live
+
+    monkeypatch.setenv(live.LIVE_DIR_ENV, str(tmp_path / "live"))
+    with open(host_disk.directory / "log.jsonl", "wb") as f:
+        f.write(b"a line\n")
+    note = live.live_dir()
+    note.mkdir(parents=True)
+    (note / "999999999-1.jsonl").write_text(  # a pid no process has
+        json.dumps({"mount": str(host_disk.directory)}) + "\n")
+    assert live.clean_dead() == (1, 0)
+    assert not os.path.ismount(host_disk.directory)
+    assert (host_disk.directory / "log.jsonl").read_bytes() == b"a line\n"
