@@ -216,9 +216,20 @@ def cgroup_pids(path: str) -> list[int]:
 
 def kill_cgroup(path: str, *, timeout: float = 5.0) -> list[int]:
     """SIGKILL every process in the cgroup ``path`` and below and wait until none runs;
-    returns those left at ``timeout`` (stuck in the kernel)."""
+    returns those left at ``timeout`` (stuck in the kernel).
+
+    An empty cgroup is not yet a dead one: a killed process leaves ``cgroup.procs`` while
+    it exits (the kernel's ``cgroup_exit`` comes before it is a zombie), so each process
+    seen is also waited for until it is gone. Without that, a caller that returned "killed"
+    could still see its process run for a moment on a loaded machine (found as a flake of
+    ``test_the_cgroup_finds_an_escapee_whose_every_ancestor_died``)."""
     deadline = time.monotonic() + timeout
-    while cgroup_pids(path):
+    seen: dict[int, int] = {}
+    while pids := cgroup_pids(path):
+        for pid in pids:
+            started = procfs.start_time(pid)
+            if started is not None:
+                seen.setdefault(pid, started)
         try:
             if os.path.exists(os.path.join(path, "cgroup.kill")):
                 _write(os.path.join(path, "cgroup.kill"), "1")
@@ -230,6 +241,10 @@ def kill_cgroup(path: str, *, timeout: float = 5.0) -> list[int]:
         time.sleep(_PASS)
         if time.monotonic() > deadline:
             return cgroup_pids(path)
+    while exiting := [pid for pid, started in seen.items() if procfs.is_alive(pid, started)]:
+        if time.monotonic() > deadline:
+            return exiting
+        time.sleep(_PASS)
     return []
 
 

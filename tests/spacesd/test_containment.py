@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -288,6 +289,29 @@ def test_a_cgroup_removed_while_its_members_are_read_holds_none(
 
 
 # ------------------------------------------------------------------ the freezer of cgroup v2
+
+
+def test_kill_cgroup_returns_once_what_it_killed_is_gone_not_once_the_cgroup_is_empty(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A killed process leaves ``cgroup.procs`` while it exits, before it is a zombie: a
+    kill that returned when the cgroup read empty let a caller see it still run (a flake of
+    the cgroup escapee test under load). Here the cgroup reads empty at once, and the
+    process it held dies only later: ``kill_cgroup`` must wait for that death."""
+    proc = subprocess.Popen(["sleep", "1000"])
+    try:
+        (tmp_path / "cgroup.kill").write_text("")
+        reads = iter([[proc.pid]])
+        monkeypatch.setattr(containment, "cgroup_pids", lambda _path: next(reads, []))
+        dying = threading.Timer(0.3, proc.kill)  # its exit, slower than the cgroup's
+        dying.start()
+        try:
+            assert containment.kill_cgroup(str(tmp_path), timeout=120) == []
+            assert procfs.start_time(proc.pid) is None, "returned while it still ran"
+        finally:
+            dying.join()
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_freezing_kills_a_v2_cgroup_without_cgroup_kill(escapees: list) -> None:
