@@ -229,6 +229,9 @@ class DockerSpaces:
         if work_disk is not None and disk_dir is None:
             raise ValueError("a work_disk needs a disk_dir, the host directory its disks are "
                              "mounted in")
+        # The engine binds only absolute host paths (a campaign's --results may be relative:
+        # found by .ci/run's docker campaign, whose every create was refused).
+        disk_dir = disk_dir.resolve() if disk_dir is not None else None
         if disk_dir is not None and work_disk is not None:
             disk_dir.mkdir(parents=True, exist_ok=True)
             own_disks.marker(disk_dir, "work").write_text(f"{work_disk}\n")

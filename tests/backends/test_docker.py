@@ -210,7 +210,7 @@ def test_delete_removes_the_container(spaces) -> None:
 
 
 def test_a_workspace_disk_of_its_own_fills_outlives_a_restart_and_goes_with_its_container(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``work_disk``: the workspace on a tmpfs of the host's, bound into the container (a
     volume's disk): filled, a write meets ENOSPC and the file is untouched; freed, it is
     written; a restart keeps it; a provider of another process with the same ``disk_dir``
@@ -224,8 +224,9 @@ def test_a_workspace_disk_of_its_own_fills_outlives_a_restart_and_goes_with_its_
 
     disks = tmp_path / "disks"
     scope = f"pytest-{os.getpid()}-{secrets.token_hex(4)}"
+    monkeypatch.chdir(tmp_path)  # a relative disk_dir, as a campaign's --results may be
     spaces = DockerSpaces(label_scope=scope, start_timeout=60, work_disk=8 * 1024 * 1024,
-                          disk_dir=disks)
+                          disk_dir=Path("disks"))
     try:
         spaces.create("w")
         (disk,) = list(disks.glob("durable-space.*"))
