@@ -29,6 +29,9 @@ DRIVER_MODULE = "chaos.driver"
 FORK_ENV = "CHAOS_FORK_DRIVERS"
 #: How long a launch waits for the server's answer (its first one includes its imports).
 LAUNCH_TIMEOUT_S = 60.0
+#: How long ``close`` waits for the server's report of a killed driver's exit: a bound only a
+#: wedged server reaches (it reaps its children as they die).
+REAP_TIMEOUT_S = 120.0
 
 
 def forkable(argv: list[str]) -> bool:
@@ -63,7 +66,11 @@ class ForkedDriver(Owned):
 
     def close(self, grace: float = 3.0) -> None:
         self._end(grace)
-        self._ended.wait()
+        if not self._ended.wait(REAP_TIMEOUT_S):
+            raise OSError(f"driver {self.pid} was killed, but the driver server did not "
+                          f"report its exit within {REAP_TIMEOUT_S:.0f} s (the server's "
+                          f"output is this process's stderr); set {FORK_ENV}=0 to spawn "
+                          "drivers instead")
 
 
 class DriverServer:

@@ -140,7 +140,7 @@ class HostDisk:
                 shutil.copyfile(self.image, self._kept)  # the instant of the cut
                 before_boot()
                 before, before_error = _read(self.directory)  # what the drivers committed
-                self._unmount()
+                unmount(self.directory)
                 os.replace(self._kept, self.image)
                 self._mount()
                 after, after_error = _read(self.directory)
@@ -159,12 +159,6 @@ class HostDisk:
         if self.broken is not None:
             raise HostDiskBroken(f"the drivers' host did not come back from its power cut "
                                  f"({self.broken}); its image is kept in {self.image}")
-
-    def _unmount(self) -> None:
-        if subprocess.run(["umount", str(self.directory)], capture_output=True).returncode:
-            # a process that had the log open is still being reaped: detach it now
-            subprocess.run(["umount", "-l", str(self.directory)], check=True,
-                           capture_output=True)
 
     def close(self) -> None:
         """Keep what the disk holds in the directory itself (``chaos repro`` reads it) and
