@@ -281,22 +281,28 @@ def test_no_epoch_1_commit_lands_after_epoch_2_opened(tmp_path: Path, kind: str)
     seed.commit(Batch(base_id=1, next_id=2, conversations=[ConversationRecord(1, "main")]))
     seed.close()
 
-    child = subprocess.Popen(
-        [sys.executable, "-c", WRITER, kind, str(path)],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    # Its output is read only through ``child.stdout`` (never ``communicate``, which reads
+    # the pipe itself and so loses the lines ``readline`` had already buffered: under load
+    # the writer runs ahead and they are many); its errors go to a file, so that no pipe of
+    # its fills while the test waits.
+    errors = tmp_path / "writer.err"
+    with open(errors, "w") as err_file:
+        child = subprocess.Popen(
+            [sys.executable, "-c", WRITER, kind, str(path)],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=err_file,
+            text=True,
+        )
     storage = None
     try:
         assert child.stdout is not None
         reported: list[int] = []
         line = child.stdout.readline()
-        assert line == "open\n", f"the epoch-1 writer did not open: {child.communicate()[1]}"
+        assert line == "open\n", f"the epoch-1 writer did not open: {errors.read_text()}"
         while len(reported) < 10:  # epoch 1 is in full swing
             line = child.stdout.readline()
-            assert line, f"the epoch-1 writer died early: {child.communicate()[1]}"
+            assert line, f"the epoch-1 writer died early: {errors.read_text()}"
             reported.append(int(line))
 
         if kind == "sqlite":
@@ -307,9 +313,11 @@ def test_no_epoch_1_commit_lands_after_epoch_2_opened(tmp_path: Path, kind: str)
         storage.commit(Batch(base_id=first_after, next_id=first_after + 1,
                              entries=[EntryRecord(first_after, 1, "note", {"epoch": 2})]))
 
-        out, err = child.communicate(timeout=60)
-        reported += [int(x) for x in out.split()]
-        assert child.returncode == STALE_EXIT, err
+        # Its next commit must fail: a deadline only a hang reaches (its pipe holds
+        # thousands of lines, and it writes a few).
+        child.wait(timeout=120)
+        reported += [int(x) for x in child.stdout.read().split()]
+        assert child.returncode == STALE_EXIT, errors.read_text()
 
         entries = storage.load().entries
         epoch1 = [e.id for e in entries if e.data["epoch"] == 1]
@@ -325,6 +333,8 @@ def test_no_epoch_1_commit_lands_after_epoch_2_opened(tmp_path: Path, kind: str)
     finally:
         if child.poll() is None:
             child.kill()
-        child.communicate()  # waits, and closes the pipes
+        child.wait()
+        if child.stdout is not None:
+            child.stdout.close()
         if storage is not None:
             storage.close()
