@@ -78,7 +78,8 @@ class BackendDescriptor:
     #: Its Spaces are whole machines: whole-machine snapshots, a daemon's kill taken as the
     #: machine's fault, held faults at the points a guest reports, power to cut.
     machines: bool = False
-    #: The directories its Spaces can get a disk of their own for (``ProviderOptions.disks``).
+    #: The directories of its Spaces on a disk it can fill: one of their own
+    #: (``ProviderOptions.disks``), or a machine's one disk.
     own_disks: frozenset[DiskName] = frozenset()
     #: Remove every Space of this backend that campaigns left behind (under ``results``
     #: where they live in run directories, else in its engine); how many. ``chaos clean``.

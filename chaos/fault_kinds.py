@@ -421,12 +421,13 @@ class FillStateDisk(_FillDisk):
 
 class FillWorkDisk(_FillDisk):
     """The disk that holds the Space's workspace full, as a mounted volume fills: writes,
-    edits, commands and restores meet ``ENOSPC``; the daemon's state has room."""
+    edits, commands and restores meet ``ENOSPC``; the daemon's state has room, but on a
+    microVM, whose one disk holds both."""
 
     action = "fill_work_disk"
     disk = "work"
-    lacks = "keeps a Space's workspace on the Space's one disk; workspace disk fills need " \
-            "--backend local or docker"
+    lacks = "cannot fill a Space's workspace disk; workspace disk fills need --backend " \
+            "local, docker or microvm"
 
 
 class FillLogDisk(_Held):

@@ -159,13 +159,14 @@ HELD_KINDS: dict[str, HeldKind] = {k.action: k for k in (
              points=("spacesd.exec.spawned", "space.running", "spacesd.exec.exit_writing")),
     HeldKind("fill_work_disk", "--fill-work-disks", "work_disk_fills", "work_fills",
              lambda b: "work" in b.own_disks, "a local or docker Space's workspace gets a disk "
-             "of its own (a tmpfs on the host, mounted as root), as a volume would; a microVM "
-             "keeps it on its one disk", False,
+             "of its own (a tmpfs on the host, mounted as root), as a volume would; a microVM's "
+             "is the machine's one disk, filled by its guest agent", False,
              "also fill each run's Space's workspace disk (a tmpfs of its own, as a mounted "
-             "volume) once or twice at seeded points for seeded times, then free it: writes, "
-             "edits, commands and restores meet ENOSPC (--backend local or docker, as root; "
-             "transactional, checkpoint, auto, stale and redrive modes)", root=True,
-             disk="work"),
+             "volume; a microVM's one disk, its daemon's state with it) once or twice at "
+             "seeded points for seeded times, then free it: writes, edits, commands and "
+             "restores meet ENOSPC (as root; transactional, checkpoint, auto, stale and "
+             "redrive modes; a microVM's checkpoints then workspace ones: --snapshots "
+             "workspace)", root=True, disk="work"),
     HeldKind("fill_log_disk", "--fill-log-disks", "log_disk_fills", "log_fills", None, "",
              False,
              "also fill the disk of each run's log (the drivers' SQLite or JSONL log, on a "

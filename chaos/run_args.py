@@ -23,7 +23,7 @@ from .cluster import check_address
 from .errors import BadArguments
 from .faults import ALL_POINTS, HELD_KINDS, HeldAction, held_of
 from .modes import MODES
-from .space_providers import BACKEND_DESCRIPTORS, BACKENDS, backend
+from .space_providers import BACKEND_DESCRIPTORS, BACKENDS, backend, snapshot_kind
 from .stale import KINDS
 
 #: The most runs one campaign takes (more is a typo, or a job for ``--shard``/a cluster).
@@ -111,6 +111,13 @@ def _held(args: argparse.Namespace) -> tuple[HeldAction, ...]:
         if kind.modes and args.mode not in kind.modes:
             raise BadArguments(f"{kind.flag} is for --mode {', '.join(kind.modes)}, not "
                                f"{args.mode}")
+        if kind.disk is not None and backend(args.backend).machines and \
+                args.mode != "transactional" and \
+                snapshot_kind(args.backend, args.snapshots) == "machine":
+            raise BadArguments(f"{kind.flag} fills a microVM's one disk, and a whole-machine "
+                               "checkpoint taken while it is full would bring the fill back "
+                               "after its end: add --snapshots workspace (or use --mode "
+                               "transactional)")
         if kind.root and os.geteuid() != 0:
             raise BadArguments(f"{kind.flag} needs root ({kind.needs_why}); run the "
                                "campaign as root, or leave it out")

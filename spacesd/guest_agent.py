@@ -16,6 +16,11 @@ through spacesd (which may be down, or the thing being injured):
     signal-commands SIG  the same to every process of spacesd's commands, not spacesd;
                          answers 0 (signalled) or 1 (no command was running)
     kill PID             SIGKILL one process of the guest (by the pid the guest sees)
+    fill-disk LEAVE      take every free block of the guest's one disk (its workspace's and
+                         its daemon's) but LEAVE bytes, with a file of the agent's beside
+                         the daemon's state (never in the workspace), fsynced: a disk that
+                         fills up, which a power cut keeps full
+    free-disk            remove that file: the disk has its room again
     state                the daemon's audit files (``protocol.is_audit_file``), as a
                          base64 tar on the answer line
 
@@ -26,6 +31,8 @@ Each request is ``<id> <command> [args]``; each answer ``<id> ok [data]`` or ``<
 from __future__ import annotations
 
 import base64
+import contextlib
+import errno
 import io
 import os
 import signal
@@ -40,6 +47,11 @@ from .supervisor import kill_daemon, signal_commands, signal_daemon
 KILL_DAEMON_WAIT_S = 150.0
 
 PORT_NAME = "cua.control"
+#: The filler of ``fill-disk``, beside the daemon's state directory.
+FILLER_NAME = "cua-disk-filler"
+#: ``fill-disk`` allocates in this many tries at most (each takes what the last left, and
+#: a refused size is halved: the filesystem's own metadata takes blocks as the file grows).
+FILL_TRIES = 64
 
 
 def find_port(name: str = PORT_NAME, timeout: float = 30.0) -> str:
@@ -98,9 +110,51 @@ class Agent:
             return str(signal_commands(self.state_dir, self.pid_file, arg))
         if command == "state":
             return self._state()
+        if command == "fill-disk":
+            return str(self._fill(int(arg)))
+        if command == "free-disk":
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._filler)
+            return ""
         raise ValueError(f"unknown command {command!r}; known: ping, time NS, sync, "
                          "kill-daemon, signal-daemon SIG, signal-commands SIG, kill PID, "
-                         "state")
+                         "fill-disk LEAVE, free-disk, state")
+
+    @property
+    def _filler(self) -> str:
+        return os.path.join(os.path.dirname(os.path.abspath(self.state_dir)), FILLER_NAME)
+
+    def _fill(self, leave: int) -> int:
+        """Grow the filler until at most ``leave`` bytes (and less than a block more) are
+        free for anyone, root included; the bytes left free."""
+        directory = os.path.dirname(self._filler)
+        fd = os.open(self._filler, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            size = os.fstat(fd).st_size
+            for _ in range(FILL_TRIES):
+                st = os.statvfs(directory)
+                room = st.f_bfree * st.f_frsize - leave
+                while room >= st.f_frsize:
+                    try:
+                        os.posix_fallocate(fd, size, room)
+                        size += room
+                        break
+                    except OSError as exc:
+                        if exc.errno != errno.ENOSPC:
+                            raise
+                        room //= 2
+                else:
+                    break
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        st = os.statvfs(directory)
+        return st.f_bfree * st.f_frsize
 
     def _state(self) -> str:
         buf = io.BytesIO()

@@ -35,4 +35,6 @@ def _clean(results: Path) -> int:
     return delete_spaces_under(results, MicroVMSpaces)
 
 
-BACKEND = BackendDescriptor("microvm", _make, machines=True, clean=_clean)
+#: ``own_disks``: its workspace's disk is the machine's one disk, which the guest agent fills.
+BACKEND = BackendDescriptor("microvm", _make, machines=True, clean=_clean,
+                            own_disks=frozenset({"work"}))

@@ -41,6 +41,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from backends.descriptor import DiskName
 from backends.space_client import (
     REQUEST_TIMEOUT_S,
     Endpoint,
@@ -414,6 +415,27 @@ class MicroVMSpaces:
         """SIGCONT to every process of spacesd's commands; the machine off has none."""
         if self.exists(name) and self.running(name):
             self.agent(name).call("signal-commands CONT")
+
+    def fill_disk(self, name: str, disk: DiskName, leave: int = 0) -> None:
+        """Fill the machine's one disk but ``leave`` bytes (the guest agent's ``fill-disk``:
+        a file beside the daemon's state, fsynced), until ``free_disk``. The workspace
+        shares it with the daemon's state, which meets ``ENOSPC`` too, as on any machine
+        with one disk; a reboot or a power cut keeps it full."""
+        if disk != "work":
+            raise SpaceError(f"a microVM Space has no {disk} disk of its own to fill: it "
+                             "keeps its workspace and its daemon's state on its one disk "
+                             "(fill that: 'work')")
+        self.agent(name).call(f"fill-disk {int(leave)}")
+
+    def free_disk(self, name: str, disk: DiskName) -> None:
+        """Its room back. A machine that is off (a power cut's, before the next driver boots
+        it) raises ``SpaceUnavailable``, so that the fill's end is tried again; one that was
+        deleted took its disk with it."""
+        if disk != "work" or not self.exists(name):
+            return
+        if not self.running(name):
+            raise SpaceUnavailable(f"Space {name!r} is off: its disk is freed once it runs")
+        self.agent(name).call("free-disk")
 
     def restart(self, name: str) -> None:
         """A clean reboot: the guest flushes its filesystems (through the agent), then the

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from durable.errors import SpaceNotFound, StaleEpochError
+from durable.errors import SpaceError, SpaceFull, SpaceNotFound, SpaceUnavailable, StaleEpochError
 from tests.backends.loss_contract import check_a_loss_is_one_instant
 from tests.backends.pause_contract import (
     check_a_command_pause_freezes_the_commands_alone,
@@ -284,6 +284,35 @@ def test_every_entry_the_daemon_changed_survives_a_power_loss(vms) -> None:
     assert c.stat("made/inner")["kind"] == "dir"
     assert c.read_file("new/deep/file.txt") == b"in new directories"
     assert c.stat("gone.txt") is None
+
+
+def test_a_full_disk_stays_full_through_a_power_cut_until_it_is_freed(vms) -> None:
+    """``fill_disk`` takes the machine's one disk (the guest agent's ``fill-disk``): a write
+    and a command's start (its ledger record) meet ENOSPC, the daemon still serves, and it
+    comes back from a power cut with the disk still full; ``free_disk`` on a machine that
+    is off says so (the nemesis tries again), and once it runs gives the room back."""
+    vms.create("full")
+    c = vms.connect("full", epoch=1)
+    c.write_file("kept.txt", b"written before the disk filled")
+    vms.fill_disk("full", "work", leave=4096)
+    # the workspace's own ENOSPC is the write's error; the daemon's, for its ledger, SpaceFull
+    with pytest.raises(SpaceError, match=r"'big\.bin': No space left on device"):
+        c.write_file("big.bin", b"x" * 256 * 1024)
+    with pytest.raises(SpaceFull):
+        c.exec_start("dd@1", "dd if=/dev/zero of=more.bin bs=64k count=8")
+    vms.power_off("full")
+    with pytest.raises(SpaceUnavailable, match="is off"):
+        vms.free_disk("full", "work")
+    vms.create("full")  # boots it again: its daemon serves on a full disk
+    assert c.read_file("kept.txt") == b"written before the disk filled"
+    with pytest.raises(SpaceError, match="No space left on device"):
+        c.write_file("big.bin", b"x" * 256 * 1024)
+    vms.free_disk("full", "work")
+    c.write_file("big.bin", b"x" * 256 * 1024)
+    assert sh(c, "dd@2", "dd if=/dev/zero of=more.bin bs=64k count=8 2>/dev/null; "
+              "stat -c %s more.bin") == f"{512 * 1024}\n"
+    names = [e["name"] for e in c.list_dir("")]
+    assert "cua-disk-filler" not in names and "big.bin" in names  # never in the workspace
 
 
 def test_a_killed_daemon_comes_back_and_its_command_runs_on(vms) -> None:

@@ -166,6 +166,11 @@ def test_bad_arguments_exit_254(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert main(["run", "--mode", "auto", "--jump-clocks"]) == 254
     assert "--jump-clocks needs --backend microvm, not local: a microVM keeps a clock of " \
         "its own" in capsys.readouterr().err
+    if os.geteuid() == 0:  # (a non-root user is told it needs root first)
+        assert main(["run", "--mode", "checkpoint", "--backend", "microvm",
+                     "--fill-work-disks"]) == 254
+        assert "--fill-work-disks fills a microVM's one disk, and a whole-machine " \
+            "checkpoint" in capsys.readouterr().err
     assert main(["ci", "--slice", "nowhere"]) == 254
     assert "no CI slice ['nowhere']; known: transactional" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:
