@@ -8,7 +8,7 @@ process left running (a process may change files after the scan that recorded th
 marks the image stale (after it ran: the workspace changed under it); ``auto`` switches.
 
 No I/O: ``modes`` (before a call) and ``runner`` (after it) gather the facts (a scan, the
-image document), call these and carry the verdict out. ``tests/adapter/test_policy.py``
+image document), call these and carry the verdict out. ``tests/durable/adapter/test_policy.py``
 enumerates every case.
 """
 

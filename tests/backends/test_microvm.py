@@ -212,7 +212,7 @@ def test_a_lost_space_and_a_fork_start_from_machine_checkpoints(vm_module, vms,
     """Machine checkpoints live outside the Space: a Space lost in checkpoint mode is
     started again from its newest one (its memory too: a file only in tmpfs is back), and a
     conversation forked at an entry starts from its parent's checkpoint of that entry."""
-    from tests.adapter.test_adapter import SPACE, open_session, results, run, steps
+    from tests.durable.adapter.test_adapter import SPACE, open_session, results, run, steps
 
     snaps = vm_module.SandboxSnapshots(vms, tmp_path / "machines")
     plan = steps(("bash", {"command": "echo one > a.txt; echo in-memory > /dev/shm/m"}),

@@ -18,7 +18,7 @@ from chaos.coverage import (
 )
 from durable.adapter.decide import Facts, consistent, decide
 from durable.adapter.rebuild import RebuildFacts, decide_rebuild
-from tests.adapter.test_decide import CHECKPOINTS, LEDGER, MODES, TOOLS, C, T, event_json
+from tests.durable.adapter.test_decide import CHECKPOINTS, LEDGER, MODES, TOOLS, C, T, event_json
 
 #: Written out so that a change to the reachable set is a visible change to this test.
 EXPECTED_CELLS = {

@@ -29,7 +29,7 @@ from durable.coordinator import (
     StoreUnavailable,
     open_store,
 )
-from tests.coordinator.conftest import store_url
+from tests.durable.coordinator.conftest import store_url
 
 FAKE = Path(__file__).with_name("fake_driver.py")
 #: Claims only a hang lets lapse. (With 2 s one lapsed mid-drive on a busy machine and its

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from backends.local import LocalSpaces
-from tests.adapter.test_failpoint_order import SPACE, Case, Driver, Stop, observe
+from tests.durable.adapter.test_failpoint_order import SPACE, Case, Driver, Stop, observe
 from tests.odd_shapes import ODD_SHAPES
 
 MAKE = ("bash", {"command": ODD_SHAPES})
