@@ -261,6 +261,11 @@ SLICES: tuple[Slice, ...] = (
           "a drive held up past a claim must keep it, and no epoch may be driven twice",
           {"mode": "redrive", "held": ("pause_space", "cut_link", "pause_daemon"),
            "seeds": (4, 5, 9, 13, 16, 22)}),
+    Slice("redrive-host-power", "the coordinator's host losing power at seeded driver "
+          "points: its coordinators and drivers killed, the log keeping what reached its "
+          "disk; the coordinators boot again and each takes its sessions back, finds the "
+          "driver gone and drives on above its epoch (G6, G7)",
+          {"mode": "redrive", "held": ("cut_host_power",), "seeds": (1, 2, 3, 4, 5, 6)}),
     Slice("pause-spaces", "a Space frozen (every process stopped) past the drivers' request "
           "timeout, at seeded points and where a request is left unanswered: what it does "
           "once thawed must match what the log says",

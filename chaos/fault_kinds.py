@@ -471,6 +471,13 @@ class CutHostPower(_Kind):
             return Completion("fail", self.action, f"skipped {op.fault.describe()}: a host "
                               "power cut lands at a driver's failpoint, where no commit is "
                               "in flight")
+        host = disk.processes
+        if host is not None:  # the host runs more than the runner's drivers: all go down
+            try:
+                disk.cut(op.fault.describe(), host.power_off)
+            finally:
+                host.power_on()
+            return Completion("info", self.action, op.fault.describe())
         if not isinstance(op.driver, Owned) or op.driver.poll() is not None:
             return Completion("fail", self.action, f"skipped {op.fault.describe()}: no "
                               "driver of the runner's was running")

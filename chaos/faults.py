@@ -180,11 +180,13 @@ HELD_KINDS: dict[str, HeldKind] = {k.action: k for k in (
              "failpoints (every driver killed, the log, SQLite or JSONL on an ext4 disk of "
              "its own, keeps only what reached that disk), then boot it again: every commit "
              "that had returned must still be in the log (check G7; every backend, as root; "
-             "transactional, checkpoint and auto modes)", root=True,
+             "transactional, checkpoint, auto and redrive modes: a redrive run's coordinators "
+             "are on that host too, and boot with it)", root=True,
              points=("call.intent", "call.returned", "call.result", "space.start_mark",
                      "space.running", "space.exited", "space.file_written", "space.outcome",
                      "checkpoint.after"),
-             log_disk="image", holds=False, modes=("transactional", "checkpoint", "auto")),
+             log_disk="image", holds=False,
+             modes=("transactional", "checkpoint", "auto", "redrive")),
 )}
 if set(HELD_KINDS) != set(get_args(HeldAction)):
     raise ImportError(f"chaos.faults: HeldAction {get_args(HeldAction)} and HELD_KINDS "

@@ -28,6 +28,7 @@ import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 from backends.local.own_disks import unmount
 from durable.errors import StorageError
@@ -87,6 +88,19 @@ class HostDiskBroken(RuntimeError):
     """A power cut could not bring the host back: the run's log is no longer testable."""
 
 
+class HostProcesses(Protocol):
+    """What a campaign mode runs on the drivers' host besides the runner's own drivers (a
+    redrive run's coordinators and the drivers they launch): a power cut ends them all, and
+    the host's boot starts again what it runs by itself (the coordinators)."""
+
+    def power_off(self) -> None:
+        """Every one of them killed at once, and gone (its files closed) on return."""
+
+    def power_on(self) -> None:
+        """Started again (those not running: a cut that failed before ``power_off`` starts
+        nothing)."""
+
+
 class HostDisk:
     """``directory`` (a run's ``state``) on an ext4 image of ``size`` bytes of its own.
 
@@ -106,6 +120,8 @@ class HostDisk:
         self.cuts: list[dict[str, object]] = []
         #: Why a cut could not bring the host back (None: it always could).
         self.broken: str | None = None
+        #: What else runs on the host (set by the mode that runs it); None: only drivers.
+        self.processes: HostProcesses | None = None
         self._lock = threading.Lock()
 
     def mount(self) -> None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -73,6 +74,8 @@ STALL_S = 60.0
 STALL_S_BY_KIND = {"frozen": 5.0}
 #: How long a run waits for its sessions to end.
 SESSIONS_TIMEOUT_S = 180.0
+#: The longest the host's processes take to die in a power cut; only a hang reaches it.
+DEATH_S = 120.0
 #: Failpoints a driver reaches inside a call (a kill or a Space loss lands mid-call there).
 CALL_POINTS = ("call.intent", "space.start_mark", "space.before_spawn", "space.running",
                "space.exited", "space.file_op", "space.file_written", "space.outcome",
@@ -176,6 +179,11 @@ class Redrive:
     errors: list[str] = field(default_factory=list)
     probes: list[dict[str, Any]] = field(default_factory=list)
     coordinator_kills: list[float] = field(default_factory=list)
+    #: Held by the run's loop while it looks at the coordinators, and by a host power cut
+    #: from the coordinators' death until they run again (``RedriveHost``).
+    host_lock: threading.Lock = field(default_factory=threading.Lock)
+    #: How many times each coordinator was started (its log's number).
+    starts: dict[str, int] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ sessions
 
@@ -229,7 +237,8 @@ class Redrive:
             "--stall-secs", str(STALL_S_BY_KIND.get(self.kind, STALL_S)),
             "--heartbeat-secs", str(HEARTBEAT_S),
             "--max-attempts", str(run.plan.max_attempts), "--until-idle")
-        log = run.dir / f"coordinator-{ident}-{len(self.coordinator_kills)}.log"
+        log = run.dir / f"coordinator-{ident}-{self.starts.get(ident, 0)}.log"
+        self.starts[ident] = self.starts.get(ident, 0) + 1
         self.coordinators[ident] = run.scope.launch(argv, self.coordinator_env(), log)
         run.state.op("coordinator", "invoke", "serve", {"id": ident})
 
@@ -250,25 +259,31 @@ class Redrive:
             self.store.submit(s, time.time())
         for i in range(run.spec.coordinators):
             self.start_coordinator(f"c{i + 1}")
+        if run.host_disk is not None:
+            run.host_disk.processes = RedriveHost(self)
         deadline = time.monotonic() + SESSIONS_TIMEOUT_S
         while True:
-            recs = {r.name: r for r in self.store.sessions()}
-            if all(r.ended for r in recs.values()):
-                break
-            if time.monotonic() > deadline:
-                self.errors.append(f"the sessions did not end within {SESSIONS_TIMEOUT_S:.0f} "
-                                   f"s: {[(r.name, r.state, r.reason) for r in recs.values()]}")
-                break
-            if run.scope.cancelled:
-                break
-            self._attack(recs)
-            for ident, proc in self.coordinators.items():
-                if proc.poll() is not None:
-                    self.errors.append(f"coordinator {ident} exited {proc.poll()} before its "
-                                       "sessions ended (its log: "
-                                       f"{run.dir}/coordinator-{ident}-*.log)")
-                    deadline = 0.0
+            with self.host_lock:
+                recs = {r.name: r for r in self.store.sessions()}
+                if all(r.ended for r in recs.values()):
+                    break
+                if time.monotonic() > deadline:
+                    self.errors.append(f"the sessions did not end within "
+                                       f"{SESSIONS_TIMEOUT_S:.0f} s: "
+                                       f"{[(r.name, r.state, r.reason) for r in recs.values()]}")
+                    break
+                if run.scope.cancelled:
+                    break
+                self._attack(recs)
+                for ident, proc in self.coordinators.items():
+                    if proc.poll() is not None:
+                        self.errors.append(f"coordinator {ident} exited {proc.poll()} before "
+                                           "its sessions ended (its log: "
+                                           f"{run.dir}/coordinator-{ident}-*.log)")
+                        deadline = 0.0
             time.sleep(POLL_S)
+        if run.host_disk is not None:
+            run.host_disk.processes = None  # the clean driver is the runner's own
         for proc in self.coordinators.values():
             try:
                 proc.wait(timeout=15)
@@ -338,6 +353,55 @@ class Redrive:
                 "coordinator_kills": self.coordinator_kills,
                 "probes": self.probes, "errors": self.errors,
                 "coordinators": sorted(self.coordinators)}
+
+
+@dataclass
+class RedriveHost:
+    """The drivers' host of a redrive run, for a power cut (``chaos.host_power.
+    HostProcesses``): its coordinators and the drivers they launched die at once; the
+    coordinators start again (the same ids) and each takes its sessions back from its store,
+    which lives off the host, finding their drivers gone. Runs in the thread that fires the
+    cut; holds the run's ``host_lock`` from the death to the start again."""
+
+    redrive: Redrive
+    _off: bool = False
+
+    def power_off(self) -> None:
+        redrive = self.redrive
+        redrive.host_lock.acquire()
+        self._off = True
+        coordinators = list(redrive.coordinators.values())
+        drivers: list[LaunchedDriver] = []
+        for proc in coordinators:  # each driver leads a process group of its own
+            try:
+                drivers += [LaunchedDriver(c.pid) for c in psutil.Process(proc.pid).children()]
+            except psutil.Error:
+                continue
+        for proc in coordinators:
+            proc.kill_group()
+        for driver in drivers:
+            driver.kill_group()
+        deadline = time.monotonic() + DEATH_S
+        for proc in coordinators:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        # Their parent is dead: they are reaped by init, or end as zombies (files closed).
+        while alive := [d.pid for d in drivers if d.poll() is None]:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the coordinators' drivers {alive} were SIGKILLed and "
+                                   f"still ran after {DEATH_S:.0f} s")
+            time.sleep(0.01)
+
+    def power_on(self) -> None:
+        if not self._off:
+            return
+        redrive = self.redrive
+        try:
+            for ident, proc in list(redrive.coordinators.items()):
+                if proc.poll() is not None:
+                    redrive.start_coordinator(ident)
+        finally:
+            self._off = False
+            redrive.host_lock.release()
 
 
 def store_url(run: RunContext) -> str:

@@ -14,6 +14,7 @@ from .attempts import AttemptScope
 from .fault_schedule import FaultSchedule
 from .faults import FaultPlan
 from .holds import Holds
+from .host_power import HostDisk
 from .launch import OtherSession
 from .link_proxy import LinkProxy, LinkTable
 from .processes import Owned
@@ -48,6 +49,8 @@ class RunContext(Protocol):
     settle_at: float
     #: The link between the faulted drivers and the Space, when the plan cuts it.
     link: LinkProxy | None
+    #: The drivers' log's disk, when the plan cuts the host's power (``cut_host_power``).
+    host_disk: HostDisk | None
     links: LinkTable
 
     def space_of(self, session: str, conversation: int = ...) -> str:

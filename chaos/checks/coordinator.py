@@ -8,7 +8,8 @@ from ``durable.coordinator``: a rule restated here is checked, not trusted.
   when that already is at or above it; ``previous`` is the session's previous drive's;
   epochs grow, and a later session of the Space runs above every epoch of an earlier one;
 - no two drivers were alive at once for a Space: each launch follows the end of the one
-  before it, and no epoch was launched twice;
+  before it (its exit, or, when its coordinator died, the next coordinator's finding it
+  gone or ending it), and no epoch was launched twice;
 - a Space lost during a drive is noticed before the next drive (a ``space_gone`` event
   between the loss and that drive), never found out by a failing driver;
 - a driver frozen (SIGSTOP) mid-call is noticed: its drive ends ``stalled`` and the
@@ -95,9 +96,14 @@ def _one_driver_at_a_time(events: list[dict[str, Any]], order: list[str]) -> lis
     if twice:
         errors.append(f"epoch(s) {twice} were launched twice")
     ends = {(e["session"], e["data"]["epoch"]): e for e in events if e["kind"] == "exited"}
+    # A drive whose coordinator died ended when the next coordinator found its driver gone
+    # or killed it (by pid and start time): its ``orphan_ended``.
+    orphans = {(e["session"], e["data"]["pid"]): e for e in events
+               if e["kind"] == "orphan_ended"}
     for a, b in itertools.pairwise(launches):
-        end = ends.get((a["session"], a["data"]["epoch"]))
-        if end is None or end["seq"] > b["seq"]:
+        end = ends.get((a["session"], a["data"]["epoch"])) or \
+            orphans.get((a["session"], a["data"]["pid"]))
+        if end is None or not a["seq"] < end["seq"] < b["seq"]:
             errors.append(f"the driver of session {a['session']} at epoch {a['data']['epoch']} "
                           f"(pid {a['data']['pid']}) had not ended when session "
                           f"{b['session']} was launched at epoch {b['data']['epoch']}: two "

@@ -322,8 +322,12 @@ class Coordinator:
         rec = claimed.record
         if claimed.orphan is not None:
             pid, started, host = claimed.orphan
-            if host == self.host and end_orphan(pid, started):
-                self.store.note(rec.name, "orphan_ended", {"pid": pid}, self.clock())
+            # Recorded whether this ended it or found it gone: the end of its drive (a
+            # drive whose coordinator died has no ``exited``), which the next one follows.
+            ended = end_orphan(pid, started) if host == self.host else None
+            if ended is not None:
+                self.store.note(rec.name, "orphan_ended", {"pid": pid, "killed": ended},
+                                self.clock())
         rec = self._place(rec)
         if rec.ended:
             return

@@ -138,16 +138,20 @@ class DriverProcess:
                            round(time.monotonic() - self.started_at, 3))
 
 
-def end_orphan(pid: int, started: float) -> bool:
+def end_orphan(pid: int, started: float) -> bool | None:
     """SIGKILL the process group of a driver a dead coordinator left, if ``pid`` is still
-    that process (same start time: a reused pid is someone else). Whether it was alive."""
+    that process (same start time: a reused pid is someone else). True: it was alive and is
+    ended; False: it was gone already (it died with its coordinator, or its host lost
+    power); None: it may run on (this process may not look at it or signal it)."""
     try:
         proc = psutil.Process(pid)
-        if abs(proc.create_time() - started) > 0.01:
-            return False
+        if abs(proc.create_time() - started) > 0.01 or proc.status() == psutil.STATUS_ZOMBIE:
+            return False  # someone else, or dead already (a zombie its new parent never reaped)
         os.killpg(pid, signal.SIGKILL)
-    except (psutil.Error, ProcessLookupError, PermissionError):
+    except (psutil.NoSuchProcess, ProcessLookupError):
         return False
+    except (psutil.Error, PermissionError):
+        return None
     try:
         proc.wait(timeout=10)
     except psutil.Error:

@@ -406,6 +406,13 @@ MUTANTS: tuple[Mutant, ...] = (
         "a JSONL commit returns before its line is synced, so it is lost when the host "
         "loses power (only a power cut shows it)",
         "host-power-jsonl", "G7", "cut_host_power after a commit"),
+    Mutant(
+        "orphan-gone-not-recorded", "durable/coordinator/coordinator.py",
+        (("            if ended is not None:\n", "            if ended:\n"),),
+        "a coordinator that takes a session over records the end of the dead coordinator's "
+        "drive only when it had to kill its driver, not when it found it gone (its host lost "
+        "power), so nothing shows that drive ended before the next was launched",
+        "redrive-host-power", "G6", "cut_host_power in redrive"),
 )
 BY_ID = {m.id: m for m in MUTANTS}
 

@@ -121,3 +121,34 @@ def test_a_postgresql_schema_postgresql_would_cut_or_owns_is_refused() -> None:
             assert says in str(exc), (schema, exc)
         else:
             raise AssertionError(f"schema {schema!r} was accepted")
+
+
+def test_end_orphan_kills_a_live_orphan_and_tells_one_that_is_gone() -> None:
+    """What a coordinator that takes a session over records as the end of the dead
+    coordinator's drive: its driver killed (True), found gone (False: its host rebooted),
+    or a reused pid left alone (False: that process is someone else). A zombie is gone."""
+    import psutil
+
+    from durable.coordinator.drive import end_orphan
+
+    orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                              start_new_session=True)
+    try:
+        started = psutil.Process(orphan.pid).create_time()
+        assert end_orphan(orphan.pid, started + 5.0) is False  # another process: left alone
+        assert orphan.poll() is None
+        assert end_orphan(orphan.pid, started) is True  # (it reaped our child itself)
+        assert not psutil.pid_exists(orphan.pid)
+        assert end_orphan(orphan.pid, started) is False  # gone
+    finally:
+        if orphan.poll() is None:
+            orphan.kill()
+        orphan.wait()
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        started = psutil.Process(zombie.pid).create_time()
+        while psutil.Process(zombie.pid).status() != psutil.STATUS_ZOMBIE:
+            time.sleep(0.01)  # it exits at once; unreaped, it is a zombie
+        assert end_orphan(zombie.pid, started) is False  # dead, though its pid is there
+    finally:
+        zombie.wait()
