@@ -166,9 +166,15 @@ class AttemptScope:
             drivers, timers = list(self._drivers), list(self._timers)
         for timers_of_attempt in timers:
             timers_of_attempt.close()
-        for driver in drivers:
+        failed: OSError | None = None
+        for driver in drivers:  # every one, even past one that could not be reaped
             driver.kill_group()
-            self._reap(driver)
+            try:
+                self._reap(driver)
+            except OSError as exc:
+                failed = failed or exc
+        if failed is not None:
+            raise failed
 
     def _reap(self, driver: Owned) -> None:
         driver.close()

@@ -30,6 +30,7 @@ from backends.local import own_disks
 from durable.errors import SpaceError, SpaceNotFound
 
 from .faults import DISK_BYTES, HELD_KINDS, RELEASE, Action, Fault
+from .host_power import DEATH_S
 from .nemesis import Completion, Operation, Target
 from .observe import kept_ledgers, read_ledger, unread_ledger
 from .processes import Owned
@@ -458,8 +459,6 @@ class CutHostPower(_Kind):
     returned must still be there (G7)."""
 
     action = "cut_host_power"
-    #: The longest a SIGKILLed driver takes to be reaped; only a hang reaches it.
-    DEATH_S = 120.0
 
     def invoke(self, op: Operation) -> Completion:
         disk = self.target.host_disk
@@ -473,10 +472,7 @@ class CutHostPower(_Kind):
                               "in flight")
         host = disk.processes
         if host is not None:  # the host runs more than the runner's drivers: all go down
-            try:
-                disk.cut(op.fault.describe(), host.power_off)
-            finally:
-                host.power_on()
+            disk.cut(op.fault.describe(), host.power_off, host.power_on)
             return Completion("info", self.action, op.fault.describe())
         if not isinstance(op.driver, Owned) or op.driver.poll() is not None:
             return Completion("fail", self.action, f"skipped {op.fault.describe()}: no "
@@ -486,7 +482,7 @@ class CutHostPower(_Kind):
         def drivers_dead() -> None:
             driver.kill_group()
             # its files closed: the log it left is what the page cache holds
-            driver.wait(timeout=self.DEATH_S)
+            driver.wait(timeout=DEATH_S)
 
         disk.cut(op.fault.describe(), drivers_dead)
         return Completion("info", self.action, op.fault.describe())

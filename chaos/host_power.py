@@ -38,6 +38,8 @@ from durable.storage.records import encode_json
 #: ``mount``'s options: ``commit=600`` keeps ext4 from committing its journal (and, with
 #: ``data=ordered``, flushing data) every 5 s, so a write reaches the disk by a sync.
 MOUNT_OPTIONS = "loop,commit=600"
+#: The longest what a power cut SIGKILLed takes to die; only a hang reaches it.
+DEATH_S = 120.0
 
 
 def commits(state_dir: Path) -> list[str]:
@@ -96,9 +98,10 @@ class HostProcesses(Protocol):
     def power_off(self) -> None:
         """Every one of them killed at once, and gone (its files closed) on return."""
 
-    def power_on(self) -> None:
-        """Started again (those not running: a cut that failed before ``power_off`` starts
-        nothing)."""
+    def power_on(self, booted: bool) -> None:
+        """Those ``power_off`` killed started again, if the host ``booted`` (else nothing
+        starts: the host is down for good). Called after every cut, whether or not it got
+        to ``power_off``."""
 
 
 class HostDisk:
@@ -145,11 +148,14 @@ class HostDisk:
                           "power cut needs root and a loop device: run as root, or leave "
                           "--cut-host-power off")
 
-    def cut(self, fault: str, before_boot: Callable[[], None] = lambda: None) -> None:
+    def cut(self, fault: str, before_boot: Callable[[], None] = lambda: None,
+            after_boot: Callable[[bool], None] = lambda booted: None) -> None:
         """The power goes out now: the disk keeps what reached it. ``before_boot`` runs
         while the host is down (the nemesis makes sure the drivers are dead there); then
-        the host boots on what the disk kept. A cut that fails part-way leaves the host
-        down for good (``wait_up`` raises ``HostDiskBroken``) and its image kept."""
+        the host boots on what the disk kept, and ``after_boot(booted)`` runs (one cut at a
+        time: both under the disk's lock). A cut that fails part-way leaves the host down
+        for good (``wait_up`` raises ``HostDiskBroken``; ``booted`` is False) and its image
+        kept."""
         with self._lock:
             self.up.clear()
             try:
@@ -166,7 +172,10 @@ class HostDisk:
                 self.broken = f"{type(exc).__name__}: {exc}"
                 raise
             finally:
-                self.up.set()
+                try:
+                    after_boot(self.broken is None)
+                finally:
+                    self.up.set()
 
     def wait_up(self) -> None:
         """Return once the host is up (at once, but during a cut); ``HostDiskBroken`` when

@@ -51,6 +51,7 @@ from durable.lifetime import DIE_WITH_ENV
 
 from . import live
 from .faults import Fault, FaultPlan
+from .host_power import DEATH_S
 from .launch import OtherSession, driver_argv, driver_env
 from .observe import observe, save_ledger
 from .processes import Owned, python_argv
@@ -74,8 +75,6 @@ STALL_S = 60.0
 STALL_S_BY_KIND = {"frozen": 5.0}
 #: How long a run waits for its sessions to end.
 SESSIONS_TIMEOUT_S = 180.0
-#: The longest the host's processes take to die in a power cut; only a hang reaches it.
-DEATH_S = 120.0
 #: Failpoints a driver reaches inside a call (a kill or a Space loss lands mid-call there).
 CALL_POINTS = ("call.intent", "space.start_mark", "space.before_spawn", "space.running",
                "space.exited", "space.file_op", "space.file_written", "space.outcome",
@@ -184,6 +183,8 @@ class Redrive:
     host_lock: threading.Lock = field(default_factory=threading.Lock)
     #: How many times each coordinator was started (its log's number).
     starts: dict[str, int] = field(default_factory=dict)
+    #: Set (under ``host_lock``) once the sessions ended: a power cut starts nothing more.
+    stopped: bool = False
 
     # ------------------------------------------------------------------ sessions
 
@@ -257,10 +258,21 @@ class Redrive:
         run = self.run
         for s in self.specs():
             self.store.submit(s, time.time())
-        for i in range(run.spec.coordinators):
-            self.start_coordinator(f"c{i + 1}")
         if run.host_disk is not None:
             run.host_disk.processes = RedriveHost(self)
+        try:
+            return self._drive_sessions()
+        finally:
+            with self.host_lock:  # (already, unless the loop raised)
+                self.stopped = True
+            if run.host_disk is not None:
+                run.host_disk.processes = None  # the clean driver is the runner's own
+
+    def _drive_sessions(self) -> int | None:
+        run = self.run
+        with self.host_lock:
+            for i in range(run.spec.coordinators):
+                self.start_coordinator(f"c{i + 1}")
         deadline = time.monotonic() + SESSIONS_TIMEOUT_S
         while True:
             with self.host_lock:
@@ -282,8 +294,8 @@ class Redrive:
                                            f"{run.dir}/coordinator-{ident}-*.log)")
                         deadline = 0.0
             time.sleep(POLL_S)
-        if run.host_disk is not None:
-            run.host_disk.processes = None  # the clean driver is the runner's own
+        with self.host_lock:
+            self.stopped = True
         for proc in self.coordinators.values():
             try:
                 proc.wait(timeout=15)
@@ -350,6 +362,7 @@ class Redrive:
                 "records": [r.to_json() for r in recs.values()],
                 "events": [e.to_json() for e in self.store.events()],
                 "losses": losses, "pauses": struck("pause_driver"),
+                "host_cuts": struck("cut_host_power"),
                 "coordinator_kills": self.coordinator_kills,
                 "probes": self.probes, "errors": self.errors,
                 "coordinators": sorted(self.coordinators)}
@@ -359,18 +372,28 @@ class Redrive:
 class RedriveHost:
     """The drivers' host of a redrive run, for a power cut (``chaos.host_power.
     HostProcesses``): its coordinators and the drivers they launched die at once; the
-    coordinators start again (the same ids) and each takes its sessions back from its store,
-    which lives off the host, finding their drivers gone. Runs in the thread that fires the
-    cut; holds the run's ``host_lock`` from the death to the start again."""
+    coordinators start again (the same ids) and each takes its sessions back from its store
+    (off the cut disk: a file beside the run's, or PostgreSQL), finding their drivers gone.
+    Runs in the thread that fires the cut, one cut at a time (``HostDisk.cut``'s lock);
+    holds the run's ``host_lock`` from the death to the start again."""
 
     redrive: Redrive
-    _off: bool = False
+    #: The coordinators ``power_off`` killed, to start again.
+    _killed: list[str] = field(default_factory=list)
+    #: Whether ``power_off`` holds the run's ``host_lock`` (for ``power_on`` to release).
+    _holding: bool = False
 
     def power_off(self) -> None:
         redrive = self.redrive
         redrive.host_lock.acquire()
-        self._off = True
-        coordinators = list(redrive.coordinators.values())
+        if redrive.stopped:
+            redrive.host_lock.release()
+            return
+        self._holding = True
+        self._killed = [i for i, p in redrive.coordinators.items() if p.poll() is None]
+        coordinators = [redrive.coordinators[i] for i in self._killed]
+        for proc in coordinators:  # stopped first: none launches a driver after the count
+            proc.pause_group()
         drivers: list[LaunchedDriver] = []
         for proc in coordinators:  # each driver leads a process group of its own
             try:
@@ -391,16 +414,16 @@ class RedriveHost:
                                    f"still ran after {DEATH_S:.0f} s")
             time.sleep(0.01)
 
-    def power_on(self) -> None:
-        if not self._off:
-            return
+    def power_on(self, booted: bool) -> None:
         redrive = self.redrive
+        if not self._holding:
+            return  # the cut failed before power_off, or the sessions had ended
         try:
-            for ident, proc in list(redrive.coordinators.items()):
-                if proc.poll() is not None:
+            if booted:
+                for ident in self._killed:
                     redrive.start_coordinator(ident)
         finally:
-            self._off = False
+            self._killed, self._holding = [], False
             redrive.host_lock.release()
 
 

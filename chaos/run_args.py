@@ -111,13 +111,14 @@ def _held(args: argparse.Namespace) -> tuple[HeldAction, ...]:
         if kind.modes and args.mode not in kind.modes:
             raise BadArguments(f"{kind.flag} is for --mode {', '.join(kind.modes)}, not "
                                f"{args.mode}")
+        durable = args.durable_mode or MODES[args.mode].durable
         if kind.disk is not None and backend(args.backend).machines and \
-                args.mode != "transactional" and \
+                durable != "transactional" and \
                 snapshot_kind(args.backend, args.snapshots) == "machine":
             raise BadArguments(f"{kind.flag} fills a microVM's one disk, and a whole-machine "
                                "checkpoint taken while it is full would bring the fill back "
-                               "after its end: add --snapshots workspace (or use --mode "
-                               "transactional)")
+                               "after its end: add --snapshots workspace (or run the adapter "
+                               "transactional, which takes no checkpoints)")
         if kind.root and os.geteuid() != 0:
             raise BadArguments(f"{kind.flag} needs root ({kind.needs_why}); run the "
                                "campaign as root, or leave it out")

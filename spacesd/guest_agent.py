@@ -115,6 +115,7 @@ class Agent:
         if command == "free-disk":
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._filler)
+            _fsync_dir(os.path.dirname(self._filler))  # freed for good, a power cut or not
             return ""
         raise ValueError(f"unknown command {command!r}; known: ping, time NS, sync, "
                          "kill-daemon, signal-daemon SIG, signal-commands SIG, kill PID, "
@@ -137,22 +138,19 @@ class Agent:
                 while room >= st.f_frsize:
                     try:
                         os.posix_fallocate(fd, size, room)
-                        size += room
                         break
                     except OSError as exc:
                         if exc.errno != errno.ENOSPC:
                             raise
                         room //= 2
+                    finally:  # a refused allocation may still have grown it
+                        size = os.fstat(fd).st_size
                 else:
                     break
             os.fsync(fd)
         finally:
             os.close(fd)
-        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        _fsync_dir(directory)
         st = os.statvfs(directory)
         return st.f_bfree * st.f_frsize
 
@@ -169,6 +167,14 @@ class Agent:
                         except FileNotFoundError:
                             continue  # removed while we walked
         return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def serve(port: str, agent: Agent) -> None:

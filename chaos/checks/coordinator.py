@@ -43,7 +43,8 @@ def check(inp: CheckInput) -> list[str]:
             errors.append(f"session {name} ended {rec['state']}: {rec['reason']}")
     order = sorted(records, key=lambda n: first_at(events, n, "launched"))
     errors += _epochs(events, order)
-    errors += _one_driver_at_a_time(events, order)
+    errors += _one_driver_at_a_time(events, order, [*facts.get("host_cuts", []),
+                                                    *facts["coordinator_kills"]])
     errors += _losses_noticed(events, facts["losses"])
     errors += _stalls_noticed(events, facts.get("pauses", []))
     if facts.get("second"):
@@ -87,7 +88,10 @@ def _epochs(events: list[dict[str, Any]], order: list[str]) -> list[str]:
     return errors
 
 
-def _one_driver_at_a_time(events: list[dict[str, Any]], order: list[str]) -> list[str]:
+def _one_driver_at_a_time(events: list[dict[str, Any]], order: list[str],
+                          deaths: list[float]) -> list[str]:
+    """``deaths``: when the nemesis killed coordinators (a host power cut, a coordinator's
+    SIGKILL): the only way a driver found gone by the next coordinator may have died."""
     errors = []
     launches = sorted((e for e in events if e["kind"] == "launched" and e["session"] in order),
                       key=lambda e: e["seq"])
@@ -101,8 +105,16 @@ def _one_driver_at_a_time(events: list[dict[str, Any]], order: list[str]) -> lis
     orphans = {(e["session"], e["data"]["pid"]): e for e in events
                if e["kind"] == "orphan_ended"}
     for a, b in itertools.pairwise(launches):
-        end = ends.get((a["session"], a["data"]["epoch"])) or \
-            orphans.get((a["session"], a["data"]["pid"]))
+        end = ends.get((a["session"], a["data"]["epoch"]))
+        orphan = orphans.get((a["session"], a["data"]["pid"]))
+        if end is None and orphan is not None:
+            if not orphan["data"]["killed"] and \
+                    not any(a["at"] <= t <= orphan["at"] for t in deaths):
+                errors.append(f"the driver of session {a['session']} at epoch "
+                              f"{a['data']['epoch']} (pid {a['data']['pid']}) was found gone "
+                              "by the next coordinator, but nothing killed it or its "
+                              "coordinator: it was never shown to have ended")
+            end = orphan
         if end is None or not a["seq"] < end["seq"] < b["seq"]:
             errors.append(f"the driver of session {a['session']} at epoch {a['data']['epoch']} "
                           f"(pid {a['data']['pid']}) had not ended when session "

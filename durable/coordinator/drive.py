@@ -147,13 +147,18 @@ def end_orphan(pid: int, started: float) -> bool | None:
         proc = psutil.Process(pid)
         if abs(proc.create_time() - started) > 0.01 or proc.status() == psutil.STATUS_ZOMBIE:
             return False  # someone else, or dead already (a zombie its new parent never reaped)
-        os.killpg(pid, signal.SIGKILL)
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:  # alive, but it leads no group: it alone
+            os.kill(pid, signal.SIGKILL)
     except (psutil.NoSuchProcess, ProcessLookupError):
         return False
     except (psutil.Error, PermissionError):
         return None
     try:
         proc.wait(timeout=10)
+    except psutil.TimeoutExpired:
+        return None  # SIGKILLed and still there: it may run on
     except psutil.Error:
         pass
     return True

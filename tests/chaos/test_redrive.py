@@ -129,11 +129,17 @@ def test_each_broken_rule_is_found(rule: str) -> None:
 
 def test_a_drive_whose_coordinator_died_ends_when_the_next_finds_its_driver_gone() -> None:
     """A host power cut kills the coordinator with its driver: that drive has no ``exited``;
-    the next coordinator's ``orphan_ended`` for the driver's pid (found gone, or killed) is
-    its end. One for another pid is not."""
+    the next coordinator's ``orphan_ended`` for the driver's pid is its end: one that
+    killed it, or one that found it gone after the nemesis killed its host. Found gone
+    with nothing that killed it, or for another pid, it is not."""
     facts = copy.deepcopy(_facts())
     facts["events"][3] = {**facts["events"][3], "kind": "orphan_ended",
                           "data": {"pid": 10, "killed": False}}
+    facts["host_cuts"] = [1.5]
+    assert errors_of(facts) == []
+    facts["host_cuts"] = []
+    assert any("nothing killed it" in e for e in errors_of(facts))
+    facts["events"][3]["data"]["killed"] = True
     assert errors_of(facts) == []
     facts["events"][3]["data"]["pid"] = 99
     assert any("two drivers of one Space at once" in e for e in errors_of(facts))

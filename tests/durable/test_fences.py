@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -313,10 +314,14 @@ def test_no_epoch_1_commit_lands_after_epoch_2_opened(tmp_path: Path, kind: str)
         storage.commit(Batch(base_id=first_after, next_id=first_after + 1,
                              entries=[EntryRecord(first_after, 1, "note", {"epoch": 2})]))
 
-        # Its next commit must fail: a deadline only a hang reaches (its pipe holds
-        # thousands of lines, and it writes a few).
+        # Its next commit must fail: its output is read to its end (beside the test, so a
+        # pipe it filled meanwhile never blocks it), with a deadline only a hang reaches.
+        rest: list[str] = []
+        reader = threading.Thread(target=lambda: rest.append(child.stdout.read()))
+        reader.start()
         child.wait(timeout=120)
-        reported += [int(x) for x in child.stdout.read().split()]
+        reader.join(timeout=120)
+        reported += [int(x) for x in "".join(rest).split()]
         assert child.returncode == STALE_EXIT, errors.read_text()
 
         entries = storage.load().entries
