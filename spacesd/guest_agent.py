@@ -41,6 +41,7 @@ import tarfile
 import time
 
 from . import protocol
+from .fsio import fsync_dir
 from .supervisor import kill_daemon, signal_commands, signal_daemon
 
 #: How long ``kill-daemon`` waits for the supervisor's next daemon.
@@ -115,7 +116,7 @@ class Agent:
         if command == "free-disk":
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._filler)
-            _fsync_dir(os.path.dirname(self._filler))  # freed for good, a power cut or not
+            fsync_dir(os.path.dirname(self._filler))  # freed for good, a power cut or not
             return ""
         raise ValueError(f"unknown command {command!r}; known: ping, time NS, sync, "
                          "kill-daemon, signal-daemon SIG, signal-commands SIG, kill PID, "
@@ -150,7 +151,7 @@ class Agent:
             os.fsync(fd)
         finally:
             os.close(fd)
-        _fsync_dir(directory)
+        fsync_dir(directory)
         st = os.statvfs(directory)
         return st.f_bfree * st.f_frsize
 
@@ -167,14 +168,6 @@ class Agent:
                         except FileNotFoundError:
                             continue  # removed while we walked
         return base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def serve(port: str, agent: Agent) -> None:
