@@ -152,6 +152,12 @@ class AttemptScope:
                 self._timers.remove(timers)
             timers.close()
 
+    def running(self) -> list[Owned]:
+        """Every driver of the scope that has not exited, oldest first."""
+        with self._lock:
+            drivers = list(self._drivers)
+        return [d for d in drivers if d.poll() is None]
+
     def cancel(self) -> None:
         """From any thread: kill every driver; no driver is launched any more."""
         self._cancelled.set()

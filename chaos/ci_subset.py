@@ -266,6 +266,11 @@ SLICES: tuple[Slice, ...] = (
           "disk; the coordinators boot again and each takes its sessions back, finds the "
           "driver gone and drives on above its epoch (G6, G7)",
           {"mode": "redrive", "held": ("cut_host_power",), "seeds": (1, 2, 3, 4, 5, 6)}),
+    Slice("stale-host-power", "the drivers' host losing power while an older driver is "
+          "parked and a newer one runs (or the older one, woken, meets its fence): both die "
+          "at once, the log keeps what reached its disk (G7), and the session's next driver "
+          "goes on from it, the older one's parked step changing nothing (G4)",
+          {"mode": "stale", "held": ("cut_host_power",), "seeds": (1, 2, 3, 4, 5, 6)}),
     Slice("pause-spaces", "a Space frozen (every process stopped) past the drivers' request "
           "timeout, at seeded points and where a request is left unanswered: what it does "
           "once thawed must match what the log says",

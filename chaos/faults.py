@@ -111,6 +111,9 @@ class HeldKind:
     holds: bool = True
     #: The campaign modes it is for (empty: every mode with held kinds).
     modes: tuple[str, ...] = ()
+    #: In stale mode, the kinds (``chaos.stale``) it is for (empty: every one), and why.
+    stale_kinds: tuple[str, ...] = ()
+    stale_why: str = ""
 
     @property
     def field(self) -> str:
@@ -180,13 +183,18 @@ HELD_KINDS: dict[str, HeldKind] = {k.action: k for k in (
              "failpoints (every driver killed, the log, SQLite or JSONL on an ext4 disk of "
              "its own, keeps only what reached that disk), then boot it again: every commit "
              "that had returned must still be in the log (check G7; every backend, as root; "
-             "transactional, checkpoint, auto and redrive modes: a redrive run's coordinators "
-             "are on that host too, and boot with it)", root=True,
+             "transactional, checkpoint, auto, stale and redrive modes: a stale run's parked "
+             "older driver dies with the host, a redrive run's coordinators boot with it)",
+             root=True,
              points=("call.intent", "call.returned", "call.result", "space.start_mark",
                      "space.running", "space.exited", "space.file_written", "space.outcome",
                      "checkpoint.after"),
              log_disk="image", holds=False,
-             modes=("transactional", "checkpoint", "auto", "redrive")),
+             modes=("transactional", "checkpoint", "auto", "stale", "redrive"),
+             stale_kinds=("race", "detached"),
+             stale_why="it strikes only where no commit is in flight (every driver at a "
+                       "failpoint); the paused kind stops a driver anywhere, inside a commit "
+                       "too, and the foreign kind's drivers meet no planned fault"),
 )}
 if set(HELD_KINDS) != set(get_args(HeldAction)):
     raise ImportError(f"chaos.faults: HeldAction {get_args(HeldAction)} and HELD_KINDS "

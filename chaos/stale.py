@@ -48,6 +48,7 @@ from __future__ import annotations
 import random
 import subprocess
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from durable.session_driver import EXIT_FENCED, EXIT_OK
@@ -56,12 +57,14 @@ from scenarios.steps import DETACHED_GRACE_SECONDS
 
 from .faults import in_effect_at, park_points
 from .holds import Hold, wait_parked
+from .host_power import DEATH_S
 from .launch import OtherSession
 from .observe import save_ledger
 from .rendezvous import Rendezvous
 from .run_spaces import seed_space
 
 if TYPE_CHECKING:
+    from .attempts import AttemptScope
     from .processes import Owned
     from .run_context import RunContext
 
@@ -90,6 +93,47 @@ PAUSE_MAX_S = 20.0
 
 
 def run_kind(run: RunContext, rv: Rendezvous) -> int | None:
+    """The run's kind, its drivers on one host with the log: a power cut of that host
+    (``--cut-host-power``) ends them all, the parked older driver too."""
+    if run.host_disk is None:
+        return _run_kind(run, rv)
+    run.host_disk.processes = StaleHost(run.scope)
+    try:
+        return _run_kind(run, rv)
+    finally:
+        run.host_disk.processes = None  # the clean driver is the runner's own
+
+
+@dataclass
+class StaleHost:
+    """The drivers' host of a stale run, for a power cut (``chaos.host_power.
+    HostProcesses``): every driver of the run dies at once, the older one parked at its
+    failpoint and the newer one at the failpoint the cut struck at. All are stopped
+    (SIGSTOP) before any is killed: a driver's death is what the run's thread waits on to
+    release the other from its park, and a released driver could commit after the instant
+    of the cut, which ``HostDisk.cut`` would read as a commit that had returned. Nothing
+    starts again at boot: the runner launches the next driver once the host is up."""
+
+    scope: AttemptScope
+    #: The pids of the drivers a cut killed (each its own exit, never its fence's).
+    killed: set[int] = field(default_factory=set)
+
+    def power_off(self) -> None:
+        drivers = self.scope.running()
+        for driver in drivers:
+            driver.pause_group()
+        self.killed.update(d.pid for d in drivers)  # before the deaths the run waits on
+        for driver in drivers:
+            driver.kill_group()
+        deadline = time.monotonic() + DEATH_S
+        for driver in drivers:  # its files closed: the log is what the page cache holds
+            driver.wait(timeout=max(0.0, deadline - time.monotonic()))
+
+    def power_on(self, booted: bool) -> None:
+        pass
+
+
+def _run_kind(run: RunContext, rv: Rendezvous) -> int | None:
     kind = run.spec.stale_kind
     if kind == "foreign":
         return _foreign(run, rv)
@@ -130,7 +174,7 @@ def _race(run: RunContext, rv: Rendezvous, rng: random.Random,
         code = run.await_driver(new, 2)
     if old_code == EXIT_FENCED:
         run.state.count("fenced")
-    elif not _stopped_by_a_fault(run, old_code, released):
+    elif not _stopped_by_a_fault(run, old, old_code, released):
         run.stale_error = (f"the older driver (epoch {old_epoch}) exited {old_code} after a "
                            f"newer one took over ({race} race); it must be fenced "
                            f"({EXIT_FENCED})")
@@ -148,15 +192,21 @@ def _now(run: RunContext) -> float:
     return time.time() - run.state.t0
 
 
-def _stopped_by_a_fault(run: RunContext, code: int, released: float) -> bool:
+def _stopped_by_a_fault(run: RunContext, old: Owned, code: int, released: float) -> bool:
     """Whether the older driver's exit ``code`` (not fenced) is a planned fault's doing: the
-    older did not finish the session (0), which a newer driver had taken over, and when it
-    went on (``released``, seconds into the run) a held fault still held, or a fault struck
-    later. A fault over before it went on cannot have stopped it."""
-    holding, struck_later = in_effect_at(run.state.history(), released)
-    if code == EXIT_OK or not (holding or struck_later):
+    older did not finish the session (0), which a newer driver had taken over, and its
+    host's power cut killed it (``StaleHost``), or when it went on (``released``, seconds
+    into the run) a held fault still held, or a fault struck later. Any other fault over
+    before it went on cannot have stopped it."""
+    if code == EXIT_OK:
         return False
-    why = (f"while {', '.join(sorted(holding))} held" if holding else
+    holding, struck_later = in_effect_at(run.state.history(), released)
+    host = run.host_disk.processes if run.host_disk is not None else None
+    died_with_host = isinstance(host, StaleHost) and old.pid in host.killed
+    if not (holding or struck_later or died_with_host):
+        return False
+    why = ("killed by its host's power cut" if died_with_host else
+           f"while {', '.join(sorted(holding))} held" if holding else
            "after a planned fault struck")
     run.state.op("nemesis", "info", "stopped_older", f"the older driver exited {code}, not "
                  f"fenced ({EXIT_FENCED}), {why}: its own exit; the checks judge what it "
@@ -222,7 +272,7 @@ def _paused(run: RunContext, rv: Rendezvous, rng: random.Random) -> int | None:
     old_code = run.await_driver(old, 1, epoch=old_epoch)
     if old_code == EXIT_FENCED:
         run.state.count("fenced")
-    elif code == EXIT_OK and not woken_early and not _stopped_by_a_fault(run, old_code,
+    elif code == EXIT_OK and not woken_early and not _stopped_by_a_fault(run, old, old_code,
                                                                          released):
         run.stale_error = (f"the older driver (epoch {old_epoch}), paused after {at[0]}#"
                            f"{at[1]}, exited {old_code} when woken after a newer one had "

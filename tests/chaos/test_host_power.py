@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sqlite3
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from chaos.attempts import AttemptScope
 from chaos.faults import DISK_BYTES
 from chaos.host_power import HostDisk, HostDiskBroken, commits
+from chaos.stale import StaleHost
 from durable.storage import Batch, ConversationRecord, EntryRecord
 from durable.storage_fences import open_fenced_sqlite
 
@@ -131,3 +135,43 @@ def test_chaos_clean_unmounts_what_a_dead_campaign_mounted_and_keeps_the_log(
     assert live.clean_dead() == (1, 0)
     assert not os.path.ismount(host_disk.directory)
     assert (host_disk.directory / "log.jsonl").read_bytes() == b"a line\n"
+
+
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
+
+
+def _stop_state(pid: int) -> str:
+    """"stopped" when ``pid`` is stopped or has a SIGSTOP pending (it runs no more code of
+    its own: the kernel stops it before it returns to it), else its state."""
+    fields = dict(line.split(":", 1) for line in
+                  Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    pending = int(fields["SigPnd"], 16) | int(fields["ShdPnd"], 16)
+    if fields["State"].split()[0] == "T" or pending & (1 << (signal.SIGSTOP - 1)):
+        return "stopped"
+    return fields["State"].strip()
+
+
+def test_a_stale_runs_power_cut_stops_every_driver_before_it_kills_one(tmp_path: Path) -> None:
+    """The run's thread releases one parked driver when the other dies (the older when the
+    newer ended, in a finished race; the newer when the older did, in an opened one): were
+    it still running then, it could commit after the instant of the cut. So when the cut
+    kills its first driver, every driver is already stopped."""
+    seen: list[set[str]] = []
+    with AttemptScope() as scope:
+        drivers = [scope.launch(SLEEPER, {}, tmp_path / f"{i}.log") for i in range(2)]
+        for driver in drivers:
+            kill = driver.kill_group
+
+            def kill_seen(kill: Callable[[], None] = kill) -> None:
+                seen.append({_stop_state(d.pid) for d in drivers if d.poll() is None})
+                kill()
+
+            driver.kill_group = kill_seen  # type: ignore[method-assign]
+        host = StaleHost(scope)
+        host.power_off()
+        assert all(d.poll() is not None for d in drivers), "both died"
+        assert host.killed == {d.pid for d in drivers}
+        assert seen and seen[0] == {"stopped"}, \
+            f"the drivers were {seen[0]} when the cut killed the first"
+        host.power_on(True)
+        assert scope.running() == [], "nothing starts again at boot"
