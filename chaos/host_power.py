@@ -26,7 +26,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol
 
@@ -102,6 +102,21 @@ class HostProcesses(Protocol):
         """Those ``power_off`` killed started again, if the host ``booted`` (else nothing
         starts: the host is down for good). Called after every cut, whether or not it got
         to ``power_off``."""
+
+
+@contextlib.contextmanager
+def hosting(disk: HostDisk | None, processes: HostProcesses) -> Iterator[None]:
+    """``processes`` run on the drivers' host, beside the runner's drivers, while the block
+    runs (a power cut of ``disk`` then ends them too); nothing when the run's host keeps
+    its power (``disk`` None). After it, the runner's next driver is its own again."""
+    if disk is None:
+        yield
+        return
+    disk.processes = processes
+    try:
+        yield
+    finally:
+        disk.processes = None
 
 
 class HostDisk:

@@ -51,7 +51,7 @@ from durable.lifetime import DIE_WITH_ENV
 
 from . import live
 from .faults import Fault, FaultPlan
-from .host_power import DEATH_S
+from .host_power import DEATH_S, hosting
 from .launch import OtherSession, driver_argv, driver_env
 from .observe import observe, save_ledger
 from .processes import Owned, python_argv
@@ -258,17 +258,16 @@ class Redrive:
         run = self.run
         for s in self.specs():
             self.store.submit(s, time.time())
-        if run.host_disk is not None:
-            run.host_disk.processes = RedriveHost(self)
-        try:
-            return self._drive_sessions()
-        finally:
-            with self.host_lock:  # (already, unless the loop raised)
-                self.stopped = True
-            if run.host_disk is not None:
-                run.host_disk.processes = None  # the clean driver is the runner's own
+        with hosting(run.host_disk, RedriveHost(self)):
+            try:
+                self._drive_sessions()
+            finally:
+                with self.host_lock:  # no power cut starts a coordinator again from here on
+                    self.stopped = True
+        return self._wind_up()
 
-    def _drive_sessions(self) -> int | None:
+    def _drive_sessions(self) -> None:
+        """Until every session ended (or the deadline, or the campaign's Ctrl-C)."""
         run = self.run
         with self.host_lock:
             for i in range(run.spec.coordinators):
@@ -294,8 +293,11 @@ class Redrive:
                                            f"{run.dir}/coordinator-{ident}-*.log)")
                         deadline = 0.0
             time.sleep(POLL_S)
-        with self.host_lock:
-            self.stopped = True
+
+    def _wind_up(self) -> int | None:
+        """The coordinators seen to their end, the facts of the run, the first session's
+        last exit."""
+        run = self.run
         for proc in self.coordinators.values():
             try:
                 proc.wait(timeout=15)

@@ -57,7 +57,7 @@ from scenarios.steps import DETACHED_GRACE_SECONDS
 
 from .faults import in_effect_at, park_points
 from .holds import Hold, wait_parked
-from .host_power import DEATH_S
+from .host_power import DEATH_S, hosting
 from .launch import OtherSession
 from .observe import save_ledger
 from .rendezvous import Rendezvous
@@ -95,13 +95,8 @@ PAUSE_MAX_S = 20.0
 def run_kind(run: RunContext, rv: Rendezvous) -> int | None:
     """The run's kind, its drivers on one host with the log: a power cut of that host
     (``--cut-host-power``) ends them all, the parked older driver too."""
-    if run.host_disk is None:
+    with hosting(run.host_disk, StaleHost(run.scope)):
         return _run_kind(run, rv)
-    run.host_disk.processes = StaleHost(run.scope)
-    try:
-        return _run_kind(run, rv)
-    finally:
-        run.host_disk.processes = None  # the clean driver is the runner's own
 
 
 @dataclass
