@@ -44,7 +44,7 @@ from .modes import MODES
 from .redrive import KINDS as REDRIVE_KINDS
 from .repro import analyze, repro, shrink
 from .run_args import DURABLE_MODES, campaign_config
-from .space_providers import BACKENDS
+from .space_providers import BACKEND_DESCRIPTORS, BACKENDS
 from .stale import KINDS
 
 
@@ -186,8 +186,11 @@ def build_parser() -> argparse.ArgumentParser:
     ana.add_argument("results", type=Path)
     cln = sub.add_parser("clean", help="remove Spaces left behind by crashed campaigns")
     cln.add_argument("--results", type=Path, default=Path("results"))
-    cln.add_argument("--backend", choices=("all", "local", "docker"), default="all",
-                     help="which Spaces to remove (docker: every campaign's, running or not)")
+    cln.add_argument("--backend", default="all",
+                     choices=("all", *(n for n, b in BACKEND_DESCRIPTORS.items() if b.clean)),
+                     help="which Spaces to remove (those of every backend whose Spaces live "
+                     "in run directories, as the named one's do, or in an engine: docker: "
+                     "every campaign's, running or not)")
     wl = sub.add_parser("workload", help="workloads: a session's tool calls to crash-test")
     wl_sub = wl.add_subparsers(dest="workload_command", required=True)
     wfl = wl_sub.add_parser("from-log", help="write the workload of the tool calls a durable "
