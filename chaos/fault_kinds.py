@@ -30,7 +30,7 @@ from backends.local import own_disks
 from durable.errors import SpaceError, SpaceNotFound
 
 from .faults import DISK_BYTES, HELD_KINDS, RELEASE, Action, Fault
-from .host_power import DEATH_S
+from .host_power import wait_dead
 from .nemesis import Completion, Operation, Target
 from .observe import kept_ledgers, read_ledger, unread_ledger
 from .processes import Owned
@@ -472,6 +472,9 @@ class CutHostPower(_Kind):
                               "in flight")
         host = disk.processes
         if host is not None:  # the host runs more than the runner's drivers: all go down
+            if (why := host.unfit()) is not None:
+                return Completion("fail", self.action, f"skipped {op.fault.describe()}: "
+                                  f"{why}")
             disk.cut(op.fault.describe(), host.power_off, host.power_on)
             return Completion("info", self.action, op.fault.describe())
         if not isinstance(op.driver, Owned) or op.driver.poll() is not None:
@@ -481,8 +484,7 @@ class CutHostPower(_Kind):
 
         def drivers_dead() -> None:
             driver.kill_group()
-            # its files closed: the log it left is what the page cache holds
-            driver.wait(timeout=DEATH_S)
+            wait_dead([driver], "the driver")
 
         disk.cut(op.fault.describe(), drivers_dead)
         return Completion("info", self.action, op.fault.describe())

@@ -39,6 +39,7 @@ class Holds:
         self._lock = threading.Lock()
         self._waiting: list[Hold] = []
         self._all: list[Hold] = []
+        self._parked: set[int] = set()
 
     def __enter__(self) -> Self:
         return self
@@ -60,10 +61,21 @@ class Holds:
                 self._waiting.remove(hold)  # taken: it parks one driver
         if hold is None:
             return False
+        with self._lock:
+            self._parked.add(hit.pid)
         hold.parked.set()  # tell the runner: a driver is parked here
         state.op("nemesis", "info", "hold_driver", f"{hold.who} at {hit.point}#{hit.occurrence}")
-        hold.release.wait(DRIVER_TIMEOUT_S)
+        try:
+            hold.release.wait(DRIVER_TIMEOUT_S)
+        finally:
+            with self._lock:
+                self._parked.discard(hit.pid)
         return True
+
+    def parked(self) -> set[int]:
+        """The pids of the drivers parked now (each waits at its failpoint)."""
+        with self._lock:
+            return set(self._parked)
 
     def release_all(self) -> None:
         with self._lock:

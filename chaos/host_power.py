@@ -26,7 +26,8 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -34,6 +35,8 @@ from backends.local.own_disks import unmount
 from durable.errors import StorageError
 from durable.session_log import LOG_NAMES, open_for_audit
 from durable.storage.records import encode_json
+
+from .processes import Driver
 
 #: ``mount``'s options: ``commit=600`` keeps ext4 from committing its journal (and, with
 #: ``data=ordered``, flushing data) every 5 s, so a write reaches the disk by a sync.
@@ -92,8 +95,13 @@ class HostDiskBroken(RuntimeError):
 
 class HostProcesses(Protocol):
     """What a campaign mode runs on the drivers' host besides the runner's own drivers (a
-    redrive run's coordinators and the drivers they launch): a power cut ends them all, and
-    the host's boot starts again what it runs by itself (the coordinators)."""
+    stale run's parked older driver; a redrive run's coordinators and the drivers they
+    launch): a power cut ends them all, and the host's boot starts again what it runs by
+    itself (the coordinators)."""
+
+    def unfit(self) -> str | None:
+        """Why a cut now could not be judged (a driver may be inside a commit, which G7
+        would count as returned), or None: the cut is then skipped, and says so."""
 
     def power_off(self) -> None:
         """Every one of them killed at once, and gone (its files closed) on return."""
@@ -102,6 +110,17 @@ class HostProcesses(Protocol):
         """Those ``power_off`` killed started again, if the host ``booted`` (else nothing
         starts: the host is down for good). Called after every cut, whether or not it got
         to ``power_off``."""
+
+
+def wait_dead(drivers: Sequence[Driver], what: str) -> None:
+    """Return once every one of ``drivers``, SIGKILLed, has died (its files closed: the log
+    is then what the page cache holds); ``RuntimeError`` naming them after ``DEATH_S``."""
+    deadline = time.monotonic() + DEATH_S
+    while alive := [d.pid for d in drivers if d.poll() is None]:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} {alive} were SIGKILLed and still ran after "
+                               f"{DEATH_S:.0f} s")
+        time.sleep(0.01)
 
 
 @contextlib.contextmanager

@@ -23,6 +23,8 @@ class Driver(Protocol):
     """A driver as the nemesis kills it: one the runner owns (``OwnedProcess``) or one a
     coordinator launched (``chaos.redrive.LaunchedDriver``)."""
 
+    pid: int
+
     def poll(self) -> int | None: ...
 
     def kill_group(self) -> None: ...

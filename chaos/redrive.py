@@ -51,7 +51,7 @@ from durable.lifetime import DIE_WITH_ENV
 
 from . import live
 from .faults import Fault, FaultPlan
-from .host_power import DEATH_S, hosting
+from .host_power import hosting, wait_dead
 from .launch import OtherSession, driver_argv, driver_env
 from .observe import observe, save_ledger
 from .processes import Owned, python_argv
@@ -385,6 +385,11 @@ class RedriveHost:
     #: Whether ``power_off`` holds the run's ``host_lock`` (for ``power_on`` to release).
     _holding: bool = False
 
+    def unfit(self) -> str | None:
+        if self.redrive.stopped:
+            return "the run's sessions had ended: its coordinators are being wound up"
+        return None
+
     def power_off(self) -> None:
         redrive = self.redrive
         redrive.host_lock.acquire()
@@ -406,15 +411,9 @@ class RedriveHost:
             proc.kill_group()
         for driver in drivers:
             driver.kill_group()
-        deadline = time.monotonic() + DEATH_S
-        for proc in coordinators:
-            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        wait_dead(coordinators, "the coordinators")
         # Their parent is dead: they are reaped by init, or end as zombies (files closed).
-        while alive := [d.pid for d in drivers if d.poll() is None]:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the coordinators' drivers {alive} were SIGKILLed and "
-                                   f"still ran after {DEATH_S:.0f} s")
-            time.sleep(0.01)
+        wait_dead(drivers, "the coordinators' drivers")
 
     def power_on(self, booted: bool) -> None:
         redrive = self.redrive

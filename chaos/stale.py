@@ -46,6 +46,7 @@ checks judge what it changed.
 from __future__ import annotations
 
 import random
+import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -55,9 +56,9 @@ from durable.session_driver import EXIT_FENCED, EXIT_OK
 from scenarios import load, scenario_of
 from scenarios.steps import DETACHED_GRACE_SECONDS
 
-from .faults import in_effect_at, park_points
-from .holds import Hold, wait_parked
-from .host_power import DEATH_S, hosting
+from .faults import HELD_KINDS, in_effect_at, park_points
+from .holds import Hold, Holds, wait_parked
+from .host_power import hosting, wait_dead
 from .launch import OtherSession
 from .observe import save_ledger
 from .rendezvous import Rendezvous
@@ -95,7 +96,11 @@ PAUSE_MAX_S = 20.0
 def run_kind(run: RunContext, rv: Rendezvous) -> int | None:
     """The run's kind, its drivers on one host with the log: a power cut of that host
     (``--cut-host-power``) ends them all, the parked older driver too."""
-    with hosting(run.host_disk, StaleHost(run.scope)):
+    cut = HELD_KINDS["cut_host_power"]
+    if run.host_disk is not None and run.spec.stale_kind not in cut.stale_kinds:
+        raise ValueError(f"{cut.flag} is for --stale-kind {' or '.join(cut.stale_kinds)}, "
+                         f"not {run.spec.stale_kind}: {cut.stale_why}")
+    with hosting(run.host_disk, StaleHost(run.scope, run.holds)):
         return _run_kind(run, rv)
 
 
@@ -110,8 +115,18 @@ class StaleHost:
     starts again at boot: the runner launches the next driver once the host is up."""
 
     scope: AttemptScope
+    holds: Holds
     #: The pids of the drivers a cut killed (each its own exit, never its fence's).
     killed: set[int] = field(default_factory=set)
+
+    def unfit(self) -> str | None:
+        # The driver at the cut's failpoint waits there; every other one must be parked.
+        parked = self.holds.parked()
+        loose = [d.pid for d in self.scope.running() if d.pid not in parked]
+        if len(loose) > 1:
+            return (f"drivers {loose} are not all held at a failpoint (a park gave up): one "
+                    "may be inside a commit")
+        return None
 
     def power_off(self) -> None:
         drivers = self.scope.running()
@@ -120,9 +135,7 @@ class StaleHost:
         self.killed.update(d.pid for d in drivers)  # before the deaths the run waits on
         for driver in drivers:
             driver.kill_group()
-        deadline = time.monotonic() + DEATH_S
-        for driver in drivers:  # its files closed: the log is what the page cache holds
-            driver.wait(timeout=max(0.0, deadline - time.monotonic()))
+        wait_dead(drivers, "the run's drivers")
 
     def power_on(self, booted: bool) -> None:
         pass
@@ -197,7 +210,8 @@ def _stopped_by_a_fault(run: RunContext, old: Owned, code: int, released: float)
         return False
     holding, struck_later = in_effect_at(run.state.history(), released)
     host = run.host_disk.processes if run.host_disk is not None else None
-    died_with_host = isinstance(host, StaleHost) and old.pid in host.killed
+    died_with_host = isinstance(host, StaleHost) and old.pid in host.killed and \
+        code == -signal.SIGKILL
     if not (holding or struck_later or died_with_host):
         return False
     why = ("killed by its host's power cut" if died_with_host else

@@ -86,6 +86,7 @@ def test_ci_slice(tmp_path: Path, name: str) -> None:
             dead = int(summary.get("host_power_cuts", 0)) if met == "fenced" else 0
             assert int(summary[met]) <= int(summary["runs"]) <= int(summary[met]) + dead, \
                 f"every run must meet its other party ({met})"
+            assert int(summary[met]) >= int(summary["runs"]) // 2, f"a fence must be met:\n{text}"
 
 
 @pytest.mark.parametrize("trigger", ["failpoint", "time"])

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sqlite3
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -16,7 +17,10 @@ import pytest
 
 from chaos.attempts import AttemptScope
 from chaos.faults import DISK_BYTES
+from chaos.holds import Hold, Holds
 from chaos.host_power import HostDisk, HostDiskBroken, commits
+from chaos.rendezvous import Hit
+from chaos.run_state import RunState
 from chaos.stale import StaleHost
 from durable.storage import Batch, ConversationRecord, EntryRecord
 from durable.storage_fences import open_fenced_sqlite
@@ -141,14 +145,19 @@ SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
 
 
 def _stop_state(pid: int) -> str:
-    """"stopped" when ``pid`` is stopped or has a SIGSTOP pending (it runs no more code of
-    its own: the kernel stops it before it returns to it), else its state."""
-    fields = dict(line.split(":", 1) for line in
-                  Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
-    pending = int(fields["SigPnd"], 16) | int(fields["ShdPnd"], 16)
-    if fields["State"].split()[0] == "T" or pending & (1 << (signal.SIGSTOP - 1)):
-        return "stopped"
-    return fields["State"].strip()
+    """"stopped" once ``pid`` is stopped (a SIGSTOP sent to it stops it before it runs any
+    more code of its own, but its state shows it a moment later: waited for, up to 5 s),
+    else its state then."""
+    deadline = time.monotonic() + 5.0
+    while True:
+        state = next(line.split(":", 1)[1].strip() for line in
+                     Path(f"/proc/{pid}/status").read_text().splitlines()
+                     if line.startswith("State:"))
+        if state.startswith("T"):
+            return "stopped"
+        if time.monotonic() > deadline:
+            return state
+        time.sleep(0.01)
 
 
 def test_a_stale_runs_power_cut_stops_every_driver_before_it_kills_one(tmp_path: Path) -> None:
@@ -167,7 +176,7 @@ def test_a_stale_runs_power_cut_stops_every_driver_before_it_kills_one(tmp_path:
                 kill()
 
             driver.kill_group = kill_seen  # type: ignore[method-assign]
-        host = StaleHost(scope)
+        host = StaleHost(scope, Holds())
         host.power_off()
         assert all(d.poll() is not None for d in drivers), "both died"
         assert host.killed == {d.pid for d in drivers}
@@ -175,3 +184,25 @@ def test_a_stale_runs_power_cut_stops_every_driver_before_it_kills_one(tmp_path:
             f"the drivers were {seen[0]} when the cut killed the first"
         host.power_on(True)
         assert scope.running() == [], "nothing starts again at boot"
+
+
+def test_a_stale_run_is_cut_only_while_every_other_driver_is_parked(tmp_path: Path) -> None:
+    """The cut strikes at one driver's failpoint; another driver not parked at one (its park
+    gave up) may be inside a commit, so the cut is skipped, and says why."""
+    holds = Holds()
+    with AttemptScope() as scope:
+        reporter = scope.launch(SLEEPER, {}, tmp_path / "reporter.log")
+        other = scope.launch(SLEEPER, {}, tmp_path / "other.log")
+        host = StaleHost(scope, holds)
+        assert host.unfit() == (f"drivers {[reporter.pid, other.pid]} are not all held at a "
+                                "failpoint (a park gave up): one may be inside a commit")
+        hold = Hold("the other", lambda hit: True)
+        holds.add(hold)
+        parking = threading.Thread(target=holds.park, args=(
+            Hit("call.intent", 1, other.pid, {}), RunState()))
+        parking.start()
+        assert hold.parked.wait(120)
+        assert host.unfit() is None, "the other driver is parked: the cut may strike"
+        holds.release_all()
+        parking.join(120)
+        assert host.unfit() is not None, "released, it runs on"
