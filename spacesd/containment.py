@@ -102,8 +102,10 @@ class Containment(ABC):
         """Prepare the place of ``tree_id`` and return the shim's containment argument."""
 
     @abstractmethod
-    def members(self, trees: Sequence[Tree]) -> dict[str, list[int]]:
-        """The live processes of each of ``trees`` that has any, by tree id."""
+    def members(self, trees: Sequence[Tree], table: dict[int, procfs.Proc] | None = None
+                ) -> dict[str, list[int]]:
+        """The live processes of each of ``trees`` that has any, by tree id (``table``: the
+        process table to read, a ``procfs.snapshot`` the caller took; else a fresh one)."""
 
     @abstractmethod
     def kill(self, trees: Sequence[Tree], *, timeout: float = 5.0) -> set[str]:
@@ -113,9 +115,11 @@ class Containment(ABC):
         (``procfs.kill_groups``), so a shim outlives its escaped descendants and adopts any
         orphan a racing fork leaves."""
 
-    def strays(self, known: Sequence[Tree], *, spare: Collection[int] = ()) -> list[int]:
+    def strays(self, known: Sequence[Tree], *, spare: Collection[int] = (),
+               table: dict[int, procfs.Proc] | None = None) -> list[int]:
         """Processes of the Space in none of the ``known`` trees (their command unknown),
-        but for ``spare``: the daemon's own helpers (its shim launcher)."""
+        but for ``spare``: the daemon's own helpers (its shim launcher); ``table`` as for
+        ``members``."""
         return []
 
     def kill_strays(self, known: Sequence[Tree], *, spare: Collection[int] = (),
@@ -403,9 +407,10 @@ class _Adopting(Containment):
     def shim_arg(self, tree_id: str) -> str:
         return SUBREAPER
 
-    def members(self, trees: Sequence[Tree]) -> dict[str, list[int]]:
-        return {tid: sorted(pids) for tid, pids in _tree_members(procfs.snapshot(),
-                                                                  trees).items()}
+    def members(self, trees: Sequence[Tree], table: dict[int, procfs.Proc] | None = None
+                ) -> dict[str, list[int]]:
+        return {tid: sorted(pids) for tid, pids in _tree_members(
+            procfs.snapshot() if table is None else table, trees).items()}
 
     def kill(self, trees: Sequence[Tree], *, timeout: float = 5.0) -> set[str]:
         leaders = {t.id: t.leader[0] for t in trees if t.leader}
@@ -419,8 +424,10 @@ class _Adopting(Containment):
             return set()
         return {tid for tid, pids in escaped(procfs.snapshot()).items() if pids & left}
 
-    def strays(self, known: Sequence[Tree], *, spare: Collection[int] = ()) -> list[int]:
-        return sorted(self._strays(procfs.snapshot(), known, spare))
+    def strays(self, known: Sequence[Tree], *, spare: Collection[int] = (),
+               table: dict[int, procfs.Proc] | None = None) -> list[int]:
+        return sorted(self._strays(procfs.snapshot() if table is None else table, known,
+                                   spare))
 
     def kill_strays(self, known: Sequence[Tree], *, spare: Collection[int] = (),
                     timeout: float = 5.0) -> list[int]:
@@ -547,8 +554,9 @@ class Cgroup(_AdoptingHere):
             os.makedirs(path, exist_ok=True)
         return path
 
-    def members(self, trees: Sequence[Tree]) -> dict[str, list[int]]:
-        adopted = super().members(trees)
+    def members(self, trees: Sequence[Tree], table: dict[int, procfs.Proc] | None = None
+                ) -> dict[str, list[int]]:
+        adopted = super().members(trees, table)
         found = {}
         for t in trees:
             if pids := sorted(set(cgroup_pids(self._dir(t.id))).union(adopted.get(t.id, ()))):

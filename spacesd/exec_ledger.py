@@ -433,8 +433,10 @@ class ExecLedger:
                 rec.group_gone = True
             else:
                 by_pgid[pgid] = rec
-        live = procfs.group_members(by_pgid)
-        escaped = self._containment.members(self._trees(by_pgid.values()))
+        table = procfs.snapshot() if by_pgid else {}  # one instant for both questions
+        live = procfs.group_members(by_pgid, table)
+        escaped = self._containment.members(self._trees(by_pgid.values()), table) \
+            if by_pgid else {}
         members = {pgid: (rec, {*live.get(pgid, ()), *escaped.get(rec.id, ())})
                    for pgid, rec in by_pgid.items()}
         gone = [rec for rec, pids in members.values() if not pids]
@@ -452,10 +454,12 @@ class ExecLedger:
             recs = list(self._records.values())
             by_pgid = {pgid: rec for rec in recs
                        if rec.epoch < epoch and (pgid := self._pgid(rec)) is not None}
-            live = procfs.group_members(by_pgid)
+            table = procfs.snapshot()  # one instant for the three questions
+            live = procfs.group_members(by_pgid, table)
             older = [rec for rec in recs if rec.epoch < epoch]
-            escaped = self._containment.members(self._trees(older))
-            strays = self._containment.strays(self._trees(recs), spare=self._helpers())
+            escaped = self._containment.members(self._trees(older), table)
+            strays = self._containment.strays(self._trees(recs), spare=self._helpers(),
+                                              table=table)
         keys = {rec.key for pgid, rec in by_pgid.items() if pgid in live}
         keys.update(rec.key for rec in older if rec.id in escaped)
         return sorted(keys) + [f"pid {pid} (no key)" for pid in strays]

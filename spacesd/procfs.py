@@ -54,13 +54,15 @@ def is_alive(pid: int, started: int) -> bool:
     return start_time(pid) == started
 
 
-def group_members(pgids: Iterable[int]) -> dict[int, list[int]]:
-    """For each of ``pgids`` that still has live members: their pids (one pass over /proc)."""
+def group_members(pgids: Iterable[int], table: dict[int, Proc] | None = None
+                  ) -> dict[int, list[int]]:
+    """For each of ``pgids`` that still has live members: their pids (one pass over /proc,
+    or ``table``: a ``snapshot`` the caller took for more questions of the same instant)."""
     wanted = set(pgids)
     found: dict[int, list[int]] = {}
     if not wanted:
         return found
-    for proc in snapshot().values():
+    for proc in (snapshot() if table is None else table).values():
         if proc.pgid in wanted:
             found.setdefault(proc.pgid, []).append(proc.pid)
     return found
