@@ -51,10 +51,11 @@ from __future__ import annotations
 import bisect
 import random
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from durable.failpoints import POINTS as DRIVER_POINTS
+from durable.record_codec import OMIT_NONE, JsonRecord
 from scenarios.plan import Scenario
 from spacesd.failpoints import POINTS as SPACE_POINTS
 
@@ -275,7 +276,7 @@ MODE_RECOVERY_POINTS = {
 
 
 @dataclass(frozen=True)
-class Fault:
+class Fault(JsonRecord):
     action: Action
     trigger: Literal["failpoint", "time"]
     point: str | None = None
@@ -289,11 +290,12 @@ class Fault:
     #: so that a fault meant for a command's later moment waits for it however slow the
     #: machine is, instead of guessing a delay).
     after_output: bool = False
-    #: A held fault only (``HELD_KINDS``): how long it holds, in seconds.
-    hold: float | None = None
+    #: A held fault only (``HELD_KINDS``): how long it holds, in seconds (in a plan file
+    #: only where there is one, as for ``jump``: older plans read the same).
+    hold: float | None = field(default=None, metadata=OMIT_NONE)
     #: A ``jump_clock`` only: the seconds the Space's clock is stepped by (back if
     #: negative) for the hold.
-    jump: float | None = None
+    jump: float | None = field(default=None, metadata=OMIT_NONE)
 
     def __post_init__(self) -> None:
         """A plan read back (a results directory, a shrunk.json) is input: refuse what no
@@ -344,28 +346,13 @@ class Fault:
             held = f" by {self.jump:+g}s{held}"
         return f"{self.action}{held}{extra} at {where}"
 
-    def to_json(self) -> dict[str, Any]:
-        """As a plan file holds it (``hold`` and ``jump`` only where there is one: older
-        plans read the same)."""
-        return {k: v for k, v in asdict(self).items()
-                if k not in ("hold", "jump") or v is not None}
-
 
 @dataclass(frozen=True)
-class FaultPlan:
+class FaultPlan(JsonRecord):
     seed: int
     faults: tuple[Fault, ...]
     backoff: float = 0.0
     max_attempts: int = 8
-
-    def to_json(self) -> dict[str, Any]:
-        return {"seed": self.seed, "faults": [f.to_json() for f in self.faults],
-                "backoff": self.backoff, "max_attempts": self.max_attempts}
-
-    @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> FaultPlan:
-        return cls(raw["seed"], tuple(Fault(**f) for f in raw["faults"]), raw["backoff"],
-                   raw["max_attempts"])
 
 
 def reachable_points(scenario: Scenario, durable_mode: str) -> dict[str, int]:

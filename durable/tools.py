@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from .docs import Doc, updated
 from .errors import ToolError, UnknownTool
+from .record_codec import JsonRecord
 from .storage.records import SlotRecord
 
 if TYPE_CHECKING:
@@ -47,19 +48,11 @@ OUTPUT_LIMIT = 50 * 1024
 
 
 @dataclass(frozen=True)
-class ToolResult:
+class ToolResult(JsonRecord):
     content: str
     is_error: bool = False
     interrupted: bool = False
     details: dict[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "content": self.content,
-            "is_error": self.is_error,
-            "interrupted": self.interrupted,
-            "details": self.details,
-        }
 
 
 def error_result(exc: Exception) -> ToolResult:

@@ -28,10 +28,11 @@ entries written before them read with None.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from ..docs import Doc, define_doc
+from ..record_codec import OMIT_NONE, JsonRecord
 from ..tools import ToolResult
 from .snapshots import CheckpointRef
 
@@ -68,7 +69,7 @@ RECOVERY_KEY = "recovery"
 
 
 @dataclass(frozen=True)
-class CheckpointMark:
+class CheckpointMark(JsonRecord):
     """The newest checkpoint ``cua.space`` records."""
 
     space: str
@@ -82,17 +83,10 @@ class CheckpointMark:
     def ref(self) -> CheckpointRef:
         return CheckpointRef(self.space, self.id)
 
-    def to_json(self) -> dict[str, Any]:
-        return {"space": self.space, "id": self.id, "call_id": self.call_id,
-                "entry": self.entry}
-
-    @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> CheckpointMark:
-        return cls(raw["space"], raw["id"], raw["call_id"], raw["entry"])
 
 
 @dataclass(frozen=True)
-class SpaceState:
+class SpaceState(JsonRecord):
     """``cua.space``."""
 
     space: str | None = None
@@ -103,59 +97,31 @@ class SpaceState:
     checkpoint: CheckpointMark | None = None
     #: The id of the Space that holds the log's state (``SpaceClient.describe``), recorded
     #: when it was adopted or rebuilt: a Space made again under the name has another id.
-    #: None in logs written before ids, and for a daemon that has none.
-    space_id: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        out = {"space": self.space, "generation": self.generation, "ready": self.ready,
-               "mode": self.mode, "mode_reason": self.mode_reason,
-               "checkpoint": None if self.checkpoint is None else self.checkpoint.to_json()}
-        if self.space_id is not None:  # absent before ids: old documents encode as they were
-            out["space_id"] = self.space_id
-        return out
-
-    @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> SpaceState:
-        mark = raw["checkpoint"]
-        return cls(raw["space"], raw["generation"], raw["ready"], raw["mode"],
-                   raw["mode_reason"], None if mark is None else CheckpointMark.from_json(mark),
-                   raw.get("space_id"))
+    #: None in logs written before ids, and for a daemon that has none (absent from the
+    #: JSON then: old documents encode as they were).
+    space_id: str | None = field(default=None, metadata=OMIT_NONE)
 
 
 @dataclass(frozen=True)
-class ImageState:
+class ImageState(JsonRecord):
     """``cua.space.image``: the image's size, and why it is stale (None while it is not)."""
 
     stale: str | None = None
     files: int = 0
     bytes: int = 0
 
-    def to_json(self) -> dict[str, Any]:
-        return {"stale": self.stale, "files": self.files, "bytes": self.bytes}
-
-    @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> ImageState:
-        return cls(raw["stale"], raw["files"], raw["bytes"])
-
 
 @dataclass(frozen=True)
-class CommandMark:
+class CommandMark(JsonRecord):
     """A command a call started: its idempotency key, the epoch and its number in the call."""
 
     key: str
     epoch: int
     n: int
 
-    def to_json(self) -> dict[str, Any]:
-        return {"key": self.key, "epoch": self.epoch, "n": self.n}
-
-    @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> CommandMark:
-        return cls(raw["key"], raw["epoch"], raw["n"])
-
 
 @dataclass(frozen=True)
-class CallRecord:
+class CallRecord(JsonRecord):
     """``cua.call``: the start mark of the wrapped call in flight, then its outcome."""
 
     call_id: str
@@ -164,18 +130,6 @@ class CallRecord:
     generation: int
     commands: tuple[CommandMark, ...] = ()
     outcome: ToolResult | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"call_id": self.call_id, "tool": self.tool, "generation": self.generation,
-                "commands": [c.to_json() for c in self.commands],
-                "outcome": None if self.outcome is None else self.outcome.to_json()}
-
-    @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> CallRecord:
-        outcome = raw["outcome"]
-        return cls(raw["call_id"], raw["tool"], raw["generation"],
-                   tuple(CommandMark.from_json(c) for c in raw["commands"]),
-                   None if outcome is None else ToolResult(**outcome))
 
 
 def _call_from_json(raw: dict[str, Any] | None) -> CallRecord | None:
@@ -229,7 +183,7 @@ CALL: Stored[CallRecord | None] = Stored(CALL_DOC, _call_from_json, _call_to_jso
 
 
 @dataclass(frozen=True)
-class RecoveryEvent:
+class RecoveryEvent(JsonRecord):
     kind: EventKind
     mode: str | None
     call_id: str | None = None
@@ -244,10 +198,10 @@ class RecoveryEvent:
     epoch: int | None = None
 
     def to_entry(self) -> dict[str, Any]:
-        return {"hidden": True, RECOVERY_KEY: asdict(self)}
+        return {"hidden": True, RECOVERY_KEY: self.to_json()}
 
     @classmethod
     def from_entry(cls, data: dict[str, Any]) -> RecoveryEvent:
         """The event a recovery entry holds (one written before ``tool``, ``cause`` and
         ``epoch`` existed reads with None there)."""
-        return cls(**data[RECOVERY_KEY])
+        return cls.from_json(data[RECOVERY_KEY])
