@@ -8,15 +8,17 @@ seconds after ``started_at``; ``fired`` holds the indexes of the plan's faults t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
+
+from durable.record_codec import JsonRecord
 
 from .checks.model import Observation, Verdict
 from .faults import FaultPlan
 
 
 @dataclass(frozen=True)
-class RunRecord:
+class RunRecord(JsonRecord):
     index: int
     seed: int
     campaign_mode: str
@@ -50,10 +52,3 @@ class RunRecord:
     run_dir: str | None
     #: Ended by the campaign's interruption, not by its own course.
     interrupted: bool
-
-    def to_json(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out["plan"] = self.plan.to_json()
-        out["verdict"] = self.verdict.to_json()
-        out["observation"] = self.observation.to_json() if self.observation else None
-        return out

@@ -4,7 +4,8 @@ A record's JSON is its fields, key for key in their order (what ``dataclasses.as
 gives), with nested records, tuples and lists encoded the same way; a field whose metadata
 says ``OMIT_NONE`` is left out while it is None (a field added later, so that records
 written before it encode to the same bytes). Reading follows the field types: a nested
-record, a tuple or list of them, ``X | None``; a field missing from the JSON takes its
+record, a tuple or list of them, ``X | None``, and ``int``, ``float``, ``str`` and ``bool``
+checked; a field missing from the JSON takes its
 default (records written before it), and a key the record does not know is refused unless
 the class says ``json_extra = "ignore"`` (records of older versions that had more). Every
 refusal is a ``ValueError`` that names the record and the field.
@@ -68,6 +69,9 @@ class JsonRecord:
 
 
 _HINTS: dict[type, dict[str, Any]] = {}
+#: What JSON may hold for a field of these types (a float field takes a whole number).
+_PRIMITIVE: dict[Any, type | tuple[type, ...]] = {int: int, float: (int, float), str: str,
+                                                   bool: bool}
 
 
 def _hints(cls: type) -> dict[str, Any]:
@@ -107,6 +111,11 @@ def _decode(hint: Any, value: Any) -> Any:
             return tuple(_decode(a, v) for a, v in zip(args, value, strict=True))
         items = [_decode(args[0] if args else Any, v) for v in value]
         return tuple(items) if origin is tuple else items
+    if hint in _PRIMITIVE:
+        ok = isinstance(value, _PRIMITIVE[hint]) and (hint is bool or not isinstance(value, bool))
+        if not ok:
+            raise ValueError(f"expected {hint.__name__}, got {value!r:.100}")
+        return value
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         from_json = getattr(hint, "from_json", None)
         if from_json is not None:

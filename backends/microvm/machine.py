@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from durable.errors import SpaceUnavailable
+from durable.record_codec import JsonRecord
 from spacesd import procfs
 
 from .artifacts import Artifacts
@@ -43,14 +44,11 @@ def host_tsc_khz() -> int:
 
 
 @dataclass(frozen=True)
-class MachineSpec:
+class MachineSpec(JsonRecord):
     memory_mb: int = 512
     vcpus: int = 1
     #: ``tcg`` or ``kvm``.
     accel: str = "tcg"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"memory_mb": self.memory_mb, "vcpus": self.vcpus, "accel": self.accel}
 
 
 def qemu_argv(art: Artifacts, spec: MachineSpec, *, overlay: Path, sockets: Path, port: int,

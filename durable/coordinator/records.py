@@ -13,8 +13,10 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any, Literal
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, ClassVar, Literal
+
+from ..record_codec import JsonRecord
 
 SessionState = Literal["pending", "running", "backoff", "done", "failed"]
 STATES: tuple[SessionState, ...] = ("pending", "running", "backoff", "done", "failed")
@@ -120,8 +122,11 @@ class SessionSpec:
 
 
 @dataclass(frozen=True)
-class SessionRecord:
+class SessionRecord(JsonRecord):
     """A session's state in the store (``spec`` plus what the drives made of it)."""
+
+    # Records stored by an older coordinator may hold fields this one dropped.
+    json_extra: ClassVar[Literal["refuse", "ignore"]] = "ignore"
 
     spec: SessionSpec
     state: SessionState = "pending"
@@ -163,18 +168,6 @@ class SessionRecord:
     def ended(self) -> bool:
         return self.state in TERMINAL
 
-    def to_json(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out["spec"] = self.spec.to_json()
-        return out
-
-    @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> SessionRecord:
-        known = {f.name for f in fields(cls)}
-        kw = {k: v for k, v in raw.items() if k in known}
-        kw["spec"] = SessionSpec.from_json(raw["spec"])
-        return cls(**kw)
-
     def encode(self) -> str:
         return json.dumps(self.to_json(), sort_keys=True)
 
@@ -201,7 +194,7 @@ class Lease:
 
 
 @dataclass(frozen=True)
-class Event:
+class Event(JsonRecord):
     """Something the coordinator did or saw, in the order the store committed it: what
     ``status`` shows and what the redrive campaign checks."""
 
@@ -210,9 +203,6 @@ class Event:
     at: float
     kind: str
     data: dict[str, Any]
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+from ..record_codec import JsonRecord
 
 SlotState = Literal["pending", "running", "done"]
 DocHistory = Literal["latest", "rewindable"]
@@ -93,7 +95,10 @@ class RequestRecord:
 
 
 @dataclass
-class Batch:
+class Batch(JsonRecord):
+    # A JSONL log's line holds its writer's epoch beside the batch (``storage.jsonl``).
+    json_extra: ClassVar[Literal["refuse", "ignore"]] = "ignore"
+
     base_id: int
     next_id: int
     conversations: list[ConversationRecord] = field(default_factory=list)
@@ -105,20 +110,6 @@ class Batch:
     def is_empty(self) -> bool:
         return not (self.conversations or self.entries or self.slots or self.docs or self.requests)
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> Batch:
-        return cls(
-            base_id=int(raw["base_id"]),
-            next_id=int(raw["next_id"]),
-            conversations=[ConversationRecord(**r) for r in raw.get("conversations", [])],
-            entries=[EntryRecord(**r) for r in raw.get("entries", [])],
-            slots=[SlotRecord(**r) for r in raw.get("slots", [])],
-            docs=[DocRecord(**r) for r in raw.get("docs", [])],
-            requests=[RequestRecord(**r) for r in raw.get("requests", [])],
-        )
 
 
 @dataclass

@@ -23,15 +23,9 @@ from tests.backends.pause_contract import (
     check_a_daemon_pause_freezes_the_daemon_alone,
     check_a_pause_freezes_the_space,
 )
+from tests.liveness import running
 
 ROOT = str(Path(__file__).resolve().parents[2])
-
-
-def running(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def in_child(base: Path, code: str) -> str:

@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from chaos.campaign import LEAD_TRIES, CampaignConfig, lead_retry, run_campaign
@@ -20,6 +19,7 @@ from chaos.records import ResultsDir
 from chaos.run_spec import RunSpec
 from chaos.runner import Run
 from chaos.summary import parse_summary
+from tests.liveness import running
 
 BROKEN = str(Path(__file__).with_name("broken_driver.py"))
 
@@ -214,11 +214,7 @@ def test_clean_removes_local_spaces_left_behind(tmp_path: Path,
     assert main(["clean", "--results", str(tmp_path / "results"), "--backend", "local"]) == 0
     assert "removed 1 Space(s)" in capsys.readouterr().out
     assert not spaces.exists("cua-c1")
-    try:
-        gone = psutil.Process(daemon[0]).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        gone = True
-    assert gone, "the left-behind daemon was killed"
+    assert not running(daemon[0]), "the left-behind daemon was killed"
 
 
 def test_a_revert_is_recorded_before_the_rerun_it_allows(tmp_path: Path) -> None:

@@ -95,4 +95,10 @@ def test_bad_input_is_refused_naming_the_record_and_the_field() -> None:
         _Outer.from_json({"name": "x", "pair": [1]})
     with pytest.raises(ValueError, match="_Inner: expected a JSON object"):
         _Inner.from_json([1])  # type: ignore[arg-type]  # bad input on purpose
+    with pytest.raises(ValueError, match=r"_Inner.n: expected int, got '1'"):
+        _Inner.from_json({"n": "1"})
+    with pytest.raises(ValueError, match=r"_Inner.n: expected int, got True"):
+        _Inner.from_json({"n": True})
+    with pytest.raises(ValueError, match=r"_Outer.pair: expected str, got 4"):
+        _Outer.from_json({"name": "x", "pair": [3, 4]})
     assert _Lenient.from_json({"a": 1, "gone": 2}) == _Lenient(1), "older records had more"

@@ -5,20 +5,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from backends.local import LocalSpace, LocalSpaces
 from backends.local.procs import kill_process
 from backends.space_client import HttpSpaceClient
 from durable.errors import StaleEpochError
-
-
-def running(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
+from tests.liveness import running
 
 
 def read_pids(work: Path, *names: str, timeout: float = 10.0) -> list[int]:

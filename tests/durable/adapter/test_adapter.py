@@ -38,6 +38,7 @@ from spacesd.audit import read_state
 from spacesd.exec_files import Claim, read_claim
 from spacesd.exec_ledger import replay
 from spacesd.protocol import STATE_EXEC_DIR, STATE_LEDGER, workspace_hash
+from tests.liveness import running
 
 
 @dataclass
@@ -388,7 +389,14 @@ class KillShimAt:
         if point == "space.running":
             self.hits += 1
             if self.hits == self.nth:
-                self.spaces.kill_process(SPACE, _shim_pid(self.spaces, info["key"]))
+                shim = _shim_pid(self.spaces, info["key"])
+                # "running" is the shim's claim, which comes before it spawns the command:
+                # killed before that, no command would live on (once in 8 runs under load)
+                deadline = time.monotonic() + 120
+                while not psutil.Process(shim).children():
+                    assert time.monotonic() < deadline, f"shim {shim} never spawned its command"
+                    time.sleep(0.01)
+                self.spaces.kill_process(SPACE, shim)
 
 
 @pytest.mark.parametrize(("mode", "kind"), [("transactional", "reverted"),
@@ -403,15 +411,22 @@ def test_an_in_process_restore_first_ends_the_drivers_own_earlier_processes(
     epoch"): the driver fences its own epoch first (both die), which the daemon's fence
     journal records from a fresh look at /proc. Without that, the orphan appends to
     ``log.txt`` after the workspace was reverted (even when the revert had no file to
-    change), and a background job outlives the restore."""
-    s = open_session(tmp_path, spaces, steps(BACKGROUND, WRITE, LONG), epoch=1, mode=mode)
+    change), and a background job outlives the restore.
+
+    The orphan outlives any recovery (its first run sleeps 600 s, not ``LONG``'s 5 s, which
+    a loaded machine's recovery could outlast), while the transactional rerun, which finds
+    the marker outside the workspace, writes at once."""
+    first_run = tmp_path / "first-run"
+    orphan = ("bash", {"command": f"if mkdir {first_run} 2>/dev/null; then sleep 600; fi; "
+                                  "printf 'long\\n' >> log.txt"})
+    s = open_session(tmp_path, spaces, steps(BACKGROUND, WRITE, orphan), epoch=1, mode=mode)
     monkeypatch.setattr(durable.failpoints, "_channel", KillShimAt(spaces, 2))
     run(s)
     monkeypatch.undo()
     got = [(e.kind, e.cause, e.epoch) for e in s.adapter.events if e.kind not in ("mode",)]
     assert (kind, "daemon_lost", 1) in got, got
     background_pid = int(results(s)[0]["content"].split()[0])
-    assert not _alive(background_pid), "a process of an earlier call outlived the restore"
+    assert not running(background_pid), "a process of an earlier call outlived the restore"
     state = read_state(str(spaces.get(SPACE).state))
     own = [f for f in state.fences if f["t"] == "advance" and f.get("own")]
     assert len(own) == 1, state.fences
@@ -435,14 +450,6 @@ def _shim_pid(spaces: LocalSpaces, key: str) -> int:
         assert time.monotonic() < deadline, f"the shim of {key} never wrote its claim"
         time.sleep(0.01)
     return claim.pid
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` is a live process (a zombie is not: it runs nothing)."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def test_the_image_follows_a_write_a_full_disk_refused(tmp_path: Path) -> None:

@@ -16,7 +16,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
 
 from backends.local import LocalSpaces
@@ -30,6 +29,7 @@ from durable.coordinator import (
     open_store,
 )
 from tests.durable.coordinator.conftest import store_url
+from tests.liveness import running
 
 FAKE = Path(__file__).with_name("fake_driver.py")
 #: Claims only a hang lets lapse. (With 2 s one lapsed mid-drive on a busy machine and its
@@ -125,7 +125,7 @@ def test_a_silent_driver_is_replaced_and_a_busy_one_kept(store: CoordinatorStore
     assert (silent.state, silent.attempts) == ("done", 2)
     assert "stalled" in kinds(store, "silent")
     first = journal(tmp_path, "silent")[0]
-    assert first["event"] == "start" and not psutil.pid_exists(first["pid"])
+    assert first["event"] == "start" and not running(first["pid"])
     assert [e["event"] for e in journal(tmp_path, "silent")] == ["start", "start", "end"]
     busy = store.get("busy")
     assert (busy.state, busy.attempts) == ("done", 1) and "stalled" not in kinds(store, "busy")
@@ -248,7 +248,7 @@ def test_cancel_kills_the_driver_and_ends_the_session(store: CoordinatorStore,
     rec = store.get("s")
     assert sent, "the cancel was never sent"
     assert (rec.state, rec.reason) == ("failed", "cancelled"), (sent, kinds(store, "s"))
-    assert not psutil.pid_exists(journal(tmp_path, "s")[0]["pid"])
+    assert not running(journal(tmp_path, "s")[0]["pid"])
 
 
 # ---------------------------------------------------------------- the coordinator as a process
@@ -329,8 +329,8 @@ def test_a_coordinator_sigkilled_mid_drive_takes_its_driver_with_it(
     wait_for("the first driver", lambda: len(journal(tmp_path, "s")) >= 1)
     driver = journal(tmp_path, "s")[0]["pid"]
     procs[-1].kill()
-    wait_for("the driver to die with its coordinator", lambda: not psutil.pid_exists(driver)
-             or psutil.Process(driver).status() == psutil.STATUS_ZOMBIE, timeout=120)
+    wait_for("the driver to die with its coordinator", lambda: not running(driver),
+             timeout=120)
     procs.append(CoordinatorProcess(url, spaces, tmp_path, "c2", "--claim-secs", "10",
                                     "--until-idle"))
     assert procs[-1].proc.wait(timeout=300) == 0, procs[-1].log.read_text()
@@ -372,7 +372,7 @@ def test_two_coordinators_on_one_postgresql_store_never_drive_a_session_twice(
             assert start["epoch"] in drives, (n, start)  # every driver's epoch was recorded
             if pid not in ends:  # killed with coordinator a (it was a's driver): launched,
                 # or started in the instant before a could record its launch (once in CI)
-                assert by.get(pid, "a") == "a" and not psutil.pid_exists(pid), (n, pid)
+                assert by.get(pid, "a") == "a" and not running(pid), (n, pid)
             lives.append((start["t"], ends.get(pid, a_died), start["epoch"]))
         lives.sort()
         for (_, end, _), (start, _, _) in itertools.pairwise(lives):
@@ -475,8 +475,7 @@ def test_a_store_away_longer_than_a_claim_ends_the_drivers_and_says_so(
     assert failed and isinstance(failed[0], StoreUnavailable), failed
     assert "claims (2 s) lapse" in str(failed[0])
     for start in (e for e in journal(tmp_path, "s") if e["event"] == "start"):
-        assert not psutil.pid_exists(start["pid"]) or \
-            psutil.Process(start["pid"]).status() == psutil.STATUS_ZOMBIE, start
+        assert not running(start["pid"]), start
     unplugged.away.clear()
     serve(store, spaces, CoordinatorConfig(backoff=Backoff(0.0), stall_secs=60.0,
                                            heartbeat_secs=0.2, poll_secs=0.05,
