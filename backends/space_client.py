@@ -63,7 +63,7 @@ PROCESS_OWNER = uuid.uuid4().hex
 
 def new_process_owner() -> None:
     """A new ``PROCESS_OWNER``: in a process forked from one that imported this module
-    (``chaos.driver_server``), which is another owner."""
+    (``chaos.run.driver_server``), which is another owner."""
     global PROCESS_OWNER
     PROCESS_OWNER = uuid.uuid4().hex
 
@@ -84,7 +84,7 @@ class Endpoint:
 #: and ``SpaceUnavailable`` if its daemon is not up (the client retries that).
 Resolver = Callable[[], Endpoint]
 #: A hook a provider routes its clients' endpoints through (a Space's name and its endpoint
-#: in, the endpoint to dial out): the campaign's link proxies (``chaos.link_proxy``).
+#: in, the endpoint to dial out): the campaign's link proxies (``chaos.faults.link_proxy``).
 Via = Callable[[str, Endpoint], Endpoint]
 
 

@@ -1,9 +1,9 @@
 import sys
 
-from .exits import EXIT_INTERRUPTED, by_ctrl_c
+from chaos.exits import EXIT_INTERRUPTED, by_ctrl_c
 
 try:
-    from .cli import main
+    from chaos.cli import main
 
     code = main()
 except BaseException as exc:  # Ctrl-C outside the campaign's own handler (modules loading)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import argparse
 
-from . import live
-from .space_providers import BACKEND_DESCRIPTORS
+from chaos.campaign import live
+from chaos.space_providers import BACKEND_DESCRIPTORS
 
 
 def clean(args: argparse.Namespace) -> int:

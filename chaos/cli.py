@@ -16,9 +16,10 @@ Flags of ``run`` mirror the environment variables ``CRASH_MODE``, ``CRASH_BACKEN
 ``CRASH_RUNS``, ``CRASH_STEPS``, ``CRASH_SEED_BASE`` and ``CRASH_DURABLE_MODE``, which work
 alone too. ``run`` and ``shrink`` show their progress on stderr: a live bar on a terminal,
 a line per run otherwise (``--quiet``: neither; ``--verbose``: the lines on a terminal too;
-``chaos.progress``). Exit codes: 0 valid, 1 invalid, 2 unknown, 130 interrupted (Ctrl-C: the
-finished runs' records and a SUMMARY of them are kept, ``verdict=interrupted``), 254 bad
-arguments or configuration, 255 the harness itself crashed.
+``chaos.campaign.progress``). Exit codes: 0 valid, 1 invalid, 2 unknown, 130 interrupted
+(Ctrl-C: the finished runs' records and a SUMMARY of them are kept,
+``verdict=interrupted``), 254 bad arguments or configuration, 255 the harness itself
+crashed.
 """
 
 from __future__ import annotations
@@ -29,23 +30,22 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
+from chaos.campaign import progress
+from chaos.campaign.campaign import run_campaign
+from chaos.campaign.ci_subset import BY_NAME, run_slices
+from chaos.campaign.run_args import DURABLE_MODES, campaign_config
+from chaos.clean import clean
+from chaos.cluster.merge import merge
+from chaos.errors import BackendUnavailable, BadArguments, BadResults
+from chaos.exits import EXIT_BAD_ARGS, guarded
+from chaos.faults.plans import HELD_KINDS
+from chaos.modes.redrive import KINDS as REDRIVE_KINDS
+from chaos.modes.registry import MODES
+from chaos.modes.stale_kinds import KINDS
+from chaos.repro.replay import analyze, repro, shrink
+from chaos.space_providers import BACKEND_DESCRIPTORS, BACKENDS
 from durable.session_log import DEFAULT_LOG_STORAGE, LOG_NAMES
 from scenarios import PresetError, WorkloadError
-
-from . import progress
-from .campaign import run_campaign
-from .ci_subset import BY_NAME, run_slices
-from .clean import clean
-from .errors import BackendUnavailable, BadArguments, BadResults
-from .exits import EXIT_BAD_ARGS, guarded
-from .faults import HELD_KINDS
-from .merge import merge
-from .modes import MODES
-from .redrive import KINDS as REDRIVE_KINDS
-from .repro import analyze, repro, shrink
-from .run_args import DURABLE_MODES, campaign_config
-from .space_providers import BACKEND_DESCRIPTORS, BACKENDS
-from .stale import KINDS
 
 
 class _Parser(argparse.ArgumentParser):
@@ -232,9 +232,9 @@ def _image(args: argparse.Namespace) -> int:
 
 def _worker(args: argparse.Namespace, extra: list[str]) -> int:
     try:
-        from .cluster_worker import worker_main
+        from chaos.cluster.worker import worker_main
     except ImportError as exc:
-        from .cluster import EXTRA_HINT
+        from chaos.cluster.dask_pool import EXTRA_HINT
 
         raise BackendUnavailable(f"chaos worker needs Dask's distributed ({exc}); "
                                  f"{EXTRA_HINT}") from None
@@ -265,10 +265,9 @@ def _probed(args: argparse.Namespace, text: str) -> str:
     it declared: volatile paths, nondeterministic outputs."""
     import tempfile
 
+    from chaos.checks.golden import GoldenFailed, probe
+    from chaos.run.runner import execute
     from scenarios.workload_from_log import from_log
-
-    from .golden import GoldenFailed, probe
-    from .runner import execute
 
     with tempfile.TemporaryDirectory(prefix="chaos-probe-") as tmp:
         draft = Path(tmp) / "workload.yaml"

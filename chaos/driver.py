@@ -15,6 +15,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from backends.space_client import REQUEST_TIMEOUT_S
+from chaos.campaign.live import die_with_parent
+from chaos.faults.link_proxy import LinkTable
+from chaos.run.forked_run import ForkedRun
+from chaos.space_providers import backend, make_spaces, snapshot_kind
 from durable.adapter import (
     DirectoryCheckpointStore,
     DurableSpaces,
@@ -31,11 +35,6 @@ from durable.tools import ToolRegistry
 from scenarios import scenario_of
 from scenarios.host_tools import effect_tools
 from scenarios.plan import Scenario
-
-from .forked_run import ForkedRun
-from .link_proxy import LinkTable
-from .live import die_with_parent
-from .space_providers import backend, make_spaces, snapshot_kind
 
 if TYPE_CHECKING:
     from durable.virtual import Tree
@@ -72,7 +71,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "outcome is unknown")
     p.add_argument("--links", type=Path, default=None,
                    help="reach the Spaces through the run's link proxies listed here "
-                        "(chaos.link_proxy.LinkTable)")
+                        "(chaos.faults.link_proxy.LinkTable)")
     p.add_argument("--no-store", action="store_true",
                    help="checkpoint mode without a CheckpointStore (lost Spaces are fatal)")
     return p.parse_args(argv)

@@ -35,7 +35,7 @@ class RunAborted(ChaosError):
 
 
 class NemesisContractError(ChaosError):
-    """A nemesis broke its contract (``chaos.nemesis``): an operation ended in no history
+    """A nemesis broke its contract (``chaos.faults.nemesis``): an operation ended in no history
     entry or in a second one, or a planned fault ended neither fired nor skipped. Recorded
     as the nemesis's error, so the run is ``unknown``; fix the nemesis or schedule the
     message names."""

@@ -17,9 +17,8 @@ from backends.docker import descriptor as docker
 from backends.local import descriptor as local
 from backends.microvm import descriptor as microvm
 from backends.space_client import REQUEST_TIMEOUT_S, Resolver, Via
+from chaos.errors import BackendUnavailable
 from durable.spaces import Spaces
-
-from .errors import BackendUnavailable
 
 #: The backend with no Space: the workspace lives in the session's log (``durable.virtual``).
 VIRTUAL = "virtual"

@@ -65,7 +65,7 @@ _channel = _from_environment()
 
 def reopen() -> None:
     """Take the channel from the environment again: in a process forked from one that
-    imported this module (``chaos.driver_server``), whose environment is its own."""
+    imported this module (``chaos.run.driver_server``), whose environment is its own."""
     global _channel
     _channel = _from_environment()
 

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from chaos import progress
+from chaos.campaign import progress
 from chaos.errors import BackendUnavailable
 from chaos.exits import EXIT_BAD_ARGS, guarded
 from chaos.space_providers import BACKENDS

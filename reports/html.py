@@ -4,7 +4,7 @@ as ``data:`` URIs), for one or several results directories.
 Sections: the SUMMARY lines as a table; every failing run (verdict false or unknown) with
 its seed, first error and the exact ``chaos repro`` command (and, for a run ``chaos shrink``
 cut down, its story and the shrunk plan's command); the recovery latency tables;
-the campaign plots (``chaos.plots``, drawn from the merged records); optionally the cost
+the campaign plots (``chaos.campaign.plots``, drawn from the merged records); optionally the cost
 report of a ``reports cost`` output directory; and a timeline per run for every failing run
 and a sample of passing ones. The sample takes the passing runs that fired the most faults
 (ties by index): the eventful ones are where a reader checks what recovery looked like.
@@ -20,9 +20,9 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
-from chaos.plots import campaign_plots
-from chaos.shrink import SHRUNK_NAME
-from chaos.summary import parse_summary
+from chaos.campaign.plots import campaign_plots
+from chaos.campaign.summary import parse_summary
+from chaos.repro.shrink import SHRUNK_NAME
 
 from . import latency, timeline
 from .errors import BadResults

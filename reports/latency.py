@@ -4,7 +4,7 @@ For every fault a run fired (``latencies`` in its record): the time from the fau
 next driver's first failpoint (``t_next_step``; only for faults that killed a driver, since
 only those need a next driver) and to the run's completion by its clean driver
 (``t_done``). The tables give n, p50, p95 and max per mode and per fault kind; the plots are
-the campaign's own (``chaos.plots``): the CDF of kill to next step, recovery decisions per
+the campaign's own (``chaos.campaign.plots``): the CDF of kill to next step, recovery decisions per
 mode and faults per failpoint, drawn from the merged records.
 
 A fault kind is the action and how it was triggered (``kill_driver (failpoint)``,
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from chaos.plots import campaign_plots
+from chaos.campaign.plots import campaign_plots
 
 from .markdown import table
 from .results import Campaign, pairs, records

@@ -13,7 +13,7 @@ the same run (these machines are shared and noisy: the ratio is what to read).
 
 The calls are measured by the cost benchmark (``reports.cost_bench``: interleaved rounds,
 from the intent's commit to the result's), the exec pair by the Space benchmark
-(``backends.space_bench``), the campaign by ``chaos.campaign``. It prints numbers and
+(``backends.space_bench``), the campaign by ``chaos.campaign.campaign``. It prints numbers and
 asserts nothing.
 """  # noqa: E501 - the table's rows are one line each
 
@@ -32,7 +32,7 @@ from pathlib import Path
 
 from backends.local import LocalSpaces
 from backends.space_bench import bench_exec
-from chaos.campaign import CampaignConfig, run_campaign
+from chaos.campaign.campaign import CampaignConfig, run_campaign
 
 from . import cost_bench
 from .markdown import table

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from chaos.campaign import repro_command
+from chaos.campaign.campaign import repro_command
+from chaos.campaign.records import ResultsDir
 from chaos.errors import BadResults as DamagedResults
-from chaos.records import ResultsDir
 
 from .errors import BadResults
 
@@ -70,5 +70,5 @@ def pairs(campaigns: Sequence[Campaign]) -> Iterator[tuple[Campaign, dict[str, A
 
 
 def records(campaigns: Sequence[Campaign]) -> list[dict[str, Any]]:
-    """Every run record of every campaign (what ``chaos.plots`` takes)."""
+    """Every run record of every campaign (what ``chaos.campaign.plots`` takes)."""
     return [r for _, r in pairs(campaigns)]

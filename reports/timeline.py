@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from chaos.faults import HELD_KINDS, RELEASE
-from chaos.runner import CLEAN_ATTEMPT
+from chaos.faults.plans import HELD_KINDS, RELEASE
+from chaos.run.runner import CLEAN_ATTEMPT
 
 from .figures import plt, png_bytes
 

@@ -110,7 +110,7 @@ class Step:
             return Expected(f"Applied {len(self.args['edits'])} edit(s) to {path}")
         if self.kind == "workload":
             raise ValueError(f"{self.marker}: a workload call's effect comes from its golden "
-                             "run (chaos.golden), not from a model")
+                             "run (chaos.checks.golden), not from a model")
         if self.tool == "bash":
             code, output = EFFECTS[self.kind](self, ws)
             result = bash_result(code, output)

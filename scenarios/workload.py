@@ -29,7 +29,7 @@ mode, and every faulted run must end in the workspace the golden run ended in, e
 committed results equal to the golden one (but for calls marked ``output:
 nondeterministic``). A call that legitimately ends interrupted (checkpoint mode restores
 the Space and tells the model) is judged against a golden run without that call
-(``chaos.golden``). A workload's calls are planned in order whatever they return, as a
+(``chaos.checks.golden``). A workload's calls are planned in order whatever they return, as a
 scripted model's, so one call's effect cannot change which calls come next.
 
 Loading checks every field and says what is wrong where (``WorkloadError``, exit 254).

@@ -15,7 +15,7 @@ What a real program does differently on each run (git's index holds inodes, ``da
 prints the time) has no single golden answer: the paths given as ``volatile`` are declared
 so and the calls given as ``nondeterministic`` marked ``output: nondeterministic``
 (``chaos workload from-log`` finds both by running the workload twice without faults,
-``chaos.golden.probe``).
+``chaos.checks.golden.probe``).
 """
 
 from __future__ import annotations

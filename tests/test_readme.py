@@ -69,7 +69,7 @@ def test_every_workload_example_is_a_workload() -> None:
 def test_every_summary_example_has_the_keys_its_mode_prints() -> None:
     """A SUMMARY line in the README or docs/ is output as the code prints it for its mode and
     backend: the same keys in the same order, none cut out."""
-    from chaos.summary import printed_keys, summarize
+    from chaos.campaign.summary import printed_keys, summarize
 
     lines = [(page.name, line.strip()) for page in PAGES
              for line in page.read_text().splitlines()
@@ -159,7 +159,7 @@ def _section(text: str, heading: str) -> str:
 
 
 def test_architecture_has_the_recovery_cells_of_the_code() -> None:
-    from chaos.coverage import AUTO_ONLY, REACHABLE_CELLS, table_cells
+    from chaos.campaign.coverage import AUTO_ONLY, REACHABLE_CELLS, table_cells
 
     cells = _section(ARCHITECTURE.read_text(), "### Cells")
     rows = re.findall(r"^\| `(\w+)` \| `(\w+)` \| `(\w+)` \| `(\w+)` \| (.+) \|$", cells, re.M)
@@ -171,7 +171,7 @@ def test_architecture_has_the_recovery_cells_of_the_code() -> None:
 
 
 def test_architecture_lists_every_failpoint_and_summary_key() -> None:
-    from chaos.summary import KEYS
+    from chaos.campaign.summary import KEYS
     from durable.failpoints import POINTS as DRIVER_POINTS
     from spacesd.failpoints import POINTS as SPACE_POINTS
 

@@ -25,7 +25,7 @@ import itertools
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .model import CheckInput
+    from chaos.checks.model import CheckInput
 
 #: How soon after the first session of a Space ends the next must be launched.
 PROMPT_START_S = 5.0

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .model import Undecided
+from chaos.checks.model import Undecided
 
 if TYPE_CHECKING:
-    from .model import CheckInput
+    from chaos.checks.model import CheckInput
 
 #: The most lost commits one error lists.
 SHOWN = 5

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .model import Undecided
+from chaos.checks.model import Undecided
 
 if TYPE_CHECKING:
-    from .model import CheckInput
+    from chaos.checks.model import CheckInput
 
 
 def check(inp: CheckInput) -> list[str]:

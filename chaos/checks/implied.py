@@ -3,7 +3,7 @@
 Start from the scenario's initial workspace and apply, in log order (by result entry), the
 effect of every call that has a committed, non-interrupted result; each such call's result
 must be the one its step gives on the workspace it ran on (``scenarios.steps.Step.apply``).
-A workload's calls have no model: its golden run (``chaos.golden``) gives the final state
+A workload's calls have no model: its golden run (``chaos.checks.golden``) gives the final state
 and each call's result instead.
 
 A run whose workspace disk was filled (``Observation.disk_filled``) may have calls that
@@ -22,15 +22,14 @@ import errno
 import os
 from typing import TYPE_CHECKING
 
+from chaos.checks.model import Implied, ObservedCall
 from durable.coding_tools import apply_edits
 from durable.errors import ToolError
 from durable.tools import error_result
 from scenarios import Expected, Scenario, Step, WorkspaceModel
 
-from .model import Implied, ObservedCall
-
 if TYPE_CHECKING:
-    from ..golden import Golden
+    from chaos.checks.golden import Golden
 
 
 #: What every program says of a write that met a full disk (bash, tee, cp, Python).

@@ -67,7 +67,7 @@ class Observation:
     #: Keys an earlier log of the same session started in the Space before this log's
     #: first driver (stale mode's foreign kind): not this log's calls.
     foreign_keys: list[str] = field(default_factory=list)
-    #: Redrive mode: what the coordinator did and what was done to it (``chaos.redrive``'s
+    #: Redrive mode: what the coordinator did and what was done to it (``chaos.modes.redrive``'s
     #: facts: its sessions and events, the Space losses, the coordinator's kills, the lease
     #: probes), for G6; None in every other mode.
     coordinator: dict[str, Any] | None = None
@@ -89,7 +89,7 @@ class Observation:
     disk_filled: bool = False
     #: The drivers' host lost power (``cut_host_power``): per cut, ``{"fault": what,
     #: "before": the log's commits in memory, "after": those the log kept}``
-    #: (``chaos.host_power.commits``), for G7.
+    #: (``chaos.faults.host_power.commits``), for G7.
     power_cuts: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:

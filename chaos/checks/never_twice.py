@@ -15,10 +15,10 @@ import re
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from .model import Undecided
+from chaos.checks.model import Undecided
 
 if TYPE_CHECKING:
-    from .model import CheckInput
+    from chaos.checks.model import CheckInput
 
 #: ``<session>:<conversation>:<call id>:<n>@<epoch>``, the adapter's idempotency keys.
 KEY = re.compile(r"^(?P<session>[^:]+):(?P<conv>\d+):(?P<call>.+):(?P<n>\d+)@(?P<epoch>\d+)$")

@@ -25,15 +25,14 @@ import re
 from collections import Counter
 from typing import TYPE_CHECKING
 
+from chaos.modes.registry import MODES
 from durable.adapter import WRAPPED
 from durable.coding_tools import bash_result
 from scenarios.steps import APPENDING, Expected
 from spacesd.shim import LOST_OUTPUT
 
-from ..modes import MODES
-
 if TYPE_CHECKING:
-    from .model import CheckInput, ObservedCall
+    from chaos.checks.model import CheckInput, ObservedCall
 
 MARKER = re.compile(r"^step-\d+$")
 

@@ -3,7 +3,7 @@ observation (``run_checks``).
 
 A check is a function of a ``CheckInput`` that returns its errors (empty: it holds) or
 raises ``Undecided`` when the observation lacks what it needs (then the run is
-``unknown``, never silently valid). See ``chaos.checker`` for what each one guarantees.
+``unknown``, never silently valid). See ``chaos.checks.checker`` for what each one guarantees.
 """
 
 from __future__ import annotations
@@ -13,9 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from scenarios import Scenario
-
-from . import (
+from chaos.checks import (
     coordinator,
     durable_log,
     fenced,
@@ -25,11 +23,12 @@ from . import (
     stale_writers,
     state,
 )
-from .implied import implied
-from .model import CheckInput, Observation, Undecided, Valid, Verdict, merge
+from chaos.checks.implied import implied
+from chaos.checks.model import CheckInput, Observation, Undecided, Valid, Verdict, merge
+from scenarios import Scenario
 
 if TYPE_CHECKING:
-    from ..golden import Golden
+    from chaos.checks.golden import Golden
 
 
 @dataclass(frozen=True)
@@ -54,8 +53,8 @@ def _checks() -> list[Check]:
 
 def run_checks(scenario: Scenario, obs: Observation, campaign_mode: str,
                skip: tuple[str, ...] = (), golden: Golden | None = None) -> Verdict:
-    """Every check but those in ``skip`` (``chaos.checker.check`` says when); a workload's
-    ``golden`` run is its oracle (``chaos.golden``)."""
+    """Every check but those in ``skip`` (``chaos.checks.checker.check`` says when); a workload's
+    ``golden`` run is its oracle (``chaos.checks.golden``)."""
     try:
         inp = CheckInput(scenario, obs, campaign_mode, implied(scenario, obs.calls, golden,
                                                            disk_filled=obs.disk_filled))

@@ -11,10 +11,10 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from .model import Undecided
+from chaos.checks.model import Undecided
 
 if TYPE_CHECKING:
-    from .model import CheckInput
+    from chaos.checks.model import CheckInput
 
 REFUSAL = re.compile(r"below (this Space's|the log's) floor|was halted|stale_epoch")
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from spacesd.protocol import ScanEntry, times_as, workspace_hash
 
 if TYPE_CHECKING:
-    from .model import CheckInput
+    from chaos.checks.model import CheckInput
 
 
 def check(inp: CheckInput) -> list[str]:

@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Literal
 
-from ..faults import FaultPlan
-from ..rendezvous import Answer, Hit, Rendezvous
-from ..run_context import RunContext
-from ..run_record import RunRecord
-from ..run_spec import RunSpec
+from chaos.faults.plans import FaultPlan
+from chaos.faults.rendezvous import Answer, Hit, Rendezvous
+from chaos.run.context import RunContext
+from chaos.run.record import RunRecord
+from chaos.run.spec import RunSpec
 
-#: The SUMMARY's groups of keys a mode adds (``chaos.summary.printed_keys``).
+#: The SUMMARY's groups of keys a mode adds (``chaos.campaign.summary.printed_keys``).
 Group = Literal["covered", "stale", "redrive", "pauses"]
 
 

@@ -1,17 +1,17 @@
 """Redrive mode: the coordinator drives the session while drivers, Spaces and the
-coordinator itself are attacked (``chaos.redrive``)."""
+coordinator itself are attacked (``chaos.modes.redrive``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
-from ..faults import FaultPlan, reachable_points
-from ..redrive import DriverTracker, draw_redrive_plan, kind_of, run_redrive
-from ..redrive_stats import redrive_table
-from ..rendezvous import Answer, Hit, Rendezvous
-from ..run_context import RunContext
-from .mode import CampaignMode, Group
+from chaos.faults.plans import FaultPlan, reachable_points
+from chaos.faults.rendezvous import Answer, Hit, Rendezvous
+from chaos.modes.mode import CampaignMode, Group
+from chaos.modes.redrive import DriverTracker, draw_redrive_plan, kind_of, run_redrive
+from chaos.modes.redrive_stats import redrive_table
+from chaos.run.context import RunContext
 
 
 class Redrive(CampaignMode):

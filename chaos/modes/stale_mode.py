@@ -1,13 +1,13 @@
 """Stale mode: another driver, or another session, meets the run's session
-(``chaos.stale`` has its kinds)."""
+(``chaos.modes.stale_kinds`` has its kinds)."""
 
 from __future__ import annotations
 
-from ..rendezvous import Rendezvous
-from ..run_context import RunContext
-from ..run_spec import RunSpec
-from ..stale import run_kind
-from .mode import CampaignMode, Group
+from chaos.faults.rendezvous import Rendezvous
+from chaos.modes.mode import CampaignMode, Group
+from chaos.modes.stale_kinds import run_kind
+from chaos.run.context import RunContext
+from chaos.run.spec import RunSpec
 
 
 class Stale(CampaignMode):

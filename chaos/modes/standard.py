@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-from ..faults import FaultPlan, draw_plan, on_machine
-from ..machine_check import run_machine_check
-from ..run_context import RunContext
-from ..run_record import RunRecord
-from ..space_providers import backend
-from .mode import CampaignMode, Group
+from chaos.faults.plans import FaultPlan, draw_plan, on_machine
+from chaos.modes.machine_check import run_machine_check
+from chaos.modes.mode import CampaignMode, Group
+from chaos.run.context import RunContext
+from chaos.run.record import RunRecord
+from chaos.space_providers import backend
 
 
 class Standard(CampaignMode):
@@ -41,7 +41,7 @@ class Exhaustive(CampaignMode):
 
 
 class Machine(CampaignMode):
-    """A process survives a whole-machine checkpoint and restore (``chaos.machine_check``):
+    """A process survives a whole-machine checkpoint and restore (``chaos.modes.machine_check``):
     no agent, no driver."""
 
     name = "machine"

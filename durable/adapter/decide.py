@@ -14,7 +14,7 @@ answer it needs and ignores one it does not).
 
 Every decision is recorded as ``RecoveryEvent``s (``Decision.events``), each carrying its
 ``cause``; ``all_facts`` enumerates what the table can be asked. Which of its rows a crash
-campaign can reach, and which it did, is the campaign's business (``chaos.coverage``).
+campaign can reach, and which it did, is the campaign's business (``chaos.campaign.coverage``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """How a conversation's Space that is not ready (lost, half made by a crash, or not made
 yet) is brought to the log's state, as a pure function: ``decide_rebuild(RebuildFacts) ->
 RebuildDecision``. ``space_keeper`` gathers the facts and carries the decision out; its
-events are cells of the recovery table like a call's (``chaos.coverage.table_cells`` counts them).
+events are cells of the recovery table like a call's
+(``chaos.campaign.coverage.table_cells`` counts them).
 
 A checkpoint-mode conversation restores its recorded checkpoint, unless the checkpoint was
 inside the lost Space (no durable ``CheckpointStore``): then nothing holds the state and

@@ -21,8 +21,8 @@ dataclass, in the log, a transaction or a call's staged edits.
 
 Recovery events are hidden system entries (``{"hidden": true, "recovery": {...}}``, the
 ``RecoveryEvent`` as JSON), so they are in the log beside the calls they concern and the
-campaign can count them (``chaos.coverage.cell_of``). ``tool``, ``cause`` and ``epoch`` came later:
-entries written before them read with None.
+campaign can count them (``chaos.campaign.coverage.cell_of``). ``tool``, ``cause`` and
+``epoch`` came later: entries written before them read with None.
 """
 
 from __future__ import annotations

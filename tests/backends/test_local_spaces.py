@@ -15,7 +15,7 @@ import pytest
 
 from backends.local import LocalSpaces
 from backends.local.procs import kill_process
-from chaos.rendezvous import Answer, Hit, Rendezvous
+from chaos.faults.rendezvous import Answer, Hit, Rendezvous
 from durable.errors import SpaceError, SpaceNotFound, SpaceUnavailable
 from durable.spaces import Spaces
 from tests.backends.pause_contract import (

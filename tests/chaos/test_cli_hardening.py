@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 
 from backends.local import LocalSpaces
-from chaos import campaign
+from chaos.campaign import campaign
+from chaos.campaign.progress import Progress
+from chaos.campaign.run_pool import LocalPool
+from chaos.campaign.summary import parse_summary
 from chaos.exits import EXIT_INTERRUPTED, by_ctrl_c, guarded
-from chaos.progress import Progress
-from chaos.run_pool import LocalPool
-from chaos.summary import parse_summary
 from spacesd import procfs
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,9 +10,10 @@ from typing import cast
 
 import pytest
 
-from chaos.checker import check
+from chaos.campaign.summary import parse_summary, summarize, summary_line
+from chaos.checks.checker import check
 from chaos.checks.model import Observation, ObservedCall, merge
-from chaos.faults import (
+from chaos.faults.plans import (
     FOLLOW_UPS,
     HELD_KINDS,
     HOLD_REQUEST_TIMEOUT_S,
@@ -24,7 +25,6 @@ from chaos.faults import (
     on_virtual,
     with_held_faults,
 )
-from chaos.summary import parse_summary, summarize, summary_line
 from durable.coding_tools import apply_edits, bash_result
 from durable.errors import ToolError
 from durable.failpoints import POINTS as DRIVER_POINTS
@@ -173,9 +173,9 @@ def test_pauses_reach_the_drivers_as_their_request_timeout(tmp_path: Path) -> No
     plan read back with pauses in it too), never its clean driver; and a pause on a virtual
     workspace, which has no Space, becomes a kill of the driver."""
     from chaos.driver import parse_args
-    from chaos.launch import driver_argv
-    from chaos.run_spec import RunSpec
-    from chaos.runner import Run
+    from chaos.run.launch import driver_argv
+    from chaos.run.runner import Run
+    from chaos.run.spec import RunSpec
 
     spec = RunSpec(index=0, seed=3, campaign_mode="transactional", durable_mode="transactional",
                    backend="local", preset="default", steps=4, work_dir=tmp_path)

@@ -13,17 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from chaos.attempts import EXIT_TIMED_OUT, AttemptScope, FaultTimers
 from chaos.checks.model import Verdict
 from chaos.errors import RunAborted
-from chaos.fault_kinds import FaultNemesis
-from chaos.fault_schedule import FaultSchedule
-from chaos.faults import Fault, FaultPlan
-from chaos.holds import Holds
-from chaos.nemesis import Completion, NoopNemesis, Operation, Target, ValidatingNemesis
-from chaos.rendezvous import Hit
-from chaos.run_record import RunRecord
-from chaos.run_state import RunState
+from chaos.faults.kinds import FaultNemesis
+from chaos.faults.nemesis import Completion, NoopNemesis, Operation, Target, ValidatingNemesis
+from chaos.faults.plans import Fault, FaultPlan
+from chaos.faults.rendezvous import Hit
+from chaos.faults.schedule import FaultSchedule
+from chaos.modes.holds import Holds
+from chaos.run.attempts import EXIT_TIMED_OUT, AttemptScope, FaultTimers
+from chaos.run.record import RunRecord
+from chaos.run.state import RunState
 from durable.errors import SpaceNotFound, SpaceUnavailable
 from tests.backends.pause_contract import until
 
@@ -137,7 +137,7 @@ def test_two_losses_due_at_once_lose_the_space_once(tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """A loss saves the Space's ledger and deletes it: a second loss due meanwhile would
     save the same generation again (G2 would then see its commands started twice)."""
-    monkeypatch.setattr("chaos.fault_kinds.read_ledger", lambda dest, why: {"audit": {}})
+    monkeypatch.setattr("chaos.faults.kinds.read_ledger", lambda dest, why: {"audit": {}})
     spaces, state, armed = SlowSpaces(), RunState(), threading.Event()
     armed.set()
     lose = Fault("delete_space", "failpoint", "call.result", 1, kill_driver=False)
@@ -176,7 +176,7 @@ def test_a_loss_strikes_the_forks_space_once_it_exists(tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """A forking agent works in its fork's Space once that exists: the fault strikes there
     (not another session's Space on the provider), and its ledger is the fork Space's."""
-    monkeypatch.setattr("chaos.fault_kinds.read_ledger", lambda dest, why: {"audit": {}})
+    monkeypatch.setattr("chaos.faults.kinds.read_ledger", lambda dest, why: {"audit": {}})
     state, armed = RunState(), threading.Event()
     armed.set()
     lose = Fault("delete_space", "failpoint", "call.result", 1, kill_driver=False)

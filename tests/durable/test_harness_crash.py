@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from chaos.processes import OwnedProcess
-from chaos.rendezvous import Hit, Rendezvous
+from chaos.faults.rendezvous import Hit, Rendezvous
+from chaos.run.processes import OwnedProcess
 from durable.harness import Harness
 from durable.models import ScriptedModel
 from durable.storage.sqlite import SqliteStorage

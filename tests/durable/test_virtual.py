@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from chaos.campaign import CampaignConfig, run_campaign
+from chaos.campaign.campaign import CampaignConfig, run_campaign
+from chaos.campaign.summary import parse_summary
 from chaos.cli import main as chaos_main
-from chaos.summary import parse_summary
 from durable.adapter.image import IMAGE_KEY
 from durable.coding_tools import coding_tools
 from durable.harness import Harness

@@ -38,7 +38,7 @@ class Mutant:
     edits: tuple[tuple[str, str], ...]
     #: What it breaks, in one sentence.
     breaks: str
-    #: The CI slice that must catch it (``chaos.ci_subset.SLICES``).
+    #: The CI slice that must catch it (``chaos.campaign.ci_subset.SLICES``).
     slice: str
     #: The check that should catch it, and the recovery-table cell (or fault) it hides in.
     check: str
@@ -439,7 +439,7 @@ def _apply(mutant: Mutant, tree: Path) -> None:
 @pytest.mark.parametrize("mutant_id", [m.id for m in MUTANTS])
 def test_mutant_is_caught(mutant_id: str, tmp_path: Path) -> None:
     mutant = BY_ID[mutant_id]
-    from chaos.ci_subset import BY_NAME
+    from chaos.campaign.ci_subset import BY_NAME
 
     needs = BY_NAME[mutant.slice].needs
     if needs is not None:
@@ -491,6 +491,6 @@ def test_every_mutant_applies_to_the_code_as_it_is(tmp_path: Path) -> None:
     n = len(MUTANTS)
     assert f"**{n}/{n} caught**" in (ROOT / "docs" / "campaigns.md").read_text(), \
         "the mutation score in docs/campaigns.md names every mutant of the gate"
-    from chaos.ci_subset import BY_NAME
+    from chaos.campaign.ci_subset import BY_NAME
 
     assert {m.slice for m in MUTANTS} <= set(BY_NAME)

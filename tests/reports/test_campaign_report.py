@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from chaos.campaign import CampaignConfig, repro_command, run_campaign
+from chaos.campaign.campaign import CampaignConfig, repro_command, run_campaign
 from reports.results import load
 from tests.reports.conftest import dump_dom
 

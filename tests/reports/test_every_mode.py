@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from chaos.campaign import CampaignConfig, run_campaign
+from chaos.campaign.campaign import CampaignConfig, run_campaign
+from chaos.cluster.merge import merge
 from chaos.errors import BackendUnavailable
-from chaos.merge import merge
 from reports.__main__ import main as reports_main
 from tests.reports.conftest import dump_dom
 

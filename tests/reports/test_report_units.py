@@ -20,7 +20,7 @@ T0_MS = 1_800_000_000_000
 
 
 def _record(index: int, valid: bool | str = True) -> dict[str, Any]:
-    """A small run record of the shape ``chaos.run_record.RunRecord.to_json`` gives: one call cut
+    """A small run record of the shape ``chaos.run.record.RunRecord.to_json`` gives: one call cut
     by a kill at 1.5 s, finished by the next driver, with one recovery event."""
     def op(process: str, type_: str, f: str, value: Any, time: float) -> dict[str, Any]:
         return {"process": process, "type": type_, "f": f, "value": value, "time": time}

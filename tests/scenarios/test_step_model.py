@@ -16,7 +16,7 @@ from backends.local import LocalSpaces
 from chaos.checks.implied import NO_SPACE, apply_step
 from chaos.checks.model import Implied
 from chaos.checks.state import state_difference
-from chaos.run_spaces import seed_space
+from chaos.run.spaces import seed_space
 from durable.coding_tools import apply_edits, bash_result
 from durable.errors import SpaceError
 from scenarios import generate, load

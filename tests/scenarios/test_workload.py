@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from chaos.campaign import CampaignConfig, run_campaign
-from chaos.summary import parse_summary
+from chaos.campaign.campaign import CampaignConfig, run_campaign
+from chaos.campaign.summary import parse_summary
 from scenarios import scenario_of
 from scenarios.plan import workload_scenario
 from scenarios.workload import PREFIX, WorkloadError, bundled, load, parse

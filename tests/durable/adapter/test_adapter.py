@@ -15,7 +15,7 @@ import pytest
 
 import durable.failpoints
 from backends.local import LocalSpaces
-from chaos.coverage import cell_of, reachable_cells
+from chaos.campaign.coverage import cell_of, reachable_cells
 from durable.adapter import (
     SPACE_DOC,
     DirectoryCheckpointStore,

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from chaos.campaign import CampaignConfig, run_campaign
-from chaos.records import ResultsDir
-from chaos.summary import parse_summary
+from chaos.campaign.campaign import CampaignConfig, run_campaign
+from chaos.campaign.records import ResultsDir
+from chaos.campaign.summary import parse_summary
 
 EXPECTED_POINTS = {
     "transactional": {"call.begin", "call.intent", "call.returned", "call.result",
