@@ -110,11 +110,8 @@ def _held(args: argparse.Namespace) -> tuple[HeldAction, ...]:
         if kind.modes and args.mode not in kind.modes:
             raise BadArguments(f"{kind.flag} is for --mode {', '.join(kind.modes)}, not "
                                f"{args.mode}")
-        if kind.stale_kinds and args.mode == "stale" and \
-                args.stale_kind not in kind.stale_kinds:
-            raise BadArguments(f"{kind.flag} is for --stale-kind "
-                               f"{' or '.join(kind.stale_kinds)}, not {args.stale_kind}: "
-                               f"{kind.stale_why}")
+        if args.mode == "stale" and (why := kind.stale_refusal(args.stale_kind)):
+            raise BadArguments(why)
         durable = args.durable_mode or MODES[args.mode].durable
         if kind.disk is not None and backend(args.backend).machines and \
                 durable != "transactional" and \

@@ -120,6 +120,13 @@ class HeldKind:
     def field(self) -> str:
         return self.flag.removeprefix("--").replace("-", "_")
 
+    def stale_refusal(self, stale_kind: str) -> str | None:
+        """Why this kind cannot strike a stale run of ``stale_kind`` (None: it can)."""
+        if not self.stale_kinds or stale_kind in self.stale_kinds:
+            return None
+        return (f"{self.flag} is for --stale-kind {' or '.join(self.stale_kinds)}, not "
+                f"{stale_kind}: {self.stale_why}")
+
 
 HELD_KINDS: dict[str, HeldKind] = {k.action: k for k in (
     HeldKind("pause_space", "--pause-spaces", "space_pauses", "pauses", None, "", True,

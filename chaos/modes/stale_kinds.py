@@ -95,10 +95,9 @@ PAUSE_MAX_S = 20.0
 def run_kind(run: RunContext, rv: Rendezvous) -> int | None:
     """The run's kind, its drivers on one host with the log: a power cut of that host
     (``--cut-host-power``) ends them all, the parked older driver too."""
-    cut = HELD_KINDS["cut_host_power"]
-    if run.host_disk is not None and run.spec.stale_kind not in cut.stale_kinds:
-        raise ValueError(f"{cut.flag} is for --stale-kind {' or '.join(cut.stale_kinds)}, "
-                         f"not {run.spec.stale_kind}: {cut.stale_why}")
+    if run.host_disk is not None and \
+            (why := HELD_KINDS["cut_host_power"].stale_refusal(run.spec.stale_kind)):
+        raise ValueError(why)
     with hosting(run.host_disk, StaleHost(run.scope, run.holds)):
         return _run_kind(run, rv)
 

@@ -49,3 +49,14 @@ def test_what_is_in_effect_at_an_instant_of_a_runs_history() -> None:
     assert in_effect_at(history, 3.0) == ({"pause_space"}, True)
     assert in_effect_at(history, 4.5) == (set(), True)  # the daemon's kill at 5.0
     assert in_effect_at(history, 6.0) == (set(), False)  # all over: none can stop a driver
+
+
+def test_a_kind_for_some_stale_kinds_refuses_the_others_with_one_message() -> None:
+    """``chaos run`` and a stale run replayed by ``chaos repro`` refuse with these words."""
+    cut = HELD_KINDS["cut_host_power"]
+    assert cut.stale_refusal("race") is None and cut.stale_refusal("detached") is None
+    why = cut.stale_refusal("paused")
+    assert why is not None and why.startswith(
+        "--cut-host-power is for --stale-kind race or detached, not paused: ")
+    assert why.endswith(cut.stale_why)
+    assert HELD_KINDS["pause_space"].stale_refusal("paused") is None
