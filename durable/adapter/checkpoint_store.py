@@ -95,6 +95,11 @@ class DirectoryCheckpointStore:
     def _object(self, sha: str) -> Path:
         return self._objects / sha[:2] / sha
 
+    def _stored(self, sha: str) -> bool:
+        """Whether object ``sha`` is in the store: asked of every object of every checkpoint,
+        so a string path (a ``Path`` per object cost more than the stat)."""
+        return os.path.exists(f"{self._objects}/{sha[:2]}/{sha}")
+
     # -- copying in ----------------------------------------------------------------
 
     def put(self, checkpoint_id: str, chunks: Iterator[bytes]) -> None:
@@ -117,7 +122,7 @@ class DirectoryCheckpointStore:
             raise DamagedStore(f"the export of checkpoint {checkpoint_id} has no manifest")
         whole = _parse(manifest, checkpoint_id)
         shas = frozenset(f["sha256"] for f in whole["files"])
-        missing = [sha for sha in sorted(shas - received) if not self._object(sha).exists()]
+        missing = [sha for sha in sorted(shas - received) if not self._stored(sha)]
         if missing:
             self._known = frozenset()
             raise IncompleteCopy(f"checkpoint {checkpoint_id}: {len(missing)} object(s) left "
@@ -174,7 +179,7 @@ class DirectoryCheckpointStore:
                 newest = stored[-1].name.rsplit(".", 2)[0]
                 manifest = self._manifest(newest)
                 self._known = frozenset(f["sha256"] for f in manifest["files"]
-                                        if self._object(f["sha256"]).exists())
+                                        if self._stored(f["sha256"]))
         return self._known
 
     def _manifest(self, checkpoint_id: str) -> Json:
