@@ -141,7 +141,8 @@ class HostDisk:
     """``directory`` (a run's ``state``) on an ext4 image of ``size`` bytes of its own.
 
     ``cut`` loses power; ``up`` is clear from the cut until the host is back, and a driver
-    is launched only while it is set (``wait_up``), so no driver opens the log mid-swap.
+    is launched only inside ``staying_up``, so no driver opens the log mid-swap, and none
+    starts between a cut's instant and its kills, where the kills would miss it.
     ``cuts`` records each cut's commits before and after (``commits``), for the durability
     check (G7). Shared by the threads that fire faults and the runner's (its lock)."""
 
@@ -209,6 +210,18 @@ class HostDisk:
                     after_boot(self.broken is None)
                 finally:
                     self.up.set()
+
+    @contextlib.contextmanager
+    def staying_up(self) -> Iterator[None]:
+        """The host up, and no cut beginning until the body ends: a driver is launched in
+        it. A cut waits for the launch (the driver is then one of those it kills) and a
+        launch waits for a cut to end; a launch that waited for the host to come up could
+        otherwise start its driver after the next cut's instant, among none of its kills,
+        with the log's directory being swapped under it. ``HostDiskBroken`` when a cut
+        could not bring the host back."""
+        with self._lock:  # a cut holds it from its instant until the host is up again
+            self.wait_up()
+            yield
 
     def wait_up(self) -> None:
         """Return once the host is up (at once, but during a cut); ``HostDiskBroken`` when

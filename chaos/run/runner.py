@@ -20,6 +20,7 @@ A run's life:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -171,8 +172,12 @@ class Run:
     def launch(self, attempt: int, failpoints: str | None, *, heartbeat: float = 0.5,
                other: OtherSession | None = None) -> Owned:
         """Start a driver of the run's session (at the next epoch), or of ``other``."""
-        if self.host_disk is not None:
-            self.host_disk.wait_up()  # no driver starts while the host is down
+        with contextlib.nullcontext() if self.host_disk is None else \
+                self.host_disk.staying_up():  # no driver starts while the host is down
+            return self._launch(attempt, failpoints, heartbeat=heartbeat, other=other)
+
+    def _launch(self, attempt: int, failpoints: str | None, *, heartbeat: float,
+                other: OtherSession | None) -> Owned:
         epoch = other.epoch if other else self.epoch + 1
         run_dir = other.run_dir if other else self.dir
         run_dir.mkdir(parents=True, exist_ok=True)

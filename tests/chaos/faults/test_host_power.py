@@ -77,6 +77,49 @@ def test_a_cut_keeps_what_was_synced_and_loses_what_was_not(host_disk: HostDisk)
                                "before_error": None, "after_error": None}]
 
 
+def test_no_driver_starts_between_a_cuts_instant_and_its_kills(host_disk: HostDisk) -> None:
+    """A launch and a cut exclude each other: a cut that struck while a driver was being
+    launched waits for the launch (the driver is then among those it kills), and a launch
+    during a cut waits until the host is back. A launch that only waited for the host to be
+    up could start its driver after the cut's instant, where no kill would find it."""
+    order: list[str] = []
+    cut_over = threading.Event()
+
+    def cut() -> None:
+        host_disk.cut("a cut during a launch", lambda: order.append("kills"))
+        cut_over.set()
+
+    with host_disk.staying_up():
+        cutter = threading.Thread(target=cut)
+        cutter.start()
+        assert not cut_over.wait(0.5), "the cut began while a driver was being launched"
+        order.append("launched")
+    cutter.join(timeout=60)
+    assert order == ["launched", "kills"]
+
+    in_cut, release, entered = threading.Event(), threading.Event(), threading.Event()
+
+    def before_boot() -> None:
+        in_cut.set()
+        release.wait(60)
+
+    def launch() -> None:
+        with host_disk.staying_up():
+            order.append(f"launched, host up: {host_disk.up.is_set()}")
+            entered.set()
+
+    cutter = threading.Thread(target=host_disk.cut, args=("a cut", before_boot))
+    cutter.start()
+    assert in_cut.wait(60)
+    launcher = threading.Thread(target=launch)
+    launcher.start()
+    assert not entered.wait(0.5), "a driver was launched while the host was down"
+    release.set()
+    cutter.join(timeout=60)
+    launcher.join(timeout=60)
+    assert order[-1] == "launched, host up: True"
+
+
 def test_a_durable_log_keeps_every_commit_that_returned(host_disk: HostDisk) -> None:
     path = host_disk.directory / "log.sqlite"
     storage, _fence = open_fenced_sqlite(path, 1)
