@@ -488,6 +488,36 @@ class CutHostPower(_Kind):
         return Completion("info", self.action, op.fault.describe())
 
 
+class SlowLink(_Held):
+    """What crosses the link between the drivers and the Space delayed
+    (``chaos.faults.link_proxy``) by the fault's own delay, until the end of its hold. A
+    request its client gave up on reaches the daemon late and is carried out there, maybe
+    after the client's next one: the ledger's keys and the epoch fence must make that
+    harmless, and the log must record only what the client was answered."""
+
+    action = "slow_link"
+    #: The delays a slowdown is drawn from (seconds): most past ``HOLD_REQUEST_TIMEOUT_S``.
+    DELAYS = (0.5, 1.0, 2.5, 3.0, 4.0)
+
+    @classmethod
+    def delay(cls, fault: Fault) -> float:
+        """The fault's own delay (from its description: the same plan, the same delay)."""
+        return cls.DELAYS[zlib.crc32(fault.describe().encode()) % len(cls.DELAYS)]
+
+    def able(self) -> None:
+        if self.target.link is None:
+            raise SpaceError("this run's drivers reach the Space directly: no link to slow "
+                             "(the runner proxies the link only when the plan slows it)")
+
+    def begin(self, fault: Fault) -> None:
+        assert self.target.link is not None
+        self.target.link.slow(self.delay(fault))
+
+    def end(self) -> None:
+        assert self.target.link is not None
+        self.target.link.slow(0)
+
+
 class CutLink(_Held):
     """The link between the drivers and the Space cut (``chaos.faults.link_proxy``), healed at
     the end of its hold: the daemon runs on and carries out what reached it, its answers
@@ -512,7 +542,7 @@ class CutLink(_Held):
 KINDS: tuple[type[_Kind], ...] = (KillDriver, KillDaemon, RestartSpace, LoseSpace, KillProcess,
                                   PowerLoss, PauseDriver, PauseSpace, CutLink, JumpClock,
                                   PauseDaemon, FillStateDisk, PauseCommands, FillWorkDisk,
-                                  FillLogDisk, CutHostPower)
+                                  FillLogDisk, CutHostPower, SlowLink)
 
 
 class FaultNemesis:

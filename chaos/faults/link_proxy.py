@@ -7,7 +7,9 @@ new connections are taken but never forwarded, and what was already delivered to
 is carried out there while its answer stays on the far side. ``heal`` resets every
 connection that lived through the cut (what it held is lost, as a partition loses it) and
 forwards again. A client meets a cut as a request with no answer in time: its outcome is
-unknown.
+unknown. ``slow`` delays what crosses instead: each burst of bytes (a request, an answer)
+waits that long before it goes on, so a request its client gave up on still reaches the
+daemon after the client did, maybe after the client's next request.
 
 Drivers reach the proxy through ``LinkTable``: the runner writes the proxy's port under the
 Space's name in a directory the drivers are given (``python -m chaos.driver --links DIR``),
@@ -31,6 +33,9 @@ from backends.space_client import Endpoint
 
 #: How often a pump looks at the link's state while nothing moves (seconds).
 POLL_S = 0.05
+#: Bytes read within this long of the last ones sent on a slow link belong to the same
+#: burst (one message in parts) and are not delayed again (seconds).
+BURST_S = 0.05
 _CHUNK = 64 * 1024
 
 
@@ -59,6 +64,8 @@ class LinkProxy:
         #: Bumped by every cut: a connection that lived through one (open when it began, or
         #: made during it) is reset at the heal.
         self._cuts = 0
+        #: How long each burst waits before it crosses (``slow``; 0: not at all).
+        self._delay = 0.0
         self._pairs: dict[socket.socket, tuple[socket.socket | None, int]] = {}
         self._closed = threading.Event()
         self._listener = socket.create_server(("127.0.0.1", 0))
@@ -96,6 +103,11 @@ class LinkProxy:
             for sock in doomed:  # before the link is up: nothing they hold crosses
                 _reset(sock)
             self._up.set()
+
+    def slow(self, delay: float) -> None:
+        """Each burst of bytes that crosses from now on (either way, on every connection)
+        waits ``delay`` seconds first; 0 makes the link fast again."""
+        self._delay = delay
 
     @property
     def is_cut(self) -> bool:
@@ -183,6 +195,7 @@ class LinkProxy:
 
     def _pump(self, client: socket.socket, upstream: socket.socket) -> None:
         ends = {client: upstream, upstream: client}
+        burst_until = 0.0  # a slow link's current burst: read until then, not delayed again
         try:
             while not self._closed.is_set():
                 if not self._up.wait(POLL_S):  # cut: nothing read, nothing sent
@@ -197,6 +210,12 @@ class LinkProxy:
                     data = sock.recv(_CHUNK)
                     if not data:
                         raise ConnectionError("one side ended")
+                    if self._delay and time.monotonic() > burst_until:
+                        self._closed.wait(self._delay)  # sent on, even if its sender left
+                        with self._lock:  # a cut meanwhile: held, then lost at the heal
+                            if not self._up.is_set() or client not in self._pairs:
+                                break
+                    burst_until = time.monotonic() + BURST_S
                     ends[sock].sendall(data)
         except (OSError, ValueError):  # broken, or reset by a heal or the close (fd gone)
             pass

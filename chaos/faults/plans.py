@@ -64,7 +64,8 @@ if TYPE_CHECKING:
 
 #: The faults that hold for a while (``HELD_KINDS`` describes each).
 HeldAction = Literal["pause_space", "cut_link", "jump_clock", "pause_daemon", "fill_state_disk",
-                     "pause_commands", "fill_work_disk", "fill_log_disk", "cut_host_power"]
+                     "pause_commands", "fill_work_disk", "fill_log_disk", "cut_host_power",
+                     "slow_link"]
 Action = Literal["kill_driver", "kill_daemon", "restart_space", "delete_space", "kill_process",
                  "power_loss", "pause_driver", HeldAction]
 
@@ -112,6 +113,10 @@ class HeldKind:
     holds: bool = True
     #: The campaign modes it is for (empty: every mode with held kinds).
     modes: tuple[str, ...] = ()
+    #: It acts on the link between the faulted drivers and the Space: the runner routes
+    #: that link through a proxy of its own (``chaos.faults.link_proxy``) in a run whose
+    #: plan has it.
+    link: bool = False
     #: In stale mode, the kinds (``chaos.modes.stale_kinds``) it is for (empty: every one), and why.
     stale_kinds: tuple[str, ...] = ()
     stale_why: str = ""
@@ -139,7 +144,7 @@ HELD_KINDS: dict[str, HeldKind] = {k.action: k for k in (
              "partition: nothing crosses, what reached the daemon is carried out, its answers "
              "are lost) at seeded points for seeded times, then heal it; the faulted drivers' "
              "request timeout drops to 2 s (transactional, checkpoint, auto, stale and redrive "
-             "modes)"),
+             "modes)", link=True),
     HeldKind("jump_clock", "--jump-clocks", "clock_jumps", "jumps", lambda b: b.machines,
              "a microVM keeps a clock of its own; local and docker Spaces share the host's, "
              "which a campaign must not step", False,
@@ -203,6 +208,13 @@ HELD_KINDS: dict[str, HeldKind] = {k.action: k for k in (
              stale_why="it strikes only where no commit is in flight (every driver at a "
                        "failpoint); the paused kind stops a driver anywhere, inside a commit "
                        "too, and the foreign kind's drivers meet no planned fault"),
+    HeldKind("slow_link", "--slow-links", "link_slowdowns", "slowdowns", None, "", True,
+             "also slow the link between each run's drivers and its Space once or twice at "
+             "seeded points for seeded times: every request and answer crossing it arrives "
+             "a seeded 0.5 to 4 s late, most past the faulted drivers' request timeout, "
+             "which drops to 2 s, so a request its client gave up on still reaches the "
+             "daemon, maybe after the client's next one (transactional, checkpoint, auto, "
+             "stale and redrive modes)", link=True),
 )}
 if set(HELD_KINDS) != set(get_args(HeldAction)):
     raise ImportError(f"chaos.faults.plans: HeldAction {get_args(HeldAction)} and HELD_KINDS "

@@ -323,11 +323,11 @@ class Run:
                                       host_disk=self.host_disk))
             return self.attempts(rv.address)
         # The Space's daemons report their failpoints to the same rendezvous.
-        disks = {k.disk: DISK_BYTES for k in (HELD_KINDS.get(f.action) for f in self.plan.faults)
-                 if k is not None and k.disk is not None}
+        held = [HELD_KINDS[f.action] for f in self.plan.faults if f.action in HELD_KINDS]
+        disks = {k.disk: DISK_BYTES for k in held if k.disk is not None}
         self.spaces = make_spaces(self.spec.backend, self.dir, failpoints=rv.address,
                                   disks=disks)
-        if any(f.action == "cut_link" for f in self.plan.faults):
+        if any(k.link for k in held):
             self.link = LinkProxy(self.spaces.endpoint(self.space))
             self.links.publish(self.space, self.link)
         self.nemesis.setup(Target(self.spaces, self.space, self.dir / "ledgers", self.state,

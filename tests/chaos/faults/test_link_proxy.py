@@ -95,6 +95,23 @@ def test_a_cut_link_loses_the_answer_of_a_request_the_daemon_carried_out(
     assert look.stat("during.txt") is None, "a request held by the cut reached the daemon"
 
 
+def test_a_slow_link_delivers_a_request_its_client_gave_up_on(linked: Linked) -> None:
+    """A request slower than its client's timeout: the client is told its outcome is
+    unknown, and the daemon carries it out afterwards (the late delivery the ledger's keys
+    and the epoch fence are for); made fast again, the link answers at once."""
+    client = linked.routed.connect("s", epoch=1)  # a 1 s request timeout
+    look = linked.direct.connect("s", epoch=1)
+    linked.proxy.slow(2.0)
+    with pytest.raises(SpaceUnavailable, match="unknown"):
+        client.write_file("late.txt", b"arrived late")
+    deadline = time.monotonic() + DEADLINE_S
+    while look.stat("late.txt") is None:
+        assert time.monotonic() < deadline, "the request its client gave up on never arrived"
+        time.sleep(0.05)
+    linked.proxy.slow(0)
+    assert client.read_file("late.txt") == b"arrived late"
+
+
 def test_a_link_table_routes_only_the_spaces_it_lists(tmp_path: Path, linked: Linked) -> None:
     table = LinkTable(tmp_path / "links")
     ep = linked.direct.endpoint("s")()
