@@ -202,8 +202,10 @@ def _held_plans(action: HeldAction, points: tuple[tuple[str, str | None], ...] =
 
 #: A frozen Space: a write lands after the driver gave up on it, a start and a command
 #: wait frozen. A cut link: the daemon carries out a start whose answer is lost, a write
-#: held by the cut never arrives, a command ends while its driver cannot see it.
+#: held by the cut never arrives, a command ends while its driver cannot see it. A slow
+#: link: the same requests given up on by their driver still arrive, late.
 PAUSES, CUTS = _held_plans("pause_space"), _held_plans("cut_link")
+SLOWDOWNS = _held_plans("slow_link")
 #: A command frozen (its daemon answering) just spawned, while it runs and while its shim
 #: writes its exit: a wait must see it running, never ended or lost.
 COMMAND_PAUSES = _held_plans("pause_commands", (
@@ -279,6 +281,11 @@ SLICES: tuple[Slice, ...] = (
           "daemon carries out what reached it, its answers are lost) past the drivers' "
           "request timeout, at seeded points and where a request is in the daemon",
           {"mode": "checkpoint", "held": ("cut_link",), "seeds": (1, 2, 3, 5), "plans": CUTS}),
+    Slice("slow-links", "the link between the drivers and the Space slowed past the drivers' "
+          "request timeout: requests they gave up on reach the daemon late, at seeded points "
+          "and where a request is in the daemon",
+          {"mode": "transactional", "held": ("slow_link",), "seeds": (1, 2, 3, 5),
+           "plans": SLOWDOWNS}),
     Slice("pause-commands", "a Space's commands frozen (every process of them stopped) while "
           "its daemon answers, past the drivers' request timeout: the command just spawned, "
           "running and writing its exit; its key must read running until it ends, never "
