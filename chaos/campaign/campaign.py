@@ -103,8 +103,8 @@ class CampaignConfig:
     coordinators: int | None = None
     #: The drivers' log storage, each with its fence: ``sqlite`` or ``jsonl``.
     log_storage: str = DEFAULT_LOG_STORAGE
-    #: Standard modes: each run's plan also holds these kinds of fault (``faults.HELD_KINDS``:
-    #: a frozen Space, a cut link, a clock jump; ``faults.with_held_faults``).
+    #: Standard modes: each run's plan also holds these kinds of fault (``plans.HELD_KINDS``:
+    #: a frozen Space, a cut link, a clock jump; ``plans.with_held_faults``).
     held: tuple[HeldAction, ...] = ()
 
     @property

@@ -282,8 +282,8 @@ SLICES: tuple[Slice, ...] = (
           "request timeout, at seeded points and where a request is in the daemon",
           {"mode": "checkpoint", "held": ("cut_link",), "seeds": (1, 2, 3, 5), "plans": CUTS}),
     Slice("slow-links", "the link between the drivers and the Space slowed past the drivers' "
-          "request timeout: requests they gave up on reach the daemon late, at seeded points "
-          "and where a request is in the daemon",
+          "request timeout: a write they gave up on reaching the daemon late, the answer to "
+          "a start already in the daemon late, a command's waits slowed, and seeded points",
           {"mode": "transactional", "held": ("slow_link",), "seeds": (1, 2, 3, 5),
            "plans": SLOWDOWNS}),
     Slice("pause-commands", "a Space's commands frozen (every process of them stopped) while "

@@ -28,7 +28,7 @@ from scenarios.preset import MAX_STEPS, VIRTUAL_SHELL_LACKS
 #: The most runs one campaign takes (more is a typo, or a job for ``--shard``/a cluster).
 MAX_RUNS = 1_000_000
 DURABLE_MODES = ("auto", "transactional", "checkpoint")
-#: The campaign modes whose drawn plans may hold a fault on a Space (``faults.HELD_KINDS``:
+#: The campaign modes whose drawn plans may hold a fault on a Space (``plans.HELD_KINDS``:
 #: ``--pause-spaces``, ``--cut-links``, ``--jump-clocks``...).
 HELD_MODES = tuple(name for name, mode in MODES.items() if mode.holds)
 #: The campaign modes that run on a virtual workspace.

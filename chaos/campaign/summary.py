@@ -84,14 +84,14 @@ def _has_spaces(backend: str) -> bool:
     return backend not in BACKEND_DESCRIPTORS or BACKEND_DESCRIPTORS[backend].spaces
 
 
-#: The held kinds' counts (``faults.HELD_KINDS``), each printed with its flag on.
+#: The held kinds' counts (``plans.HELD_KINDS``), each printed with its flag on.
 HELD_KEYS = tuple(k.key for k in HELD_KINDS.values())
 #: The keys of the coordinator's group (redrive).
 REDRIVE_KEYS = ("drives", "refused_tokens", "coordinator_kills", "redrive_kinds",
                 "resume_p50_ms", "resume_p95_ms", "race_start_p50_ms", "race_start_max_ms")
 
 
-#: The counts of fault kinds (``faults.KIND_COUNTS``) that have no place of their own in
+#: The counts of fault kinds (``plans.KIND_COUNTS``) that have no place of their own in
 #: the line: each printed, after the held kinds', in a campaign where it struck.
 STRUCK_KEYS = tuple(key for key in dict.fromkeys(KIND_COUNTS.values()) if key not in (
     *FAULT_KEYS, "process_kills", "pauses", *HELD_KEYS, "power_losses"))

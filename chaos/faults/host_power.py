@@ -183,14 +183,18 @@ class HostDisk:
                           "--cut-host-power off")
 
     def cut(self, fault: str, before_boot: Callable[[], None] = lambda: None,
-            after_boot: Callable[[bool], None] = lambda booted: None) -> None:
+            after_boot: Callable[[bool], None] = lambda booted: None,
+            unfit: Callable[[], str | None] = lambda: None) -> str | None:
         """The power goes out now: the disk keeps what reached it. ``before_boot`` runs
         while the host is down (the nemesis makes sure the drivers are dead there); then
         the host boots on what the disk kept, and ``after_boot(booted)`` runs (one cut at a
         time: both under the disk's lock). A cut that fails part-way leaves the host down
         for good (``wait_up`` raises ``HostDiskBroken``; ``booted`` is False) and its image
-        kept."""
+        kept. ``unfit`` is asked first, under the lock (no driver is being launched then):
+        what it answers is why the cut did not happen, and returned; None when it did."""
         with self._lock:
+            if (why := unfit()) is not None:
+                return why
             self.up.clear()
             try:
                 shutil.copyfile(self.image, self._kept)  # the instant of the cut
@@ -210,15 +214,17 @@ class HostDisk:
                     after_boot(self.broken is None)
                 finally:
                     self.up.set()
+        return None
 
     @contextlib.contextmanager
     def staying_up(self) -> Iterator[None]:
         """The host up, and no cut beginning until the body ends: a driver is launched in
-        it. A cut waits for the launch (the driver is then one of those it kills) and a
-        launch waits for a cut to end; a launch that waited for the host to come up could
-        otherwise start its driver after the next cut's instant, among none of its kills,
-        with the log's directory being swapped under it. ``HostDiskBroken`` when a cut
-        could not bring the host back."""
+        it. A cut waits for the launch (and asks its ``unfit`` after it: the driver is
+        then among those it judges and kills) and a launch waits for a cut to end; a
+        launch that only waited for the host to come up could otherwise start its driver
+        after the next cut's instant, among none of its kills, with the log's directory
+        being swapped under it. ``HostDiskBroken`` when a cut could not bring the host
+        back."""
         with self._lock:  # a cut holds it from its instant until the host is up again
             self.wait_up()
             yield

@@ -11,10 +11,11 @@ between the drivers and the Space cut for its ``hold``, then healed) and ``JumpC
 Space's clock stepped for its ``hold``, then set right), ``FillStateDisk``,
 ``FillWorkDisk`` and ``FillLogDisk`` (the disk of the Space's daemon state, of its
 workspace, of the drivers' log, full for its ``hold``, then freed), ``CutHostPower`` (the
-drivers' host loses power, its log what did not reach its disk). ``FaultNemesis`` holds
-them all, by action. Each ends an operation in one completion
-(``chaos.faults.nemesis`` has the contract): ``info`` when it struck, ``fail`` with the reason when
-it could not.
+drivers' host loses power, its log what did not reach its disk), ``SlowLink`` (every
+burst crossing the link between the drivers and the Space late for its ``hold``).
+``FaultNemesis`` holds them all, by action. Each ends an operation in one completion
+(``chaos.faults.nemesis`` has the contract): ``info`` when it struck, ``fail`` with the
+reason when it could not.
 """
 
 from __future__ import annotations
@@ -470,21 +471,21 @@ class CutHostPower(_Kind):
                               "in flight")
         host = disk.processes
         if host is not None:  # the host runs more than the runner's drivers: all go down
-            if (why := host.unfit()) is not None:
-                return Completion("fail", self.action, f"skipped {op.fault.describe()}: "
-                                  f"{why}")
-            disk.cut(op.fault.describe(), host.power_off, host.power_on)
-            return Completion("info", self.action, op.fault.describe())
-        if not isinstance(op.driver, Owned) or op.driver.poll() is not None:
-            return Completion("fail", self.action, f"skipped {op.fault.describe()}: no "
-                              "driver of the runner's was running")
-        driver = op.driver
+            why = disk.cut(op.fault.describe(), host.power_off, host.power_on,
+                           unfit=host.unfit)
+        elif not isinstance(op.driver, Owned):
+            why = "no driver of the runner's was running"
+        else:
+            driver = op.driver
 
-        def drivers_dead() -> None:
-            driver.kill_group()
-            wait_dead([driver], "the driver")
+            def drivers_dead() -> None:
+                driver.kill_group()
+                wait_dead([driver], "the driver")
 
-        disk.cut(op.fault.describe(), drivers_dead)
+            why = disk.cut(op.fault.describe(), drivers_dead, unfit=lambda: (
+                None if driver.poll() is None else "no driver of the runner's was running"))
+        if why is not None:
+            return Completion("fail", self.action, f"skipped {op.fault.describe()}: {why}")
         return Completion("info", self.action, op.fault.describe())
 
 

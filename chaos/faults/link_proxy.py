@@ -33,8 +33,8 @@ from backends.space_client import Endpoint
 
 #: How often a pump looks at the link's state while nothing moves (seconds).
 POLL_S = 0.05
-#: Bytes read within this long of the last ones sent on a slow link belong to the same
-#: burst (one message in parts) and are not delayed again (seconds).
+#: Bytes read from one side within this long of the last ones it passed on a slow link
+#: belong to the same burst (one message in parts) and are not delayed again (seconds).
 BURST_S = 0.05
 _CHUNK = 64 * 1024
 
@@ -66,6 +66,9 @@ class LinkProxy:
         self._cuts = 0
         #: How long each burst waits before it crosses (``slow``; 0: not at all).
         self._delay = 0.0
+        #: Notified when the link's state changes (``slow``, cut, heal, close): a burst
+        #: waiting out its delay stops waiting when the link is made fast again.
+        self._changed = threading.Condition(self._lock)
         self._pairs: dict[socket.socket, tuple[socket.socket | None, int]] = {}
         self._closed = threading.Event()
         self._listener = socket.create_server(("127.0.0.1", 0))
@@ -85,6 +88,7 @@ class LinkProxy:
         with self._lock:
             self._cuts += 1
             self._up.clear()
+            self._changed.notify_all()
 
     def heal(self) -> None:
         """Reset every connection that lived through a cut (those the kernel made during it
@@ -103,11 +107,15 @@ class LinkProxy:
             for sock in doomed:  # before the link is up: nothing they hold crosses
                 _reset(sock)
             self._up.set()
+            self._changed.notify_all()
 
     def slow(self, delay: float) -> None:
         """Each burst of bytes that crosses from now on (either way, on every connection)
-        waits ``delay`` seconds first; 0 makes the link fast again."""
-        self._delay = delay
+        waits ``delay`` seconds first; 0 makes the link fast again, and what was waiting
+        crosses at once."""
+        with self._lock:
+            self._delay = delay
+            self._changed.notify_all()
 
     @property
     def is_cut(self) -> bool:
@@ -119,6 +127,8 @@ class LinkProxy:
         if self._closed.is_set():
             return
         self._closed.set()
+        with self._lock:
+            self._changed.notify_all()
         self._acceptor.join(timeout=10)  # no new connection after this
         with self._lock:
             pairs, self._pairs = list(self._pairs.items()), {}
@@ -193,9 +203,21 @@ class LinkProxy:
                 return
         self._pump(client, upstream)
 
+    def _wait_out(self) -> bool:
+        """A new burst waits out the link's delay (cut short when the link is made fast);
+        whether it may then cross (the link up, not closed). The pair's listing is checked
+        by the caller's loop."""
+        with self._lock:
+            deadline = time.monotonic() + self._delay
+            while self._delay and self._up.is_set() and not self._closed.is_set() and \
+                    (left := deadline - time.monotonic()) > 0:
+                self._changed.wait(left)
+            return self._up.is_set() and not self._closed.is_set()
+
     def _pump(self, client: socket.socket, upstream: socket.socket) -> None:
         ends = {client: upstream, upstream: client}
-        burst_until = 0.0  # a slow link's current burst: read until then, not delayed again
+        # When each side last passed bytes on: a read from it soon after is the same burst.
+        passed = {client: 0.0, upstream: 0.0}
         try:
             while not self._closed.is_set():
                 if not self._up.wait(POLL_S):  # cut: nothing read, nothing sent
@@ -210,13 +232,10 @@ class LinkProxy:
                     data = sock.recv(_CHUNK)
                     if not data:
                         raise ConnectionError("one side ended")
-                    if self._delay and time.monotonic() > burst_until:
-                        self._closed.wait(self._delay)  # sent on, even if its sender left
-                        with self._lock:  # a cut meanwhile: held, then lost at the heal
-                            if not self._up.is_set() or client not in self._pairs:
-                                break
-                    burst_until = time.monotonic() + BURST_S
-                    ends[sock].sendall(data)
+                    if time.monotonic() - passed[sock] > BURST_S and not self._wait_out():
+                        break  # cut or closed meanwhile: held, then lost at the heal
+                    passed[sock] = time.monotonic()
+                    ends[sock].sendall(data)  # even if its sender left meanwhile
         except (OSError, ValueError):  # broken, or reset by a heal or the close (fd gone)
             pass
         finally:

@@ -50,7 +50,8 @@ class Target:
     ledgers: Path
     state: RunState
     armed: threading.Event
-    #: The link between the drivers and the Space, when the plan cuts it (``cut_link``).
+    #: The link between the drivers and the Space, when the plan has a kind that acts on it
+    #: (``HeldKind.link``: a cut, a slowdown).
     link: LinkProxy | None = None
     #: Whether the agent forks its conversation (``Scenario.fork_after``).
     forks: bool = False

@@ -33,7 +33,9 @@ writes, edits, commands and restores meet ``ENOSPC``; ``--fill-work-disks``),
 a tmpfs of its own as the host's disk: a commit meets ``ENOSPC``; ``--fill-log-disks``),
 ``cut_host_power`` (the drivers' host loses power at a driver's failpoint: every driver
 killed, the log, on an ext4 image of its own, keeps what reached that disk; no hold;
-``--cut-host-power``),
+``--cut-host-power``), ``slow_link`` (every burst of bytes crossing the link between the
+drivers and the Space delayed for ``hold`` seconds: requests their clients gave up on
+arrive late; ``--slow-links``),
 ``pause_commands`` (every process
 of the daemon's commands frozen for ``hold`` seconds while the daemon answers, then thawed;
 campaigns with ``--pause-commands``). A Space fault may also kill the

@@ -24,7 +24,7 @@ class CampaignMode:
     preset: str = "default"
     #: The adapter mode its drivers run when ``--durable-mode`` names none.
     durable: str = "checkpoint"
-    #: Its drawn plans may also hold faults (``--pause-spaces``...; ``faults.HELD_KINDS``).
+    #: Its drawn plans may also hold faults (``--pause-spaces``...; ``plans.HELD_KINDS``).
     holds: bool = False
     #: Where they hold faults, they may fall at seeded times too (else at points alone: the
     #: mode's own code or a coordinator launches the drivers, no timer starts with them).
@@ -50,7 +50,7 @@ class CampaignMode:
     groups: frozenset[Group] = frozenset()
 
     def plan(self, run: RunContext) -> FaultPlan:
-        """The run's plan before its held faults (``faults.with_held_faults``)."""
+        """The run's plan before its held faults (``plans.with_held_faults``)."""
         return FaultPlan(run.spec.seed, ())
 
     def drive(self, run: RunContext, rv: Rendezvous) -> int | None:

@@ -13,7 +13,7 @@ from chaos.space_providers import backend
 
 class Standard(CampaignMode):
     """``transactional``, ``checkpoint``, ``auto``: drivers of the adapter in that mode,
-    relaunched under a plan drawn from the seed (``faults.draw_plan``)."""
+    relaunched under a plan drawn from the seed (``plans.draw_plan``)."""
 
     holds = True
 
@@ -25,7 +25,7 @@ class Standard(CampaignMode):
         plan = draw_plan(spec.seed, run.scenario, spec.durable_mode,
                          long_seconds=run.preset.long_seconds)
         # Where Spaces are machines, daemon-level kills become whole-machine faults
-        # (``faults.on_machine``).
+        # (``plans.on_machine``).
         return on_machine(plan) if backend(spec.backend).machines else plan
 
 

@@ -24,7 +24,7 @@ class RunSpec:
     keep: bool = False
     #: The driver program: a module run with ``-m``, or a path to a ``.py`` file.
     driver: str = "chaos.driver"
-    #: Stale mode's kind (``stale.KINDS``).
+    #: Stale mode's kind (``stale_kinds.KINDS``).
     stale_kind: str = "race"
     #: Checkpoints as ``workspace`` or ``machine`` snapshots (microvm); ``auto``: the
     #: backend's (``space_providers.snapshot_kind``).
@@ -48,7 +48,7 @@ class RunSpec:
     #: A workload's golden run (``chaos.checks.golden``): no faults, no checks; its observation is
     #: the oracle of the faulted runs.
     golden: bool = False
-    #: A drawn plan also holds these kinds of fault (``faults.HELD_KINDS``,
-    #: ``faults.with_held_faults``); with one that outlasts requests, the faulted drivers wait
-    #: ``faults.HOLD_REQUEST_TIMEOUT_S`` for an answer.
+    #: A drawn plan also holds these kinds of fault (``plans.HELD_KINDS``,
+    #: ``plans.with_held_faults``); with one that outlasts requests, the faulted drivers wait
+    #: ``plans.HOLD_REQUEST_TIMEOUT_S`` for an answer.
     held: tuple[HeldAction, ...] = ()

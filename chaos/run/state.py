@@ -35,7 +35,7 @@ from chaos.faults.plans import KIND_COUNTS, Fault
 from chaos.run.processes import Driver
 
 #: The counts of a run record: those records have always had, in their order, then each
-#: fault kind's that is not among them (``faults.KIND_COUNTS``).
+#: fault kind's that is not among them (``plans.KIND_COUNTS``).
 COUNTS = tuple(dict.fromkeys((
     "kills", "daemon_kills", "space_restarts", "lost_spaces", "process_kills", "fenced",
     "timeouts", "attempts", "foreign", "drives", "refused_tokens", "coordinator_kills",

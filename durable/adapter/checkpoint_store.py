@@ -97,7 +97,9 @@ class DirectoryCheckpointStore:
 
     def _stored(self, sha: str) -> bool:
         """Whether object ``sha`` is in the store: asked of every object of every checkpoint,
-        so a string path (a ``Path`` per object cost more than the stat)."""
+        so a string path (a ``Path`` per object cost more than the stat). One that cannot
+        be looked at (EACCES, EIO) counts as missing: the checkpoint is then copied whole,
+        and reading it back checks every object."""
         return os.path.exists(f"{self._objects}/{sha[:2]}/{sha}")
 
     # -- copying in ----------------------------------------------------------------

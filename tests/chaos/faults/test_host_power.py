@@ -119,6 +119,11 @@ def test_no_driver_starts_between_a_cuts_instant_and_its_kills(host_disk: HostDi
     launcher.join(timeout=60)
     assert order[-1] == "launched, host up: True"
 
+    # what the cut asks under the lock (after any launch) can call it off, whole
+    assert host_disk.cut("an unfit cut", lambda: order.append("killed"),
+                         unfit=lambda: "a driver is loose") == "a driver is loose"
+    assert order[-1] != "killed" and host_disk.up.is_set() and len(host_disk.cuts) == 2
+
 
 def test_a_durable_log_keeps_every_commit_that_returned(host_disk: HostDisk) -> None:
     path = host_disk.directory / "log.sqlite"

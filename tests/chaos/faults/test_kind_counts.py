@@ -1,4 +1,4 @@
-"""A fault kind's count is named once (``faults.KIND_COUNTS``): the nemesis counts by it,
+"""A fault kind's count is named once (``plans.KIND_COUNTS``): the nemesis counts by it,
 run records keep it, progress sums it as a fault, and the SUMMARY line has a place for it."""
 
 from __future__ import annotations

@@ -112,6 +112,64 @@ def test_a_slow_link_delivers_a_request_its_client_gave_up_on(linked: Linked) ->
     assert client.read_file("late.txt") == b"arrived late"
 
 
+@contextlib.contextmanager
+def echo_server() -> Iterator[int]:
+    """A plain TCP server that sends back what it reads; its port."""
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.1)
+    done = threading.Event()
+
+    def serve() -> None:
+        while not done.is_set():
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            with conn, contextlib.suppress(OSError):
+                while data := conn.recv(1024):
+                    conn.sendall(data)
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        done.set()
+        thread.join(DEADLINE_S)
+        server.close()
+
+
+def _round_trip(sock: socket.socket, data: bytes) -> float:
+    start = time.monotonic()
+    sock.sendall(data)
+    got = b""
+    while len(got) < len(data):
+        got += sock.recv(1024)
+    assert got == data
+    return time.monotonic() - start
+
+
+def test_a_slow_link_delays_every_request_and_every_answer() -> None:
+    """Each burst waits, either way: a round trip takes two delays, the next one on the same
+    connection too (found by review: one burst window for both directions let the answer,
+    and every request after it, through at once); made fast, the link answers at once and
+    what was waiting crosses."""
+    delay = 0.3
+    with echo_server() as port, LinkProxy(lambda: Endpoint("127.0.0.1", port, "t")) as proxy:
+        proxy.slow(delay)
+        with socket.create_connection(("127.0.0.1", proxy.port)) as s:
+            s.settimeout(DEADLINE_S)
+            assert _round_trip(s, b"first") >= 2 * delay
+            assert _round_trip(s, b"second") >= 2 * delay
+            proxy.slow(600)
+            s.sendall(b"held")
+            proxy.slow(0)  # a burst waiting out its 600 s crosses now (or never waited)
+            got = b""
+            while len(got) < 4:
+                got += s.recv(1024)
+            assert got == b"held"
+
+
 def test_a_link_table_routes_only_the_spaces_it_lists(tmp_path: Path, linked: Linked) -> None:
     table = LinkTable(tmp_path / "links")
     ep = linked.direct.endpoint("s")()
