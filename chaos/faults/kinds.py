@@ -45,6 +45,7 @@ from durable.errors import SpaceError, SpaceNotFound
 
 if TYPE_CHECKING:
     from backends.descriptor import DiskName
+    from chaos.faults.link_proxy import LinkProxy
     from chaos.space_providers import CampaignSpaces
 
 
@@ -489,14 +490,35 @@ class CutHostPower(_Kind):
         return Completion("info", self.action, op.fault.describe())
 
 
-class SlowLink(_Held):
-    """What crosses the link between the drivers and the Space delayed
-    (``chaos.faults.link_proxy``) by the fault's own delay, until the end of its hold. A
-    request its client gave up on reaches the daemon late and is carried out there, maybe
-    after the client's next one: the ledger's keys and the epoch fence must make that
-    harmless, and the log must record only what the client was answered."""
+class _OnLink(_Held):
+    """A held fault on the link between the drivers and the Space: the runner's proxy of
+    it (``chaos.faults.link_proxy``), which it has when the plan has such a kind
+    (``HeldKind.link``)."""
+
+    #: What it does to the link, for the refusal when the run has none.
+    verb: ClassVar[str]
+
+    @property
+    def link(self) -> LinkProxy:
+        if self.target.link is None:
+            raise SpaceError(f"this run's drivers reach the Space directly: no link to "
+                             f"{self.verb} (the runner proxies the link only when the plan "
+                             f"has a fault on it)")
+        return self.target.link
+
+    def able(self) -> None:
+        _ = self.link  # its refusal is the check
+
+
+class SlowLink(_OnLink):
+    """What crosses the link between the drivers and the Space delayed by the fault's own
+    delay, until the end of its hold. A request its client gave up on reaches the daemon
+    late and is carried out there, maybe after the client's next one: the ledger's keys
+    and the epoch fence must make that harmless, and the log must record only what the
+    client was answered."""
 
     action = "slow_link"
+    verb = "slow"
     #: The delays a slowdown is drawn from (seconds): most past ``HOLD_REQUEST_TIMEOUT_S``.
     DELAYS = (0.5, 1.0, 2.5, 3.0, 4.0)
 
@@ -505,39 +527,25 @@ class SlowLink(_Held):
         """The fault's own delay (from its description: the same plan, the same delay)."""
         return cls.DELAYS[zlib.crc32(fault.describe().encode()) % len(cls.DELAYS)]
 
-    def able(self) -> None:
-        if self.target.link is None:
-            raise SpaceError("this run's drivers reach the Space directly: no link to slow "
-                             "(the runner proxies the link only when the plan slows it)")
-
     def begin(self, fault: Fault) -> None:
-        assert self.target.link is not None
-        self.target.link.slow(self.delay(fault))
+        self.link.slow(self.delay(fault))
 
     def end(self) -> None:
-        assert self.target.link is not None
-        self.target.link.slow(0)
+        self.link.slow(0)
 
 
-class CutLink(_Held):
-    """The link between the drivers and the Space cut (``chaos.faults.link_proxy``), healed at
-    the end of its hold: the daemon runs on and carries out what reached it, its answers
-    are lost."""
+class CutLink(_OnLink):
+    """The link between the drivers and the Space cut, healed at the end of its hold: the
+    daemon runs on and carries out what reached it, its answers are lost."""
 
     action = "cut_link"
-
-    def able(self) -> None:
-        if self.target.link is None:
-            raise SpaceError("this run's drivers reach the Space directly: no link to cut "
-                             "(the runner proxies the link only when the plan cuts it)")
+    verb = "cut"
 
     def begin(self, fault: Fault) -> None:
-        assert self.target.link is not None
-        self.target.link.cut()
+        self.link.cut()
 
     def end(self) -> None:
-        assert self.target.link is not None
-        self.target.link.heal()
+        self.link.heal()
 
 
 KINDS: tuple[type[_Kind], ...] = (KillDriver, KillDaemon, RestartSpace, LoseSpace, KillProcess,

@@ -357,7 +357,8 @@ def test_a_run_record_is_the_line_every_campaign_wrote() -> None:
                                       "link_cuts", "clock_jumps",
                                       "daemon_pauses", "state_disk_fills",
                                       "command_pauses", "work_disk_fills",
-                                      "log_disk_fills", "host_power_cuts"]  # appended only
+                                      "log_disk_fills", "host_power_cuts",
+                                      "link_slowdowns"]  # appended only
     assert json.loads(json.dumps(record)) == record
 
 
