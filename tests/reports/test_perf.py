@@ -30,5 +30,11 @@ def test_perf_prints_every_metric_beside_its_floor(tmp_path: Path) -> None:
     assert len(metrics) == 8
     for row in rows[1:]:
         cells = [c.strip() for c in row.split("|")[1:-1]]
-        assert (cells[1] == "-" or float(cells[1].split()[0]) >= 0) and \
-            cells[5] in ("yes", "**no**")
+        assert cells[5] in ("yes", "**no**"), row
+        if cells[1] == "-":
+            continue
+        now = float(cells[1].split()[0])
+        # a growth is the difference of two medians: one noisy sample each (--repeat 1) on a
+        # busy machine can make it negative (seen in CI: -0.60 ms); every other figure is a
+        # duration or a size
+        assert now >= 0 or cells[0].startswith("growth of a"), row
