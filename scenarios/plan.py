@@ -27,6 +27,7 @@ from .steps import (
     DATED,
     DETACHED_GRACE_SECONDS,
     DOC_FILE,
+    LATE_PRINT_LINES,
     LEAK_FILE,
     LINK_SLOTS,
     LOG_FILE,
@@ -167,6 +168,13 @@ def _command(k: int, kind: str, rng: random.Random, preset: Preset
         # campaign the line is durable (``Fault.after_output``).
         return (f"{append} && sync {LOG_FILE} && printf '{m} synced\\n'; "
                 f"sleep {preset.long_seconds}"), {}
+    if kind == "late_print":
+        # It prints only after a sleep, more than a full disk's seeded room (LATE_PRINT_LINES
+        # lines, 31 KB), and ends a sleep later: a fault at space.running lands before it
+        # prints, and one held for less than both sleeps ends before it exits (a full state
+        # disk then loses part of its output, and the output must say so).
+        return (f"sleep {preset.long_seconds}; seq -f '{m} printed late %05g' 1 "
+                f"{LATE_PRINT_LINES}; sleep {preset.long_seconds}; {append}"), {}
     if kind == "background":
         return f"(sleep {BACKGROUND_SECONDS} >/dev/null 2>&1 &); {append}", {}
     if kind == "detached":

@@ -17,6 +17,7 @@ import yaml
 STEP_KINDS = ("write", "edit", "append", "long", "background", "many_files", "never_tool",
               "safe_tool", "fail", "write_fail", "big_output", "rm", "mv", "mkdir", "symlink",
               "chmod", "binary", "large", "sums", "detached", "synced_append", "large_loop",
+              "late_print",
               # the shapes real programs leave (git, venvs, tar, make): see steps.py
               "empty_dir", "hardlink", "fifo", "abs_symlink", "odd_name", "sparse", "dated",
               "setid")
@@ -29,7 +30,8 @@ VIRTUAL_SHELL_LACKS: dict[str, str] = {
     "background": "background jobs (it runs them to their end in the foreground)",
     "detached": "setsid", "big_output": "seq -f", "symlink": "ln -n",
     "abs_symlink": "ln -n", "binary": "printf escapes above \\177", "large": "yes",
-    "synced_append": "sync", "hardlink": "hard links (ln copies)", "fifo": "mkfifo",
+    "synced_append": "sync", "late_print": "seq -f", "hardlink": "hard links (ln copies)",
+    "fifo": "mkfifo",
     "odd_name": "newlines and backslashes in names", "sparse": "truncate and dd",
     "dated": "touch -d (it keeps no mtime)"}
 

@@ -45,6 +45,9 @@ DATED_NS = 981173106 * 10**9
 LEAK_FILE = "leak.txt"
 #: How long after its command's fence window a ``detached`` step's writer writes.
 DETACHED_GRACE_SECONDS = 0.5
+#: Lines a ``late_print`` command prints (26 bytes each, 31 KB: more than the 4 pages of room
+#: a disk fill leaves at most, ``chaos.faults.kinds._FillDisk.LEAVE_PAGES``).
+LATE_PRINT_LINES = 1200
 #: What a ``detached`` step's writer runs first: it moves itself to the root cgroup of each
 #: hierarchy, out of the Space's (only root can, and only where the hierarchy is writable: a
 #: local Space run as root; elsewhere each write fails, silently). Escapes the cgroup alone.
@@ -145,6 +148,12 @@ def _append(step: Step, ws: WorkspaceModel) -> tuple[int, str]:
 def _synced_append(step: Step, ws: WorkspaceModel) -> tuple[int, str]:
     _append_marker(step, ws)
     return 0, f"{step.marker} synced\n"
+
+
+def _late_print(step: Step, ws: WorkspaceModel) -> tuple[int, str]:
+    _append_marker(step, ws)
+    return 0, "".join(f"{step.marker} printed late {i:05d}\n"
+                      for i in range(1, LATE_PRINT_LINES + 1))
 
 
 def _many_files(step: Step, ws: WorkspaceModel) -> tuple[int, str]:
@@ -302,7 +311,7 @@ def _setid(step: Step, ws: WorkspaceModel) -> tuple[int, str]:
 #: The effect (and the exit status and output it gives) of each shell step kind.
 EFFECTS: dict[str, Effect] = {
     "append": _append, "long": _append, "background": _append, "detached": _append,
-    "synced_append": _synced_append,
+    "synced_append": _synced_append, "late_print": _late_print,
     "many_files": _many_files,
     "fail": _fail, "write_fail": _write_fail, "big_output": _big_output, "rm": _rm, "mv": _mv,
     "mkdir": _mkdir, "symlink": _symlink, "chmod": _chmod, "binary": _binary,
@@ -311,4 +320,4 @@ EFFECTS: dict[str, Effect] = {
     "odd_name": _odd_name, "sparse": _sparse, "dated": _dated, "setid": _setid,
 }
 APPENDING = frozenset({"append", "long", "background", "detached", "write_fail",
-                       "big_output", "synced_append"})
+                       "big_output", "synced_append", "late_print"})

@@ -49,9 +49,11 @@ class WorkspaceModel:
     unsure: set[str] = field(default_factory=set)
     #: whether an effect read an unsure path (``content``, ``has_file``) since the copy
     read_unsure: bool = False
-    #: the files an effect wrote since the copy, even with what they held (``>`` truncates
-    #: first: cut short, it leaves less)
-    written: set[str] = field(default_factory=set)
+    #: the paths an effect changed at some point since the copy, even where it left them as
+    #: they were: a file written with what it held (``>`` truncates first: cut short, it
+    #: leaves less), a directory whose mtime an entry made in it changed and a later
+    #: ``touch -d`` set back (cut short in between, it keeps the new one)
+    touched: set[str] = field(default_factory=set)
 
     def copy(self) -> WorkspaceModel:
         return WorkspaceModel(dict(self.files), dict(self.links), dict(self.dirs),
@@ -77,7 +79,7 @@ class WorkspaceModel:
         was = {e.path: e.state() for e in self.entries()}
         now = {e.path: e.state() for e in after.entries()}
         after.unsure |= {p for p in was.keys() | now.keys() if was.get(p) != now.get(p)}
-        after.unsure |= after.written
+        after.unsure |= after.touched
         return after
 
     def parents(self, path: str) -> None:
@@ -90,7 +92,10 @@ class WorkspaceModel:
 
     def touched_dir_of(self, path: str) -> None:
         """An entry was made or removed in ``path``'s directory: its mtime is now."""
-        self.times.pop(path.rpartition("/")[0], None)
+        parent = path.rpartition("/")[0]
+        self.times.pop(parent, None)
+        if parent:
+            self.touched.add(parent)
 
     def write(self, path: str, data: bytes, mode: int | None = None, *,
               renamed: bool = False) -> None:
@@ -109,7 +114,7 @@ class WorkspaceModel:
             self.times.pop(member, None)
             self.extents.pop(member, None)
             self.unsure.discard(member)
-            self.written.add(member)
+            self.touched.add(member)
 
     def append(self, path: str, data: bytes) -> None:
         """``>>``: an unsure file stays unsure (what it held is still unknown)."""

@@ -211,6 +211,9 @@ SLOWDOWNS = _held_plans("slow_link")
 COMMAND_PAUSES = _held_plans("pause_commands", (
     ("spacesd.exec.spawned", None), ("space.running", "ci-long"),
     ("spacesd.exec.exit_writing", "ci-long")))
+#: A full state disk when a command prints, gone before it exits: its output must end with
+#: spacesd's line saying from which byte it was lost (the only plan that reaches that line).
+STATE_DISK_OUTPUT = _held_plans("fill_state_disk", (("space.running", "ci-late-print"),))
 #: The bundled workload every machine can run (no program beyond bash and coreutils).
 ODD_OBJECTS = str(Path(__file__).resolve().parents[2] / "scenarios" / "workloads" /
                   "odd-objects.yaml")
@@ -297,7 +300,7 @@ SLICES: tuple[Slice, ...] = (
           "seeded points and inside a write, a start and a running command: what the daemon "
           "refused or cut short must leave the log and the Space consistent",
           {"mode": "checkpoint", "held": ("fill_state_disk",), "seeds": (1, 2, 3, 4, 5, 6),
-           "plans": _held_plans("fill_state_disk")}),
+           "plans": _held_plans("fill_state_disk") + STATE_DISK_OUTPUT}),
     Slice("work-disk", "the workspace's own disk full (a volume's: writes, edits, commands and "
           "restores meet ENOSPC; the daemon's state keeps its room) at seeded points and "
           "inside a write, a start and a running command: a write or an edit that met it "

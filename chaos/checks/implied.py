@@ -55,9 +55,7 @@ def implied(scenario: Scenario, calls: list[ObservedCall],
             continue
         if golden is None:
             cut = disk_filled and call.result == "fail" and NO_SPACE in call.content
-            expected = apply_step(step, out, cut)
-            if cut:
-                out.cut_short.add(call.call_id)
+            expected = apply_step(step, out, cut, call.call_id)
             if expected is not None:
                 out.expected[call.call_id] = expected
         elif step.index not in golden.results:
@@ -71,10 +69,12 @@ def implied(scenario: Scenario, calls: list[ObservedCall],
     return out
 
 
-def apply_step(step: Step, out: Implied, cut: bool) -> Expected | None:
-    """Apply ``step``'s effect to the implied workspace; the result it gives, or None where
-    no model can say (``cut``: a full disk cut the call short)."""
+def apply_step(step: Step, out: Implied, cut: bool, call_id: str) -> Expected | None:
+    """Apply ``step``'s effect (run as call ``call_id``) to the implied workspace; the result
+    it gives, or None where no model can say (``cut``: a full disk cut the call short)."""
     ws = out.workspace
+    if cut:
+        out.cut_short.add(call_id)
     if cut and step.tool != "bash":
         return None  # an atomic tool that failed: no effect
     after = ws.copy()

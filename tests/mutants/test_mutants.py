@@ -384,6 +384,13 @@ MUTANTS: tuple[Mutant, ...] = (
         "ENOSPC, so a write that met a full disk reports success over a cut-short file",
         "work-disk", "G1", "fill_work_disk at a file call's write"),
     Mutant(
+        "output-loss-untold", "spacesd/shim.py",
+        (("            self.lost_from = self.size\n", ""),),
+        "a command's output that a full state disk had no room for is dropped without the "
+        "line saying so, so a result cut short passes for the command's whole output (only "
+        "a full state disk shows it)",
+        "state-disk", "G5", "fill_state_disk while a command prints, freed before it exits"),
+    Mutant(
         "jsonl-append-ignores-a-short-write", "durable/storage/jsonl.py",
         (("        if written != len(line):\n"
           "            raise self._uncertain(f\"only {written} of {len(line)} bytes were "

@@ -18,7 +18,8 @@ from chaos.checks.model import Implied
 from chaos.checks.state import state_difference
 from chaos.run.spaces import seed_space
 from durable.coding_tools import apply_edits, bash_result
-from durable.errors import SpaceError
+from durable.errors import SpaceError, ToolError
+from durable.tools import error_result
 from scenarios import generate, load
 from scenarios.preset import STEP_KINDS, parse
 from scenarios.steps import Step
@@ -31,10 +32,13 @@ def _run(client, step: Step) -> tuple[str, bool, str | None]:
         data = step.args["content"].encode()
         client.write_file(step.args["path"], data)
         return f"Wrote {len(data)} bytes to {step.args['path']}", False, None
-    if step.tool == "edit":
+    if step.tool == "edit":  # as the edit tool does: the text it does not find is its error
         text = client.read_file(step.args["path"]).decode()
-        client.write_file(step.args["path"],
-                          apply_edits(text, step.args["edits"], step.args["path"]).encode())
+        try:
+            edited = apply_edits(text, step.args["edits"], step.args["path"])
+        except ToolError as exc:  # a write an earlier full disk cut short left no text
+            return error_result(exc).content, True, None
+        client.write_file(step.args["path"], edited.encode())
         return f"Applied {len(step.args['edits'])} edit(s) to {step.args['path']}", False, None
     key = f"1:{step.index}.0:1@1"
     client.exec_start(key, step.args["command"])
@@ -113,7 +117,7 @@ def test_the_model_of_a_call_a_full_disk_cut_short_holds_for_real_bash(tmp_path)
                     spaces.free_disk("full", "work")
             cut = is_error and NO_SPACE in content
             assert full or not cut, f"{step.kind} met a full disk that was not full: {content}"
-            expected = apply_step(step, out, cut)
+            expected = apply_step(step, out, cut, f"{step.index}.0")
             if cut:
                 cut_kinds.add(step.kind)
             elif expected is not None:
