@@ -115,3 +115,22 @@ def test_unknown_preset_lists_known(tmp_path: Path) -> None:
     bad.write_text("steps: [unclosed")
     with pytest.raises(PresetError, match="not valid YAML"):
         load(str(bad))
+
+
+def test_a_cut_short_command_leaves_unsure_a_directory_it_set_back() -> None:
+    """A ``dated`` step makes its file in ``dated/`` (the directory's mtime: now), then sets
+    the directory's mtime back with ``touch -d``. Its whole effect leaves the directory as it
+    was, but a full disk that stops it in between (its ``printf >`` fails) leaves the new
+    mtime: the directory must be unsure, not predicted (found by the full-disk step model
+    test against real bash)."""
+    scenario = generate(3, parse({"name": "dated", "sequence": ["dated", "dated"]}, "d.yaml"),
+                        steps=2)
+    first, second = scenario.steps
+    ws = scenario.initial.copy()
+    first.apply(ws)
+    after = ws.copy()
+    second.apply(after)
+    assert after.times["dated"] == ws.times["dated"]  # the whole effect sets it back
+    cut = ws.cut_short(after)
+    assert {"dated", second.params["path"]} <= cut.unsure
+    assert first.params["path"] not in cut.unsure
