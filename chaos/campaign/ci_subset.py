@@ -176,6 +176,11 @@ POWER_CUTS = tuple(
                    after_output=True), preset="ci-power")
     for kill in (True, False))
 
+#: The Space's clock stepped a year forward while the ci-long agent's command sleeps, its
+#: driver killed there: the next driver's recovery asks the ledger about the command while
+#: the Space's clock reads a year on, and must learn that it started.
+CLOCK_JUMPS = (_plan(1, Fault("jump_clock", "failpoint", "space.running", 1, hold=10.0,
+                              jump=365 * 86400.0), preset="ci-long"),)
 #: On the ``ci-shapes`` agent (steps 0-7 make every shape, step 8 is the first write): the
 #: write cut at its file operation (revert or restore, then rerun), the Space lost after the
 #: write's result (rebuilt from the image or the store), and both cut short once more.
@@ -332,6 +337,11 @@ SLICES: tuple[Slice, ...] = (
           "append runs: the next driver must learn from the ledger that it ran",
           {"mode": "transactional", "backend": "microvm", "plans": POWER_CUTS},
           needs="microvm"),
+    Slice("microvm-clock", "a microVM Space's clock stepped a year forward while a command "
+          "runs and its driver is killed: nothing that decides the recovery may read the "
+          "Space's clock",
+          {"mode": "transactional", "backend": "microvm", "held": ("jump_clock",),
+           "plans": CLOCK_JUMPS}, needs="microvm"),
     Slice("exhaustive-daemon", "a fault at every point inside the daemon and the shims "
           "(each command of the ci-commands agent), then one during recovery",
           {"mode": "exhaustive", "durable_mode": "checkpoint", **COMMANDS,

@@ -137,6 +137,22 @@ MUTANTS: tuple[Mutant, ...] = (
           " " * 70 + "or False):"),),
         "a restore leaves a file whose content is right but whose mode changed",
         "exhaustive-daemon", "G1", "restored bash daemon_lost after the chmod's shim died"),
+    Mutant(
+        "ledger-keys-expire-by-the-clock", "spacesd/exec_ledger.py",
+        (("        rec = self._records.get(key)\n        if rec is None:\n"
+          "            return ExecInfo(key=key, state=\"unknown\")\n"
+          "        st = self._state(rec)\n",
+          "        rec = self._records.get(key)\n"
+          "        if rec is not None and _now_ms() - rec.started_ms > 86_400_000:\n"
+          "            rec = None  # a day old: expired, as an idempotency cache's keys are\n"
+          "        if rec is None:\n"
+          "            return ExecInfo(key=key, state=\"unknown\")\n"
+          "        st = self._state(rec)\n"),),
+        "the ledger forgets a key recorded more than a day ago by the Space's clock (to bound "
+        "its size, as an idempotency cache expires its keys), so a clock stepped forward "
+        "makes a command that started read as never started, and recovery starts it again "
+        "(only a clock jump shows it)",
+        "microvm-clock", "G2", "jump_clock while a command runs, its driver killed"),
     # ---------------------------------------------------------------- pauses and cut links
     Mutant(
         "timeout-reported-as-the-tools-error", "durable/adapter/space_env.py",
