@@ -33,8 +33,9 @@ from backends.space_client import Endpoint
 
 #: How often a pump looks at the link's state while nothing moves (seconds).
 POLL_S = 0.05
-#: Bytes read from one side within this long of the last ones it passed on a slow link
-#: belong to the same burst (one message in parts) and are not delayed again (seconds).
+#: Bytes read from one side within this long of the last ones it passed on a slow link,
+#: with nothing passed the other way between, belong to the same burst (one message in
+#: parts) and are not delayed again (seconds).
 BURST_S = 0.05
 _CHUNK = 64 * 1024
 
@@ -216,8 +217,10 @@ class LinkProxy:
 
     def _pump(self, client: socket.socket, upstream: socket.socket) -> None:
         ends = {client: upstream, upstream: client}
-        # When each side last passed bytes on: a read from it soon after is the same burst.
+        # When each side last passed bytes on, and which side did last: a read from that
+        # side soon after is the same burst; one after an answer is the next message.
         passed = {client: 0.0, upstream: 0.0}
+        last: socket.socket | None = None
         try:
             while not self._closed.is_set():
                 if not self._up.wait(POLL_S):  # cut: nothing read, nothing sent
@@ -232,9 +235,10 @@ class LinkProxy:
                     data = sock.recv(_CHUNK)
                     if not data:
                         raise ConnectionError("one side ended")
-                    if time.monotonic() - passed[sock] > BURST_S and not self._wait_out():
+                    new_burst = last is not sock or time.monotonic() - passed[sock] > BURST_S
+                    if new_burst and not self._wait_out():
                         break  # cut or closed meanwhile: held, then lost at the heal
-                    passed[sock] = time.monotonic()
+                    passed[sock], last = time.monotonic(), sock
                     ends[sock].sendall(data)  # even if its sender left meanwhile
         except (OSError, ValueError):  # broken, or reset by a heal or the close (fd gone)
             pass

@@ -170,6 +170,22 @@ def test_a_slow_link_delays_every_request_and_every_answer() -> None:
             assert got == b"held"
 
 
+def test_a_request_right_after_an_answer_is_delayed_when_the_link_turns_slow() -> None:
+    """The first request after the link turned slow waits its delay even when it follows
+    its connection's last answer within a burst's window (found by running the gate's
+    pause mutant against the slow-links slice: a request sent just after the answer to the
+    one before it counted as part of that one's burst, so the fault often slowed nothing
+    at the point it was meant for)."""
+    delay = 0.5
+    with echo_server() as port, LinkProxy(lambda: Endpoint("127.0.0.1", port, "t")) as proxy, \
+            socket.create_connection(("127.0.0.1", proxy.port)) as s:
+        s.settimeout(DEADLINE_S)
+        for _ in range(3):  # fast: a keep-alive connection's requests and answers
+            assert _round_trip(s, b"fast") < DEADLINE_S
+        proxy.slow(delay)  # at once after the last answer, as a nemesis at a failpoint
+        assert _round_trip(s, b"slow") >= 2 * delay
+
+
 def test_a_link_table_routes_only_the_spaces_it_lists(tmp_path: Path, linked: Linked) -> None:
     table = LinkTable(tmp_path / "links")
     ep = linked.direct.endpoint("s")()
