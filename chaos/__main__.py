@@ -1,6 +1,6 @@
 import sys
 
-from chaos.exits import EXIT_INTERRUPTED, by_ctrl_c
+from chaos.exits import EXIT_INTERRUPTED, by_ctrl_c, exit_with
 
 try:
     from chaos.cli import main
@@ -11,4 +11,4 @@ except BaseException as exc:  # Ctrl-C outside the campaign's own handler (modul
         raise
     print("chaos: interrupted", file=sys.stderr)
     code = EXIT_INTERRUPTED
-sys.exit(code)
+exit_with(code)

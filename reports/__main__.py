@@ -23,7 +23,7 @@ from typing import NoReturn
 
 from chaos.campaign import progress
 from chaos.errors import BackendUnavailable
-from chaos.exits import EXIT_BAD_ARGS, guarded
+from chaos.exits import EXIT_BAD_ARGS, exit_with, guarded
 from chaos.space_providers import BACKENDS
 
 from . import cost, cost_bench, html, latency, perf
@@ -127,4 +127,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main())
