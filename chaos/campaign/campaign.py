@@ -24,7 +24,7 @@ from chaos.campaign.records import ResultsDir
 from chaos.campaign.run_pool import LocalPool, RunPool
 from chaos.campaign.summary import campaign_cells, cells_hit, summarize, summary_line
 from chaos.errors import BackendUnavailable
-from chaos.exits import EXIT_INTERRUPTED
+from chaos.exits import EXIT_INTERRUPTED, ctrl_c_deferred
 from chaos.faults.plans import FaultPlan, HeldAction, exhaustive_plans, held_flags, leads_exhaustive
 from chaos.modes.mode import CampaignMode
 from chaos.modes.registry import MODES
@@ -313,7 +313,8 @@ def _drive(cfg: CampaignConfig, results: ResultsDir, pool: RunPool, specs: Itera
                 spec = next(specs, None)
                 if spec is None:
                     break
-                pool.submit(spec)
+                with ctrl_c_deferred():  # a run half-submitted is one the abort cannot see
+                    pool.submit(spec)
                 if cfg.chosen_mode.enumerates:
                     taken[spec.index] = spec
             if not pool.in_flight():

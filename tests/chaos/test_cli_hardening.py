@@ -24,7 +24,7 @@ from chaos.campaign import campaign
 from chaos.campaign.progress import Progress
 from chaos.campaign.run_pool import LocalPool
 from chaos.campaign.summary import parse_summary
-from chaos.exits import EXIT_INTERRUPTED, by_ctrl_c, guarded
+from chaos.exits import EXIT_INTERRUPTED, by_ctrl_c, ctrl_c_deferred, guarded
 from spacesd import procfs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -255,6 +255,28 @@ def test_an_interrupted_command_skips_the_teardown_that_aborted_after_ctrl_c(cod
     assert done.returncode == code, done.stderr
     assert done.stdout.startswith("unflushed|exit handler ran"), done.stdout
     assert done.stdout.endswith("|finalised") == (code != EXIT_INTERRUPTED), done.stdout
+
+
+def test_a_ctrl_c_inside_a_deferred_block_is_raised_once_the_block_ended() -> None:
+    """A real SIGINT in the middle of a block the campaign must not cut half-way (a run
+    handed to its pool: cut there, the run went on unseen by the abort and the exit left its
+    Space's daemon alive, found at the moment "a run began" below, under load)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    done = []
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with ctrl_c_deferred():
+                os.kill(os.getpid(), signal.SIGINT)
+                for _ in range(1000):  # the handler runs between bytecodes: let it
+                    done.append(len(done))
+            done.append("after")
+        assert len(done) == 1000  # the whole block ran, and nothing after it
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        with ctrl_c_deferred():
+            done.clear()
+        assert done == []  # no Ctrl-C: nothing raised
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def test_ctrl_c_at_any_moment_exits_130_and_leaves_nothing(tmp_path: Path) -> None:
