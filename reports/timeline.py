@@ -31,7 +31,8 @@ FAULT_STYLE = {"kill_driver": ("X", "#c0392b"), "kill_daemon": ("v", "#8e44ad"),
                "pause_space": ("P", "#117a65"), "cut_link": ("x", "#b9770e"),
                "jump_clock": (">", "#1f618d"), "pause_daemon": ("p", "#0e6655"),
                "fill_state_disk": ("H", "#7b241c"), "fill_work_disk": ("h", "#a93226"),
-               "fill_log_disk": ("8", "#641e16"), "cut_host_power": ("^", "#7e5109")}
+               "fill_log_disk": ("8", "#641e16"), "cut_host_power": ("^", "#7e5109"),
+               "wake_driver": ("p", "#5dade2"), "wake_host": ("p", "#1b4f72")}
 RECOVERY_COLOR = {"adopted": "#2e86c1", "reattached": "#17a589", "replayed": "#48c9b0",
                   "ran": "#5d6d7e", "restored": "#d68910", "reverted": "#ca6f1e",
                   "reimaged": "#a04000", "interrupted": "#c0392b", "mode": "#7d3c98"}

@@ -258,7 +258,8 @@ SLICES: tuple[Slice, ...] = (
           {"mode": "stale", "stale_kind": "detached", "runs": 20}, waits=4),
     Slice("redrive", "the coordinator drives the session through driver kills, Spaces lost "
           "after a kill and under a live driver, its own SIGKILL in a backoff, a race of "
-          "two sessions for one Space, and a driver frozen mid-call that it must replace",
+          "two sessions for one Space, a driver frozen mid-call that it must replace, and "
+          "one frozen with its coordinator that another coordinator must take over",
           {"mode": "redrive", "runs": 12}),
     Slice("stale-held", "the stale race under held faults that open once the older driver is "
           "parked: the racing drivers' Space frozen, their link cut, their commands frozen; "

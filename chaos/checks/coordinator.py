@@ -14,6 +14,10 @@ from ``durable.coordinator``: a rule restated here is checked, not trusted.
   between the loss and that drive), never found out by a failing driver;
 - a driver frozen (SIGSTOP) mid-call is noticed: its drive ends ``stalled`` and the
   session is driven on by a new driver;
+- a driver frozen with its coordinator (their host paused) is taken over: another
+  coordinator launches a newer driver before they are woken (the frozen claim lapsed; that
+  the two drivers then overlap is the fences' to make harmless, G4), and the frozen
+  coordinator, woken, records how its drive ended;
 - in a race, the second session waited for the first (``held``), took the next lease token
   and started promptly after the first ended; the first session's superseded token was
   refused.
@@ -43,10 +47,13 @@ def check(inp: CheckInput) -> list[str]:
             errors.append(f"session {name} ended {rec['state']}: {rec['reason']}")
     order = sorted(records, key=lambda n: first_at(events, n, "launched"))
     errors += _epochs(events, order)
+    freezes = facts.get("host_freezes", [])
     errors += _one_driver_at_a_time(events, order, [*facts.get("host_cuts", []),
-                                                    *facts["coordinator_kills"]])
+                                                    *facts["coordinator_kills"]],
+                                    [f["at"] for f in freezes])
     errors += _losses_noticed(events, facts["losses"])
     errors += _stalls_noticed(events, facts.get("pauses", []))
+    errors += _frozen_hosts_taken_over(events, freezes)
     if facts.get("second"):
         errors += _race(events, records, facts["session"], facts["second"], facts["probes"])
     return errors
@@ -89,9 +96,11 @@ def _epochs(events: list[dict[str, Any]], order: list[str]) -> list[str]:
 
 
 def _one_driver_at_a_time(events: list[dict[str, Any]], order: list[str],
-                          deaths: list[float]) -> list[str]:
+                          deaths: list[float], freezes: list[float]) -> list[str]:
     """``deaths``: when the nemesis killed coordinators (a host power cut, a coordinator's
-    SIGKILL): the only way a driver found gone by the next coordinator may have died."""
+    SIGKILL): the only way a driver found gone by the next coordinator may have died.
+    ``freezes``: when it froze a driver with its coordinator: another coordinator's driver
+    launched after that may overlap it."""
     errors = []
     launches = sorted((e for e in events if e["kind"] == "launched" and e["session"] in order),
                       key=lambda e: e["seq"])
@@ -104,7 +113,11 @@ def _one_driver_at_a_time(events: list[dict[str, Any]], order: list[str],
     # or killed it (by pid and start time): its ``orphan_ended``.
     orphans = {(e["session"], e["data"]["pid"]): e for e in events
                if e["kind"] == "orphan_ended"}
+    frozen = {d["seq"]: t for t in freezes if (d := _running_at(events, t)) is not None}
     for a, b in itertools.pairwise(launches):
+        if a["seq"] in frozen and b["at"] > frozen[a["seq"]] and \
+                b["data"]["coordinator"] != a["data"]["coordinator"]:
+            continue  # taken over from a frozen host (``_frozen_hosts_taken_over``)
         end = ends.get((a["session"], a["data"]["epoch"]))
         orphan = orphans.get((a["session"], a["data"]["pid"]))
         if end is None and orphan is not None:
@@ -120,6 +133,44 @@ def _one_driver_at_a_time(events: list[dict[str, Any]], order: list[str],
                           f"(pid {a['data']['pid']}) had not ended when session "
                           f"{b['session']} was launched at epoch {b['data']['epoch']}: two "
                           "drivers of one Space at once")
+    return errors
+
+
+def _running_at(events: list[dict[str, Any]], t: float) -> dict[str, Any] | None:
+    """The ``launched`` event of the drive running at ``t``: the last launched before it."""
+    launched = [e for e in events if e["kind"] == "launched" and e["at"] <= t]
+    return launched[-1] if launched else None
+
+
+def _frozen_hosts_taken_over(events: list[dict[str, Any]],
+                             freezes: list[dict[str, Any]]) -> list[str]:
+    """Each driver frozen at ``at`` with its coordinator until ``woken``: a driver of
+    another coordinator took the session over in between, and the frozen coordinator
+    recorded the frozen drive's end (``exited``) once woken."""
+    errors = []
+    for f in freezes:
+        t, woken = f["at"], f["woken"]
+        drive = _running_at(events, t)
+        if drive is None:
+            errors.append(f"a driver was frozen with its host at {t:.3f} before any was "
+                          "launched")
+            continue
+        session, epoch = drive["session"], drive["data"]["epoch"]
+        owner = drive["data"]["coordinator"]
+        what = (f"the driver of session {session} at epoch {epoch}, frozen at {t:.3f} with "
+                f"its coordinator {owner}")
+        if woken is None:
+            errors.append(f"{what}, was never woken")
+            continue
+        if not any(e["kind"] == "launched" and e["session"] == session and t < e["at"] <= woken
+                   and e["data"]["coordinator"] != owner for e in events):
+            errors.append(f"{what}, was not taken over by another coordinator before the "
+                          f"nemesis woke them at {woken:.3f}: its lapsed claim was never "
+                          "claimed, and the session waited on a frozen host")
+        if not any(e["kind"] == "exited" and e["session"] == session
+                   and e["data"]["epoch"] == epoch for e in events):
+            errors.append(f"{what}, was woken at {woken:.3f}, and its coordinator never "
+                          "recorded how that drive ended")
     return errors
 
 

@@ -14,6 +14,13 @@ Six kinds of runs, by seed (``KINDS``; ``--redrive-kind`` picks one):
 - ``frozen``: the driver frozen mid-call (SIGSTOP of its process group at a seeded
   failpoint): its heartbeat falls silent, the coordinator must notice the stall within
   ``--stall-secs``, kill the frozen driver and drive the session on at a newer epoch;
+- ``frozen_host``: the driver frozen mid-call with its coordinator, as when their host is
+  paused (every other frozen run by seed). The run's two coordinators are on hosts of their
+  own names, so the other one, once the frozen claim lapses, may not end the frozen driver
+  (it is not on its host): it drives the session on at a newer epoch. When that driver
+  reaches its first failpoint, the frozen driver is woken, and must meet its fence (G4:
+  nothing it does after the newer epoch lands); once it ended, its coordinator is woken and
+  must find its claim lost and record how its drive ended (G6);
 - ``race``: two sessions submitted at once for one Space: the second must wait ("held by
   session:<first>"), start promptly when the first ends, with the next lease token and
   epochs above the first's; the first's superseded token is then refused.
@@ -59,8 +66,12 @@ from durable.lifetime import DIE_WITH_ENV
 
 if TYPE_CHECKING:
     from chaos.run.context import RunContext
+    from chaos.run.state import RunState
 
-KINDS = ("driver_kill", "lost_after_kill", "lost_live", "coordinator_kill", "race", "frozen")
+KINDS = ("driver_kill", "lost_after_kill", "lost_live", "coordinator_kill", "race", "frozen",
+         "frozen_host")
+#: The kinds a seed picks from; half the frozen ones freeze the driver's host (``kind_of``).
+SEEDED_KINDS = KINDS[:-1]
 #: The coordinator of a redrive run: quick to notice, quick to retry; its backoff is long
 #: enough in the coordinator_kill kind for the kill to land inside it.
 POLL_S = 0.05
@@ -74,6 +85,12 @@ STALL_S = 60.0
 STALL_S_BY_KIND = {"frozen": 5.0}
 #: How long a run waits for its sessions to end.
 SESSIONS_TIMEOUT_S = 180.0
+#: ``frozen_host``: how long a frozen host waits for another coordinator's driver to begin
+#: (the frozen claim lapses after ``CLAIM_S``) before the nemesis wakes it anyway (G6 then
+#: says the session was not taken over) ...
+TAKEOVER_WAIT_S = 30.0
+#: ... and how long the woken driver is given to end before its coordinator is woken too.
+WOKEN_END_WAIT_S = 20.0
 #: Failpoints a driver reaches inside a call (a kill or a Space loss lands mid-call there).
 CALL_POINTS = ("call.intent", "space.start_mark", "space.before_spawn", "space.running",
                "space.exited", "space.file_op", "space.file_written", "space.outcome",
@@ -84,7 +101,12 @@ LIVE_LOSS_POINTS = ("space.before_spawn", "space.running", "space.file_op",
 
 
 def kind_of(seed: int, chosen: str | None) -> str:
-    return chosen or KINDS[seed % len(KINDS)]
+    """``chosen``, or the seed's: ``SEEDED_KINDS`` in turn, a frozen run's host frozen with
+    its driver every other time."""
+    if chosen:
+        return chosen
+    kind = SEEDED_KINDS[seed % len(SEEDED_KINDS)]
+    return "frozen_host" if kind == "frozen" and seed // len(SEEDED_KINDS) % 2 else kind
 
 
 def draw_redrive_plan(seed: int, kind: str, points: dict[str, int]) -> FaultPlan:
@@ -107,7 +129,7 @@ def draw_redrive_plan(seed: int, kind: str, points: dict[str, int]) -> FaultPlan
     elif kind == "lost_live":
         live_points = {p: n for p, n in calls.items() if p in LIVE_LOSS_POINTS} or calls
         faults.append(Fault("delete_space", "failpoint", *at(live_points), kill_driver=False))
-    elif kind == "frozen":
+    elif kind in ("frozen", "frozen_host"):
         faults.append(Fault("pause_driver", "failpoint", *at(calls), kill_driver=False))
     elif kind in ("coordinator_kill", "race"):
         faults.append(Fault("kill_driver", "failpoint", *at(calls)))
@@ -124,6 +146,12 @@ class LaunchedDriver:
     process group of its own (the coordinator starts it so)."""
 
     pid: int
+    #: ``frozen_host``: the pid of the coordinator that launched it (it leads a process
+    #: group of its own too), frozen and woken with it: their host.
+    host: int | None = None
+    frozen_at: float | None = None
+    woken_at: float | None = None
+    _waking: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def poll(self) -> int | None:
         try:
@@ -139,11 +167,41 @@ class LaunchedDriver:
             pass
 
     def pause_group(self) -> bool:
-        try:
-            os.killpg(self.pid, signal.SIGSTOP)
-        except ProcessLookupError:
+        """SIGSTOP its process group, its host's first (the coordinator then never sees its
+        driver fall silent); False, and its host left running, when it had exited."""
+        if self.host is not None:
+            _signal_group(self.host, signal.SIGSTOP)
+        if not _signal_group(self.pid, signal.SIGSTOP):
+            if self.host is not None:
+                _signal_group(self.host, signal.SIGCONT)
             return False
+        self.frozen_at = time.time()
         return True
+
+    def wake(self, state: RunState) -> None:
+        """A driver frozen with its host: it is woken first and given ``WOKEN_END_WAIT_S``
+        to end (a newer driver took over: it must meet its fence), then its coordinator.
+        Once; nothing for a driver frozen alone (its coordinator ends it) or not frozen."""
+        with self._waking:
+            if self.host is None or self.frozen_at is None or self.woken_at is not None:
+                return
+            self.woken_at = time.time()
+        _signal_group(self.pid, signal.SIGCONT)
+        state.op("nemesis", "info", "wake_driver", {"pid": self.pid})
+        deadline = time.monotonic() + WOKEN_END_WAIT_S
+        while self.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        ended = self.poll() is not None
+        _signal_group(self.host, signal.SIGCONT)
+        state.op("nemesis", "info", "wake_host", {"pid": self.host, "driver_ended": ended})
+
+
+def _signal_group(pgid: int, signum: int) -> bool:
+    try:
+        os.killpg(pgid, signum)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 class DriverTracker:
@@ -154,15 +212,22 @@ class DriverTracker:
     def __init__(self, run: RunContext) -> None:
         self.run = run
         self.pids: dict[int, int] = {}
+        self.frozen_hosts = kind_of(run.spec.seed, run.spec.redrive_kind) == "frozen_host"
 
     def on_hit(self, hit: Hit) -> Answer:
         if hit.info.get("process") is None and hit.pid not in self.pids:
             attempt = len(self.pids) + 1
             self.pids[hit.pid] = attempt
             self.run.note_launch()
-            self.run.state.begin_attempt(attempt, LaunchedDriver(hit.pid))
+            _, previous = self.run.state.current()
+            host = psutil.Process(hit.pid).ppid() if self.frozen_hosts else None
+            self.run.state.begin_attempt(attempt, LaunchedDriver(hit.pid, host))
             self.run.state.op("driver", "invoke", "attempt",
                               {"attempt": attempt, "pid": hit.pid})
+            if isinstance(previous, LaunchedDriver):
+                # A newer driver runs the session (it waits here, at its first point): the
+                # driver frozen with its host is woken now, its coordinator once it ended.
+                previous.wake(self.run.state)
         return self.run.schedule.on_hit(hit)
 
 
@@ -225,8 +290,17 @@ class Redrive:
         env[DIE_WITH_ENV] = str(os.getpid())
         return env
 
+    @property
+    def coordinator_count(self) -> int:
+        """The run's coordinators: a frozen host needs another to take its session."""
+        return max(2, self.run.spec.coordinators) if self.kind == "frozen_host" \
+            else self.run.spec.coordinators
+
     def start_coordinator(self, ident: str) -> None:
         run = self.run
+        # Frozen hosts: each coordinator on a host of its own name, so that none ends (by
+        # pid) a driver another left behind, as on separate machines.
+        host = ["--host", f"chaos-host-{ident}"] if self.kind == "frozen_host" else []
         argv = python_argv(
             "durable.coordinator", "--store", self.url, "serve",
             "--spaces", "chaos.space_providers:coordinator_spaces",
@@ -236,7 +310,7 @@ class Redrive:
             "--backoff-cap", "2", "--poll-secs", str(POLL_S), "--claim-secs", str(CLAIM_S),
             "--stall-secs", str(STALL_S_BY_KIND.get(self.kind, STALL_S)),
             "--heartbeat-secs", str(HEARTBEAT_S),
-            "--max-attempts", str(run.plan.max_attempts), "--until-idle")
+            "--max-attempts", str(run.plan.max_attempts), "--until-idle", *host)
         log = run.dir / f"coordinator-{ident}-{self.starts.get(ident, 0)}.log"
         self.starts[ident] = self.starts.get(ident, 0) + 1
         self.coordinators[ident] = run.scope.launch(argv, self.coordinator_env(), log)
@@ -269,7 +343,7 @@ class Redrive:
         """Until every session ended (or the deadline, or the campaign's Ctrl-C)."""
         run = self.run
         with self.host_lock:
-            for i in range(run.spec.coordinators):
+            for i in range(self.coordinator_count):
                 self.start_coordinator(f"c{i + 1}")
         deadline = time.monotonic() + SESSIONS_TIMEOUT_S
         while True:
@@ -291,12 +365,24 @@ class Redrive:
                                            "its sessions ended (its log: "
                                            f"{run.dir}/coordinator-{ident}-*.log)")
                         deadline = 0.0
+            self._wake_overdue_host()
             time.sleep(POLL_S)
+
+    def _wake_overdue_host(self) -> None:
+        """A host frozen ``TAKEOVER_WAIT_S`` with no newer driver: woken (outside the
+        host lock: waking waits for the driver to end)."""
+        _, driver = self.run.state.current()
+        if isinstance(driver, LaunchedDriver) and driver.frozen_at is not None \
+                and time.time() - driver.frozen_at > TAKEOVER_WAIT_S:
+            driver.wake(self.run.state)
 
     def _wind_up(self) -> int | None:
         """The coordinators seen to their end, the facts of the run, the first session's
         last exit."""
         run = self.run
+        _, driver = run.state.current()
+        if isinstance(driver, LaunchedDriver):  # a host still frozen (the run cut short)
+            driver.wake(run.state)
         for proc in self.coordinators.values():
             try:
                 proc.wait(timeout=15)
@@ -358,11 +444,16 @@ class Redrive:
                     if op["process"] == "nemesis" and op["f"] == action
                     and op["type"] == "info"]
         losses = struck("delete_space")
+        pauses = struck("pause_driver")
+        woken = struck("wake_driver")
+        frozen_hosts = self.kind == "frozen_host"
         return {"kind": self.kind, "session": run.session,
                 "second": self.second_name if self.kind == "race" else None,
                 "records": [r.to_json() for r in recs.values()],
                 "events": [e.to_json() for e in self.store.events()],
-                "losses": losses, "pauses": struck("pause_driver"),
+                "losses": losses, "pauses": [] if frozen_hosts else pauses,
+                "host_freezes": [{"at": t, "woken": next((w for w in woken if w >= t), None)}
+                                 for t in pauses] if frozen_hosts else [],
                 "host_cuts": struck("cut_host_power"),
                 "coordinator_kills": self.coordinator_kills,
                 "probes": self.probes, "errors": self.errors,

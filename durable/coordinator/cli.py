@@ -52,6 +52,12 @@ def _parser() -> argparse.ArgumentParser:
                        help="this coordinator's name in the store (default: unique per "
                             "process); restarted with the same id it takes its sessions "
                             "back at once")
+    serve.add_argument("--host", default=None,
+                       help="the host its drivers run on, as recorded with them (default: "
+                            "this machine's name); a driver orphaned by a coordinator's death "
+                            "or lapsed claim is ended only by a coordinator of its host, so "
+                            "give coordinators that share a store but not a process table "
+                            "(containers) names of their own")
     serve.add_argument("--max-attempts", type=int, default=10)
     serve.add_argument("--backoff", type=float, default=2.0, help="seconds before the first "
                        "retry after a crash (doubling, capped; 0: at once)")
@@ -186,7 +192,8 @@ def _serve(args: argparse.Namespace, store: CoordinatorStore) -> int:
     spaces_args = pairs(args.spaces_arg, "--spaces-arg")
     spaces = load_spaces(args.spaces, spaces_args)
     provider = json.dumps({"spaces": args.spaces, "args": spaces_args}, sort_keys=True)
-    coordinator = Coordinator(store, spaces, config=config, id=args.id, provider=provider)
+    coordinator = Coordinator(store, spaces, config=config, id=args.id, host=args.host,
+                              provider=provider)
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:

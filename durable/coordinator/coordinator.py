@@ -191,11 +191,14 @@ class Coordinator:
     def __init__(self, store: CoordinatorStore, spaces: Spaces, *,
                  config: CoordinatorConfig | None = None,
                  id: str | None = None,  # noqa: A002 - as the CLI's --id names it
+                 host: str | None = None,
                  provider: str = "", clock: Callable[[], float] = time.time) -> None:
         self.config = config or CoordinatorConfig()
         self.store = cast(CoordinatorStore, _PatientStore(store, self.config.claim_secs))
         self.spaces = spaces
-        self.host = socket.gethostname()
+        #: The host its drivers run on, as recorded with them: an orphaned driver (its
+        #: coordinator died or its claim lapsed) is ended by a coordinator of its host only.
+        self.host = host or socket.gethostname()
         self.id = id or f"{self.host}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.provider = provider
         self.clock = clock
@@ -425,6 +428,19 @@ class Coordinator:
             # The coordinator stops or lost the claim: the session is released, not failed.
             self.store.note(rec.name, "exited", exited, now)
             return
+        try:
+            self._ended(rec, epoch, result, exited)
+        except ClaimLost:
+            # The claim lapsed while the driver ran (this process was frozen, or stalled,
+            # longer than a claim): the session and its record are another coordinator's
+            # now; how this drive ended is still the session's history.
+            self.store.note(rec.name, "exited", exited, now)
+            raise
+
+    def _ended(self, rec: SessionRecord, epoch: int, result: DriveResult,
+               exited: dict[str, Any]) -> None:
+        """The session's record after a drive that ended on its own (or stalled)."""
+        now = self.clock()
         events: list[tuple[str, dict[str, Any]]] = [("exited", exited)]
         code = result.exit_code
         if result.stalled:

@@ -346,6 +346,15 @@ MUTANTS: tuple[Mutant, ...] = (
         "goes on (and ends done) with that step undone",
         "redrive", "G1", "a Space removed under a live driver"),
     Mutant(
+        "claims-never-lapse", "durable/coordinator/store.py",
+        (("        claimed_live = rec.state == \"running\" and rec.owner is not None and \\\n"
+          "            (rec.claim_until or 0) > now\n",
+          "        claimed_live = rec.state == \"running\" and rec.owner is not None\n"),),
+        "a running session stays its coordinator's until that coordinator releases it, even "
+        "once the claim lapsed, so a coordinator frozen with its host (or cut off from the "
+        "store) holds its sessions for good and no other takes them over",
+        "redrive", "G6", "frozen_host: a driver frozen with its coordinator"),
+    Mutant(
         "new-session-at-the-spaces-epoch", "durable/coordinator/coordinator.py",
         (("        chosen = floor + 1 if floor is not None and floor >= epoch else epoch",
           "        chosen = floor if floor is not None and floor >= epoch else epoch"),),

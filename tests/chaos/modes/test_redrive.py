@@ -17,7 +17,9 @@ from tests.chaos.campaign.test_campaign import campaign
 
 def test_a_run_of_each_kind_keeps_the_invariant_and_the_coordinators_rules(
         tmp_path: Path) -> None:
-    seeds = {kind_of(seed, None): seed for seed in range(1, len(KINDS) + 1)}
+    seeds: dict[str, int] = {}
+    for seed in range(1, 4 * len(KINDS)):  # the first seed of each kind
+        seeds.setdefault(kind_of(seed, None), seed)
     assert sorted(seeds) == sorted(KINDS)
     code, summary, text = campaign(tmp_path, mode="redrive", seeds=tuple(seeds.values()))
     assert code == 0, text
@@ -40,6 +42,11 @@ def test_a_run_of_each_kind_keeps_the_invariant_and_the_coordinators_rules(
             assert "held" in kinds
         if kind == "frozen":  # noticed by its silence, killed, replaced
             assert "stalled" in kinds and facts["pauses"], (kinds, facts["pauses"])
+        if kind == "frozen_host":  # taken over by the other coordinator, then woken
+            drivers = [e["data"]["coordinator"] for e in facts["events"]
+                       if e["kind"] == "launched"]
+            assert len(set(drivers)) == 2 and "stalled" not in kinds, facts["events"]
+            assert [f["woken"] is not None for f in facts["host_freezes"]] == [True]
 
 
 def _facts() -> dict[str, Any]:
@@ -142,4 +149,50 @@ def test_a_drive_whose_coordinator_died_ends_when_the_next_finds_its_driver_gone
     facts["events"][3]["data"]["killed"] = True
     assert errors_of(facts) == []
     facts["events"][3]["data"]["pid"] = 99
+    assert any("two drivers of one Space at once" in e for e in errors_of(facts))
+
+
+def _frozen_host_facts() -> dict[str, Any]:
+    """A history that keeps the rules: c1's driver frozen with c1 at 2.0, c2 takes the
+    session over at epoch 2, the frozen driver is woken at 3.0 and c1 records its end."""
+    def ev(seq: int, at: float, kind: str, **data: Any) -> dict[str, Any]:
+        return {"seq": seq, "session": "a", "at": at, "kind": kind, "data": data}
+
+    events = [
+        ev(1, 1.0, "drive", attempt=1, epoch=1, previous=0, token=1, floor=0),
+        ev(2, 1.1, "launched", epoch=1, pid=10, coordinator="c1"),
+        ev(3, 2.5, "drive", attempt=2, epoch=2, previous=1, token=1, floor=1),
+        ev(4, 2.6, "launched", epoch=2, pid=11, coordinator="c2"),
+        ev(5, 3.2, "exited", epoch=1, exit=75),
+        ev(6, 3.2, "claim_lost", coordinator="c1"),
+        ev(7, 4.0, "exited", epoch=2, exit=0),
+    ]
+    return {"kind": "frozen_host", "session": "a", "second": None,
+            "records": [{"spec": {"name": "a"}, "state": "done", "reason": "finished",
+                         "lease_token": 1}],
+            "events": events, "losses": [], "pauses": [], "coordinator_kills": [],
+            "host_freezes": [{"at": 2.0, "woken": 3.0}], "errors": [], "probes": []}
+
+
+def test_a_driver_frozen_with_its_coordinator_is_taken_over_by_another() -> None:
+    """The two drivers overlap (the frozen one ends after the newer one started): allowed
+    only for a drive frozen with its host and taken over by another coordinator before the
+    host was woken, whose end its coordinator then recorded."""
+    assert errors_of(_frozen_host_facts()) == []
+    facts = _frozen_host_facts()
+    facts["events"][3]["data"]["coordinator"] = "c1"  # the frozen coordinator drove on
+    assert any("not taken over by another coordinator" in e for e in errors_of(facts))
+    assert any("two drivers of one Space at once" in e for e in errors_of(facts))
+    facts = _frozen_host_facts()
+    facts["host_freezes"][0]["woken"] = 2.55  # woken before the takeover
+    assert any("not taken over by another coordinator" in e for e in errors_of(facts))
+    facts = _frozen_host_facts()
+    facts["events"].pop(4)  # the frozen drive's end never recorded
+    found = errors_of(facts)
+    assert any("never recorded how that drive ended" in e for e in found), found
+    facts = _frozen_host_facts()
+    facts["host_freezes"][0]["woken"] = None
+    assert any("was never woken" in e for e in errors_of(facts))
+    facts = _frozen_host_facts()
+    facts["host_freezes"] = []  # no freeze: the overlap is two drivers at once
     assert any("two drivers of one Space at once" in e for e in errors_of(facts))

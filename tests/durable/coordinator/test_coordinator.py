@@ -189,6 +189,40 @@ def test_a_drive_held_up_by_a_frozen_space_keeps_its_claim(store: CoordinatorSto
     assert len(set(drives + later)) == len(drives + later), (drives, later)
 
 
+def test_a_drive_whose_claim_was_taken_over_records_its_end_and_saves_nothing(
+        store: CoordinatorStore, spaces: LocalSpaces, tmp_path: Path) -> None:
+    """A coordinator frozen past its claim (its host paused) finds, once woken, its session
+    taken by another coordinator and its driver ended: it must not save the session (the
+    other drives it), but how its drive ended is still the session's history (the redrive
+    campaign's frozen_host kind checks it, G6). Before, the lost claim dropped the drive's
+    ``exited``. Here the claim is taken while the driver runs, between two renewals."""
+    store.submit(fake("s", tmp_path, spaces, [{"sleep": 2.0, "exit": 0}]), 0.0)
+    config = CoordinatorConfig(backoff=Backoff(0.0), stall_secs=20.0, heartbeat_secs=0.2,
+                               poll_secs=0.05, claim_secs=30.0)  # renewed every 10 s
+    coordinator = Coordinator(store, spaces, config=config, id="a", host="host-a")
+    stop = threading.Event()
+    thread = threading.Thread(target=coordinator.serve, args=(stop,))
+    thread.start()
+    try:
+        deadline = time.monotonic() + 120  # only a hang takes this long
+        while "launched" not in kinds(store, "s"):
+            assert time.monotonic() < deadline, kinds(store, "s")
+            time.sleep(0.02)
+        # another coordinator, on another host, finds the claim lapsed and takes it
+        taken = store.claim("b", time.time() + 31.0, 30.0, 7 * 86400.0)
+        assert taken is not None and taken.orphan is not None
+        while "claim_lost" not in kinds(store, "s"):
+            assert time.monotonic() < deadline, kinds(store, "s")
+            time.sleep(0.02)
+    finally:
+        stop.set()
+        thread.join()
+    exited = [e.data for e in store.events("s") if e.kind == "exited"]
+    assert [(e["epoch"], e["exit"]) for e in exited] == [(1, 0)], exited
+    rec = store.get("s")
+    assert (rec.state, rec.owner) == ("running", "b"), rec
+
+
 def test_the_epoch_is_above_the_spaces_floor_and_the_lease_token(
         store: CoordinatorStore, spaces: LocalSpaces, tmp_path: Path) -> None:
     spaces.create("ws")
