@@ -1,14 +1,23 @@
+"""``python -m chaos`` and the ``chaos`` command: ``chaos.cli.main``, with a Ctrl-C that
+lands while its modules load ending the command as any other (exit 130)."""
+
 import sys
 
 from chaos.exits import EXIT_INTERRUPTED, by_ctrl_c, exit_with
 
-try:
-    from chaos.cli import main
 
-    code = main()
-except BaseException as exc:  # Ctrl-C outside the campaign's own handler (modules loading)
-    if not by_ctrl_c(exc):
-        raise
-    print("chaos: interrupted", file=sys.stderr)
-    code = EXIT_INTERRUPTED
-exit_with(code)
+def entry() -> None:
+    try:
+        from chaos.cli import main
+
+        code = main()
+    except BaseException as exc:  # Ctrl-C outside the campaign's own handler (modules loading)
+        if not by_ctrl_c(exc):
+            raise
+        print("chaos: interrupted", file=sys.stderr)
+        code = EXIT_INTERRUPTED
+    exit_with(code)
+
+
+if __name__ == "__main__":
+    entry()

@@ -51,8 +51,12 @@ def ctrl_c_deferred() -> Iterator[None]:
     signal.signal(signal.SIGINT, lambda signum, _frame: came.append(signum))
     try:
         yield
-    finally:
+    except BaseException as exc:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        if came:  # the Ctrl-C is what the command ends by (``by_ctrl_c``)
+            raise KeyboardInterrupt from exc
+        raise
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if came:
         raise KeyboardInterrupt
 
@@ -79,14 +83,17 @@ def guarded(prog: str, what: str, run: Callable[[], int],
 
 
 def exit_with(code: int) -> NoReturn:
-    """End the process with ``code``. An interrupted command (130) runs its exit handlers
-    (the driver server's close ends its drivers) and flushes its output, then skips the
-    interpreter's finalisation: a Ctrl-C that lands while the campaign's C extensions load
-    can leave one half-initialised, and its teardown then aborts the interpreter after
-    ``chaos: interrupted`` was printed (``Fatal Python error: PyThreadState_Get``, exit -6
-    instead of 130; seen once, under load, by the Ctrl-C test)."""
+    """End the process with ``code``. An interrupted command (130) does what the
+    interpreter's exit does first (its threads that are not daemons joined, then its exit
+    handlers: the driver server's close ends its drivers) and flushes its output, then
+    skips the interpreter's finalisation: a Ctrl-C that lands while the campaign's C
+    extensions load can leave one half-initialised, and its teardown then aborts the
+    interpreter after ``chaos: interrupted`` was printed (``Fatal Python error:
+    PyThreadState_Get``, exit -6 instead of 130; seen once, under load, by the Ctrl-C
+    test)."""
     if code != EXIT_INTERRUPTED:
         sys.exit(code)
+    threading._shutdown()  # type: ignore[attr-defined]  # the interpreter's own first step
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:

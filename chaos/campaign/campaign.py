@@ -292,7 +292,8 @@ def _drive(cfg: CampaignConfig, results: ResultsDir, pool: RunPool, specs: Itera
             return False  # cut short by Ctrl-C: proves nothing, recorded nowhere
         spec = taken.pop(record["index"], None)
         if spec is not None and (again := lead_retry(spec, record)) is not None:
-            pool.submit(again)  # its kill did not land: the same plan once more
+            with ctrl_c_deferred():  # its kill did not land: the same plan once more
+                pool.submit(again)
             taken[again.index] = again
             return False
         records.append(record)

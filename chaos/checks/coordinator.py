@@ -15,8 +15,9 @@ from ``durable.coordinator``: a rule restated here is checked, not trusted.
 - a driver frozen (SIGSTOP) mid-call is noticed: its drive ends ``stalled`` and the
   session is driven on by a new driver;
 - a driver frozen with its coordinator (their host paused) is taken over: another
-  coordinator launches a newer driver before they are woken (the frozen claim lapsed; that
-  the two drivers then overlap is the fences' to make harmless, G4), and the frozen
+  coordinator claims the session once the frozen claim lapsed (not before: the expiry the
+  store held when they froze) and launches a newer driver before they are woken (that the
+  two drivers then overlap is the fences' to make harmless, G4), and the frozen
   coordinator, woken, records how its drive ended;
 - in a race, the second session waited for the first (``held``), took the next lease token
   and started promptly after the first ended; the first session's superseded token was
@@ -144,8 +145,9 @@ def _running_at(events: list[dict[str, Any]], t: float) -> dict[str, Any] | None
 
 def _frozen_hosts_taken_over(events: list[dict[str, Any]],
                              freezes: list[dict[str, Any]]) -> list[str]:
-    """Each driver frozen at ``at`` with its coordinator until ``woken``: a driver of
-    another coordinator took the session over in between, and the frozen coordinator
+    """Each driver frozen at ``at`` with its coordinator until ``woken``: another
+    coordinator claimed the session no sooner than the frozen claim lapsed
+    (``claim_until``) and launched a driver in between, and the frozen coordinator
     recorded the frozen drive's end (``exited``) once woken."""
     errors = []
     for f in freezes:
@@ -162,6 +164,13 @@ def _frozen_hosts_taken_over(events: list[dict[str, Any]],
         if woken is None:
             errors.append(f"{what}, was never woken")
             continue
+        claimed = [e for e in events if e["kind"] == "claimed" and e["session"] == session
+                   and e["at"] > t and e["data"]["coordinator"] != owner]
+        lapsed = f.get("claim_until")
+        if claimed and lapsed is not None and claimed[0]["at"] < lapsed:
+            errors.append(f"{what}, was claimed by {claimed[0]['data']['coordinator']} at "
+                          f"{claimed[0]['at']:.3f}, before the frozen claim lapsed at "
+                          f"{lapsed:.3f}: a live claim was taken")
         if not any(e["kind"] == "launched" and e["session"] == session and t < e["at"] <= woken
                    and e["data"]["coordinator"] != owner for e in events):
             errors.append(f"{what}, was not taken over by another coordinator before the "

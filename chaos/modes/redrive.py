@@ -91,6 +91,8 @@ SESSIONS_TIMEOUT_S = 180.0
 TAKEOVER_WAIT_S = 30.0
 #: ... and how long the woken driver is given to end before its coordinator is woken too.
 WOKEN_END_WAIT_S = 20.0
+#: How often a freeze waits for its coordinator to be outside the store's transactions.
+QUIET_TRIES = 200
 #: Failpoints a driver reaches inside a call (a kill or a Space loss lands mid-call there).
 CALL_POINTS = ("call.intent", "space.start_mark", "space.before_spawn", "space.running",
                "space.exited", "space.file_op", "space.file_written", "space.outcome",
@@ -139,6 +141,32 @@ def draw_redrive_plan(seed: int, kind: str, points: dict[str, int]) -> FaultPlan
                      max_attempts=10)
 
 
+@dataclass(frozen=True)
+class FrozenHost:
+    """The coordinator a ``frozen_host`` run freezes with its driver: by pid and start time
+    (a signal sent late names nobody else), with the run's store and session (frozen outside
+    every store transaction; its claim's expiry read once it is frozen)."""
+
+    pid: int
+    started: float
+    store_url: str
+    session: str
+
+    @classmethod
+    def of(cls, driver_pid: int, store_url: str, session: str) -> FrozenHost:
+        coordinator = psutil.Process(psutil.Process(driver_pid).ppid())
+        return cls(coordinator.pid, coordinator.create_time(), store_url, session)
+
+    def signal(self, signum: int) -> bool:
+        """Signal its process group (it leads one), if it is still that process."""
+        try:
+            if abs(psutil.Process(self.pid).create_time() - self.started) > 0.01:
+                return False
+        except psutil.Error:
+            return False
+        return _signal_group(self.pid, signum)
+
+
 @dataclass
 class LaunchedDriver:
     """A driver the coordinator launched, as the nemesis sees it: by the pid it reported a
@@ -146,10 +174,11 @@ class LaunchedDriver:
     process group of its own (the coordinator starts it so)."""
 
     pid: int
-    #: ``frozen_host``: the pid of the coordinator that launched it (it leads a process
-    #: group of its own too), frozen and woken with it: their host.
-    host: int | None = None
+    #: ``frozen_host``: its coordinator, frozen and woken with it: their host.
+    host: FrozenHost | None = None
     frozen_at: float | None = None
+    #: When the frozen coordinator's claim on the session lapses (the store's record).
+    claim_until: float | None = None
     woken_at: float | None = None
     _waking: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -167,33 +196,63 @@ class LaunchedDriver:
             pass
 
     def pause_group(self) -> bool:
-        """SIGSTOP its process group, its host's first (the coordinator then never sees its
-        driver fall silent); False, and its host left running, when it had exited."""
+        """SIGSTOP its process group (with its host's: ``_freeze_with_host``); False when
+        it had exited."""
         if self.host is not None:
-            _signal_group(self.host, signal.SIGSTOP)
-        if not _signal_group(self.pid, signal.SIGSTOP):
-            if self.host is not None:
-                _signal_group(self.host, signal.SIGCONT)
-            return False
-        self.frozen_at = time.time()
+            return self._freeze_with_host(self.host)
+        return _signal_group(self.pid, signal.SIGSTOP)
+
+    def _freeze_with_host(self, host: FrozenHost) -> bool:
+        """The coordinator stopped first (it then never sees its driver fall silent), and
+        only while it is inside no store transaction nor queued for one: frozen there, it
+        would hold the other coordinator up as long as it stays frozen."""
+        def stop() -> bool:
+            if not host.signal(signal.SIGSTOP):
+                return False
+            if not _signal_group(self.pid, signal.SIGSTOP):
+                host.signal(signal.SIGCONT)
+                return False
+            return True
+
+        def undo(stopped: bool) -> None:
+            if stopped:
+                _signal_group(self.pid, signal.SIGCONT)
+                host.signal(signal.SIGCONT)
+
+        store = open_store(host.store_url)
+        try:
+            for _ in range(QUIET_TRIES):
+                stopped = store.while_quiet(stop, undo)
+                if stopped is not None:
+                    break
+                time.sleep(0.01)
+            if not stopped:
+                return False
+            self.frozen_at = time.time()
+            self.claim_until = store.get(host.session).claim_until
+        finally:
+            store.close()
         return True
 
     def wake(self, state: RunState) -> None:
         """A driver frozen with its host: it is woken first and given ``WOKEN_END_WAIT_S``
         to end (a newer driver took over: it must meet its fence), then its coordinator.
-        Once; nothing for a driver frozen alone (its coordinator ends it) or not frozen."""
+        Once: a second caller returns when the first is done. Nothing for a driver frozen
+        alone (its coordinator ends it) or not frozen."""
         with self._waking:
             if self.host is None or self.frozen_at is None or self.woken_at is not None:
                 return
             self.woken_at = time.time()
-        _signal_group(self.pid, signal.SIGCONT)
-        state.op("nemesis", "info", "wake_driver", {"pid": self.pid})
-        deadline = time.monotonic() + WOKEN_END_WAIT_S
-        while self.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        ended = self.poll() is not None
-        _signal_group(self.host, signal.SIGCONT)
-        state.op("nemesis", "info", "wake_host", {"pid": self.host, "driver_ended": ended})
+            _signal_group(self.pid, signal.SIGCONT)
+            state.op("nemesis", "info", "wake_driver",
+                     {"pid": self.pid, "claim_until": self.claim_until})
+            deadline = time.monotonic() + WOKEN_END_WAIT_S
+            while self.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            ended = self.poll() is not None
+            self.host.signal(signal.SIGCONT)
+            state.op("nemesis", "info", "wake_host",
+                     {"pid": self.host.pid, "driver_ended": ended})
 
 
 def _signal_group(pgid: int, signum: int) -> bool:
@@ -220,7 +279,8 @@ class DriverTracker:
             self.pids[hit.pid] = attempt
             self.run.note_launch()
             _, previous = self.run.state.current()
-            host = psutil.Process(hit.pid).ppid() if self.frozen_hosts else None
+            host = FrozenHost.of(hit.pid, store_url(self.run), self.run.session) \
+                if self.frozen_hosts else None
             self.run.state.begin_attempt(attempt, LaunchedDriver(hit.pid, host))
             self.run.state.op("driver", "invoke", "attempt",
                               {"attempt": attempt, "pid": hit.pid})
@@ -445,14 +505,18 @@ class Redrive:
                     and op["type"] == "info"]
         losses = struck("delete_space")
         pauses = struck("pause_driver")
-        woken = struck("wake_driver")
+        wakes = [(run.state.t0 + op["time"], op["value"]["claim_until"])
+                 for op in run.state.history() if op["process"] == "nemesis"
+                 and op["f"] == "wake_driver"]
         frozen_hosts = self.kind == "frozen_host"
         return {"kind": self.kind, "session": run.session,
                 "second": self.second_name if self.kind == "race" else None,
                 "records": [r.to_json() for r in recs.values()],
                 "events": [e.to_json() for e in self.store.events()],
                 "losses": losses, "pauses": [] if frozen_hosts else pauses,
-                "host_freezes": [{"at": t, "woken": next((w for w in woken if w >= t), None)}
+                "host_freezes": [{"at": t, **dict(zip(("woken", "claim_until"),
+                                                       next((w for w in wakes if w[0] >= t),
+                                                            (None, None)), strict=True))}
                                  for t in pauses] if frozen_hosts else [],
                 "host_cuts": struck("cut_host_power"),
                 "coordinator_kills": self.coordinator_kills,

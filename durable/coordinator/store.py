@@ -37,10 +37,10 @@ import json
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from .records import (
@@ -59,6 +59,7 @@ from .records import (
 )
 
 SCHEMA_VERSION = 1
+_T = TypeVar("_T")
 _MAGIC = "durable.coordinator"
 
 
@@ -85,6 +86,8 @@ class CoordinatorStore(Protocol):
     def renew_lease(self, space: str, token: int, now: float, lease_secs: float) -> Lease: ...
     def release_lease(self, space: str, token: int, now: float) -> None: ...
     def lease(self, space: str) -> Lease | None: ...
+    def while_quiet(self, action: Callable[[], _T],
+                    undo: Callable[[_T], None]) -> _T | None: ...
     def close(self) -> None: ...
 
 
@@ -177,6 +180,11 @@ class SqlStore:
     def _begin_write(self, cur: Any) -> None:
         raise NotImplementedError
 
+    def _others_waiting(self, tx: _Tx) -> bool:
+        """Inside a write transaction: whether another connection waits for the lock in a
+        way that takes it once this one ends, whatever its client does meanwhile."""
+        return False
+
     def _connection_lost(self, exc: BaseException) -> bool:
         """Whether ``exc`` means the connection to the database is gone (not a rule's
         refusal): SQLite's file never goes away."""
@@ -268,6 +276,20 @@ class SqlStore:
                 tx.q("INSERT INTO coord_meta (key, value) VALUES ('schema', ?)",
                      (str(SCHEMA_VERSION),))
             self._marks(tx)
+
+    def while_quiet(self, action: Callable[[], _T], undo: Callable[[_T], None]) -> _T | None:
+        """``action()``, run while no coordinator is inside a write transaction of this
+        store (it holds the store's write lock). If, once it ran, another connection waits
+        for the lock such that it would hold it next whatever its process does (PostgreSQL:
+        its server takes the lock for it), ``undo(result)`` and None: try again. For a
+        nemesis that freezes a coordinator (SIGSTOP): frozen inside a transaction, or queued
+        for one, it would hold every other coordinator up for as long as it stays frozen."""
+        with self._write() as tx:
+            result = action()
+            if self._others_waiting(tx):
+                undo(result)
+                return None
+            return result
 
     def close(self) -> None:
         with self._lock:
@@ -686,6 +708,12 @@ class PostgresStore(SqlStore):
     def _begin_write(self, cur: Any) -> None:
         cur.execute("BEGIN")
         cur.execute("SELECT pg_advisory_xact_lock(%s)", (self._key,))
+
+    def _others_waiting(self, tx: _Tx) -> bool:
+        # A waiting backend is granted the lock when this transaction ends, even with its
+        # client stopped (any advisory lock of the server: over-cautious, never wrong).
+        rows = tx.q("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+        return bool(rows[0][0])
 
     def drop(self) -> None:
         """Remove the store's schema and everything in it, and close (a campaign run's store

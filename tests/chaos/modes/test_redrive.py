@@ -161,6 +161,7 @@ def _frozen_host_facts() -> dict[str, Any]:
     events = [
         ev(1, 1.0, "drive", attempt=1, epoch=1, previous=0, token=1, floor=0),
         ev(2, 1.1, "launched", epoch=1, pid=10, coordinator="c1"),
+        ev(8, 2.45, "claimed", coordinator="c2", from_state="running", from_owner="c1"),
         ev(3, 2.5, "drive", attempt=2, epoch=2, previous=1, token=1, floor=1),
         ev(4, 2.6, "launched", epoch=2, pid=11, coordinator="c2"),
         ev(5, 3.2, "exited", epoch=1, exit=75),
@@ -171,7 +172,8 @@ def _frozen_host_facts() -> dict[str, Any]:
             "records": [{"spec": {"name": "a"}, "state": "done", "reason": "finished",
                          "lease_token": 1}],
             "events": events, "losses": [], "pauses": [], "coordinator_kills": [],
-            "host_freezes": [{"at": 2.0, "woken": 3.0}], "errors": [], "probes": []}
+            "host_freezes": [{"at": 2.0, "woken": 3.0, "claim_until": 2.4}], "errors": [],
+            "probes": []}
 
 
 def test_a_driver_frozen_with_its_coordinator_is_taken_over_by_another() -> None:
@@ -180,16 +182,19 @@ def test_a_driver_frozen_with_its_coordinator_is_taken_over_by_another() -> None
     host was woken, whose end its coordinator then recorded."""
     assert errors_of(_frozen_host_facts()) == []
     facts = _frozen_host_facts()
-    facts["events"][3]["data"]["coordinator"] = "c1"  # the frozen coordinator drove on
+    _edit(facts, 4, coordinator="c1")  # the frozen coordinator drove on
     assert any("not taken over by another coordinator" in e for e in errors_of(facts))
     assert any("two drivers of one Space at once" in e for e in errors_of(facts))
     facts = _frozen_host_facts()
     facts["host_freezes"][0]["woken"] = 2.55  # woken before the takeover
     assert any("not taken over by another coordinator" in e for e in errors_of(facts))
     facts = _frozen_host_facts()
-    facts["events"].pop(4)  # the frozen drive's end never recorded
+    facts["events"] = [e for e in facts["events"] if e["seq"] != 5]  # its end never recorded
     found = errors_of(facts)
     assert any("never recorded how that drive ended" in e for e in found), found
+    facts = _frozen_host_facts()
+    facts["host_freezes"][0]["claim_until"] = 2.5  # claimed before the claim lapsed
+    assert any("before the frozen claim lapsed" in e for e in errors_of(facts))
     facts = _frozen_host_facts()
     facts["host_freezes"][0]["woken"] = None
     assert any("was never woken" in e for e in errors_of(facts))

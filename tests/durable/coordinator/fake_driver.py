@@ -1,6 +1,7 @@
 """A driver for the coordinator's tests. What its n-th launch of a session does comes from
 the JSON script in ``CUA_FAKE_SCRIPT`` (one entry per launch, the last repeated):
-``{"sleep": s, "heartbeat": bool, "exit": code, "delete_space": bool}``; each launch is
+``{"sleep": s, "heartbeat": bool, "exit": code, "delete_space": bool, "wait_for": path}``
+(``wait_for``: a file the test creates, waited for before the sleep); each launch is
 journaled in ``<CUA_STATE_DIR>/journal.jsonl`` (start and end, with pid and epoch), so a
 test can tell which drivers were alive when."""
 
@@ -43,6 +44,10 @@ def main() -> int:
                 time.sleep(interval)
 
         threading.Thread(target=beat, daemon=True).start()
+    if step.get("wait_for"):
+        deadline = time.monotonic() + 300  # only a hung test takes this long
+        while not os.path.exists(step["wait_for"]) and time.monotonic() < deadline:
+            time.sleep(0.01)
     time.sleep(step.get("sleep", 0.0))
     if step.get("delete_space"):
         from backends.local import LocalSpaces

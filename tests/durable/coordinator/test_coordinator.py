@@ -195,10 +195,12 @@ def test_a_drive_whose_claim_was_taken_over_records_its_end_and_saves_nothing(
     taken by another coordinator and its driver ended: it must not save the session (the
     other drives it), but how its drive ended is still the session's history (the redrive
     campaign's frozen_host kind checks it, G6). Before, the lost claim dropped the drive's
-    ``exited``. Here the claim is taken while the driver runs, between two renewals."""
-    store.submit(fake("s", tmp_path, spaces, [{"sleep": 2.0, "exit": 0}]), 0.0)
-    config = CoordinatorConfig(backoff=Backoff(0.0), stall_secs=20.0, heartbeat_secs=0.2,
-                               poll_secs=0.05, claim_secs=30.0)  # renewed every 10 s
+    ``exited``. Here the claim is taken while the driver runs (it waits for the test's
+    word), between two renewals."""
+    go = tmp_path / "go"
+    store.submit(fake("s", tmp_path, spaces, [{"wait_for": str(go), "exit": 0}]), 0.0)
+    config = CoordinatorConfig(backoff=Backoff(0.0), stall_secs=600.0, heartbeat_secs=0.2,
+                               poll_secs=0.05, claim_secs=900.0)  # renewed every 300 s
     coordinator = Coordinator(store, spaces, config=config, id="a", host="host-a")
     stop = threading.Event()
     thread = threading.Thread(target=coordinator.serve, args=(stop,))
@@ -209,8 +211,9 @@ def test_a_drive_whose_claim_was_taken_over_records_its_end_and_saves_nothing(
             assert time.monotonic() < deadline, kinds(store, "s")
             time.sleep(0.02)
         # another coordinator, on another host, finds the claim lapsed and takes it
-        taken = store.claim("b", time.time() + 31.0, 30.0, 7 * 86400.0)
+        taken = store.claim("b", time.time() + 901.0, 900.0, 7 * 86400.0)
         assert taken is not None and taken.orphan is not None
+        go.touch()  # the driver ends now, its coordinator's claim lost
         while "claim_lost" not in kinds(store, "s"):
             assert time.monotonic() < deadline, kinds(store, "s")
             time.sleep(0.02)

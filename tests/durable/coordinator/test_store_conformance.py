@@ -4,7 +4,9 @@ that only grow, superseded tokens refused), cancel, and two stores on one databa
 
 from __future__ import annotations
 
+import sqlite3
 import threading
+import time
 
 import pytest
 
@@ -188,6 +190,56 @@ def test_two_stores_on_one_database_never_claim_one_session_twice(url: str) -> N
     assert sorted(names) == sorted(f"s{i}" for i in range(20)) and len(set(names)) == 20
     assert {r.owner for r in setup.sessions()} == {c for _, c in claims}
     setup.close()
+
+
+def test_while_quiet_holds_every_other_writer_off_and_gives_way_to_one_queued(
+        url: str) -> None:
+    """The action runs while no other connection can write; on PostgreSQL, a connection
+    that queued for the lock meanwhile (its server would take the lock for it next, whatever
+    its client does) makes it undo the action and answer None, to try again."""
+    quiet, other = open_store(url), open_store(url)
+    other.submit(spec("a"), 1.0)
+    undone: list[str] = []
+    try:
+        if not url.startswith("postgresql"):
+            def locked_out() -> str:
+                probe = sqlite3.connect(url, timeout=0.0, isolation_level=None)
+                try:
+                    probe.execute("BEGIN IMMEDIATE")
+                    return "wrote"
+                except sqlite3.OperationalError as exc:
+                    return str(exc)
+                finally:
+                    probe.close()
+
+            assert quiet.while_quiet(locked_out, undone.append) == "database is locked"
+            assert undone == [] and locked_out() == "wrote"
+            return
+        import psycopg
+
+        watcher = psycopg.connect(url.split("?")[0], autocommit=True)
+        claimed: list[object] = []
+        writer = threading.Thread(
+            target=lambda: claimed.append(other.claim("c2", 2.0, CLAIM, LEASE)))
+
+        def queue_a_writer() -> str:
+            writer.start()
+            deadline = time.monotonic() + 60  # only a hang takes this long
+            while not watcher.execute("SELECT count(*) FROM pg_locks WHERE locktype = "
+                                      "'advisory' AND NOT granted").fetchone()[0]:
+                assert time.monotonic() < deadline, "the writer never queued for the lock"
+                time.sleep(0.01)
+            return "stopped"
+
+        assert quiet.while_quiet(queue_a_writer, undone.append) is None
+        assert undone == ["stopped"]
+        writer.join()
+        assert claimed and claimed[0] is not None  # it wrote once the action was undone
+        assert quiet.while_quiet(lambda: "stopped", undone.append) == "stopped"
+        watcher.close()
+    finally:
+        quiet.close()
+        other.close()
 
 
 def test_a_spec_stored_before_a_name_became_the_coordinators_still_loads() -> None:
