@@ -1,7 +1,7 @@
 """Redrive mode: the coordinator (``durable.coordinator``, a real process) drives the run's
 session while the nemesis attacks the drivers, the Space and the coordinator itself.
 
-Six kinds of runs, by seed (``KINDS``; ``--redrive-kind`` picks one):
+Seven kinds of runs, by seed (``KINDS``; ``--redrive-kind`` picks one):
 
 - ``driver_kill``: one to three SIGKILLs of the driver at seeded failpoints;
 - ``lost_after_kill``: the driver killed and its Space removed right after: the coordinator
@@ -397,6 +397,9 @@ class Redrive:
             finally:
                 with self.host_lock:  # no power cut starts a coordinator again from here on
                     self.stopped = True
+                _, driver = run.state.current()
+                if isinstance(driver, LaunchedDriver):  # a host still frozen: cut short or
+                    driver.wake(run.state)              # broken, nothing stays stopped
         return self._wind_up()
 
     def _drive_sessions(self) -> None:
@@ -440,9 +443,6 @@ class Redrive:
         """The coordinators seen to their end, the facts of the run, the first session's
         last exit."""
         run = self.run
-        _, driver = run.state.current()
-        if isinstance(driver, LaunchedDriver):  # a host still frozen (the run cut short)
-            driver.wake(run.state)
         for proc in self.coordinators.values():
             try:
                 proc.wait(timeout=15)
