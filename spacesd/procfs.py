@@ -3,7 +3,10 @@
 A pid alone does not name a process: after the daemon restarts, a recorded pid may belong to
 someone else. ``(pid, start time)`` does: the start time (field 22 of ``/proc/<pid>/stat``,
 in clock ticks since boot) never changes for a process and two processes with the same pid
-cannot share it. Zombies count as gone: they run nothing and only wait to be reaped.
+cannot share it. Zombies count as gone: they run nothing and only wait to be reaped. A
+zombie thread-group leader whose other threads still exit does not: a SIGKILLed
+multi-threaded process shows ``Z`` as soon as its first thread is done, while the others
+still hold its files (a lock on the Space's state among them) until the last one exits.
 """
 
 from __future__ import annotations
@@ -28,11 +31,15 @@ def _stat_fields(pid: int) -> list[str] | None:
 
 
 def start_time(pid: int) -> int | None:
-    """The start time of a live (non-zombie) ``pid``, or None if it is gone."""
+    """The start time of a live ``pid``, or None if it is gone (see the module docstring)."""
     fields = _stat_fields(pid)
-    if fields is None or fields[0] in ("Z", "X"):
-        return None
-    return int(fields[19])
+    return None if fields is None or _exited(fields) else int(fields[19])
+
+
+def _exited(fields: list[str]) -> bool:
+    """A zombie (or a dying task) with no thread left: field 20 of ``stat``, the thread
+    count, back to the leader's own 1."""
+    return fields[0] in ("Z", "X") and int(fields[17]) <= 1
 
 
 def life() -> str:
@@ -102,13 +109,14 @@ class Proc:
 
 
 def snapshot() -> dict[int, Proc]:
-    """Every live (non-zombie) process of this PID namespace, by pid (one pass)."""
+    """Every live process of this PID namespace (see the module docstring), by pid (one
+    pass)."""
     found: dict[int, Proc] = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         fields = _stat_fields(int(name))
-        if fields is None or fields[0] in ("Z", "X"):
+        if fields is None or _exited(fields):
             continue
         found[int(name)] = Proc(int(name), int(fields[1]), int(fields[2]), int(fields[3]),
                                 int(fields[19]))

@@ -19,21 +19,14 @@ import psutil
 
 # spacesd.containment is standard library only, like all of spacesd: importable here.
 from spacesd import containment
+from spacesd.procfs import start_time
 from spacesd.protocol import ENV_SPACE_STATE
 
 
-def start_time(pid: int) -> int | None:
-    """Start time (clock ticks since boot) of a live, non-zombie ``pid``; None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    return None if fields[0] in (b"Z", b"X") else int(fields[19])
-
-
 def kill_process(pid: int, started: int, *, timeout: float = 10.0) -> None:
-    """SIGKILL the process ``(pid, started)`` if it still runs, and wait until it is gone."""
+    """SIGKILL the process ``(pid, started)`` if it still runs, and wait until it is gone:
+    every thread of it exited, so that what it held (the daemon's lock on its state) is
+    free when this returns."""
     if start_time(pid) != started:
         return
     try:

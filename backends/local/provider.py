@@ -44,6 +44,7 @@ from backends.space_client import (
 )
 from durable.errors import SpaceError, SpaceNotFound, SpaceUnavailable
 from spacesd.failpoints import ENV_VAR as FAILPOINTS_ENV
+from spacesd.procfs import start_time
 from spacesd.protocol import (
     ENV_SPACE_STATE,
     ERR_BAD_REQUEST,
@@ -115,7 +116,7 @@ class LocalSpace:
         beside it: spacesd would refuse, see ``spacesd.__main__``)."""
         try:
             pid, started = map(int, self.pid_file.read_text().split())
-            if procs.start_time(pid) == started:
+            if start_time(pid) == started:
                 return pid, started
         except (FileNotFoundError, ValueError):
             pass
@@ -259,7 +260,7 @@ class LocalSpaces:
             if proc is None:
                 raise SpaceError(f"pid {pid} is not a live process of Space {name!r}; give "
                                  "the pid of one of its commands (or shims)")
-            started = procs.start_time(pid)
+            started = start_time(pid)
             if started is not None:
                 procs.kill_process(pid, started)
 

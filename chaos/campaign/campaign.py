@@ -321,8 +321,11 @@ def _drive(cfg: CampaignConfig, results: ResultsDir, pool: RunPool, specs: Itera
             if not pool.in_flight():
                 hold.hold()
                 return False
-            for record in pool.finished(timeout=1.0):
-                stop = (finished(record) and cfg.stop_on_failure) or stop
+            # Deferred: a Ctrl-C between two finished runs' bookkeeping dropped the second
+            # (taken from the pool, recorded nowhere); now it waits at most the 1 s wait.
+            with ctrl_c_deferred():
+                for record in pool.finished(timeout=1.0):
+                    stop = (finished(record) and cfg.stop_on_failure) or stop
     except KeyboardInterrupt:
         progress.echo(f"chaos: interrupted: ending {pool.in_flight()} running run(s) (their "
                       "drivers by pid, their Spaces); no new run starts", sys.stderr)

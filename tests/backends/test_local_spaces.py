@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import stat
 import subprocess
@@ -18,6 +19,7 @@ from backends.local.procs import kill_process
 from chaos.faults.rendezvous import Answer, Hit, Rendezvous
 from durable.errors import SpaceError, SpaceNotFound, SpaceUnavailable
 from durable.spaces import Spaces
+from spacesd.procfs import start_time
 from tests.backends.pause_contract import (
     check_a_command_pause_freezes_the_commands_alone,
     check_a_daemon_pause_freezes_the_daemon_alone,
@@ -123,6 +125,48 @@ def test_kill_daemon_keeps_commands_and_restart_kills_them(spaces: LocalSpaces) 
     assert not running(bg)
     assert client.exec_status("k").state == "lost"
     assert (space.work / "bg.pid").exists()  # the disk is kept
+
+
+#: Holds a lock on ``sys.argv[1]`` with threads that keep its process busy, as a daemon's do.
+_LOCK_HOLDER = """
+import fcntl, os, sys, threading, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+fcntl.flock(fd, fcntl.LOCK_EX)
+def busy():
+    held = bytearray(20_000_000)
+    while True:
+        time.sleep(0.001)
+for _ in range(8):
+    threading.Thread(target=busy, daemon=True).start()
+print("locked", flush=True)
+time.sleep(300)
+"""
+
+
+def test_a_process_kill_process_ended_holds_nothing_once_it_returned(tmp_path: Path) -> None:
+    """Found by the cluster test (a daemon kill "skipped: another daemon serves" the state):
+    a SIGKILLed multi-threaded process shows as a zombie once its first thread is done,
+    while its other threads still hold its files. ``kill_process`` must wait for them all,
+    or the next daemon finds the state's lock still taken (it was, 62 times in 100)."""
+    lock = tmp_path / "daemon.lock"
+    for _ in range(20):
+        holder = subprocess.Popen([sys.executable, "-c", _LOCK_HOLDER, str(lock)],
+                                  stdout=subprocess.PIPE, text=True)
+        try:
+            assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+            started = start_time(holder.pid)
+            assert started is not None
+            kill_process(holder.pid, started)
+            fd = os.open(lock, os.O_RDWR)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError: still held
+            finally:
+                os.close(fd)
+        finally:
+            holder.kill()
+            holder.wait()
+            assert holder.stdout is not None
+            holder.stdout.close()
 
 
 def test_delete_kills_everything_and_removes_the_disk(spaces: LocalSpaces) -> None:

@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 
 from backends.local import LocalSpace, LocalSpaces
-from backends.local.procs import kill_process, start_time
+from backends.local.procs import kill_process
 from backends.space_client import HttpSpaceClient
 from chaos.faults.rendezvous import Answer, Hit, Rendezvous
+from spacesd.procfs import start_time
 
 #: A disk of a test's own: small enough to fill in a moment, big enough for a daemon's state.
 DISK_BYTES = 16 * 1024 * 1024

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from backends.local import LocalSpaces
-from backends.local.procs import start_time
 from backends.space_client import HttpSpaceClient
 from durable.adapter import DurableSpaces, WorkspaceSnapshots, durable_spaces
 from durable.adapter.space_names import session_spaces, session_token, space_name
@@ -35,6 +34,7 @@ from durable.session_driver import (
 from durable.session_log import open_for_audit
 from durable.storage_fences import open_fenced_sqlite
 from durable.tools import ToolRegistry
+from spacesd.procfs import start_time
 from tests.escapes import read_pid
 
 #: The same calls (same ids, same commands) in every session: only identity tells them apart.
