@@ -112,7 +112,10 @@ class CommandPausable(Protocol):
     """A provider that can freeze every process of a Space's commands, its daemon
     answering, and thaw them (the nemesis's ``pause_commands``)."""
 
-    def pause_commands(self, name: str) -> None: ...
+    def pause_commands(self, name: str) -> list[str]:
+        """Freeze them; returns the keys whose shim (the process that claimed the key) it
+        froze: those commands are alive, held, until ``resume_commands``."""
+        ...
 
     def resume_commands(self, name: str) -> None: ...
 

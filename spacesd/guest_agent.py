@@ -14,7 +14,8 @@ through spacesd (which may be down, or the thing being injured):
     signal-daemon SIG    SIGSTOP (``STOP``) or SIGCONT (``CONT``) spacesd alone; answers
                          0 (signalled) or 1 (no daemon was running)
     signal-commands SIG  the same to every process of spacesd's commands, not spacesd;
-                         answers 0 (signalled) or 1 (no command was running)
+                         answers 1 (no command was running), or 0 and the keys whose
+                         shims it signalled
     kill PID             SIGKILL one process of the guest (by the pid the guest sees)
     fill-disk LEAVE      take every free block of the guest's one disk (its workspace's and
                          its daemon's) but LEAVE bytes, with a file of the agent's beside
@@ -107,8 +108,9 @@ class Agent:
             return ""
         if command == "signal-daemon":  # answers 0 (signalled) or 1 (no daemon running)
             return str(signal_daemon(self.pid_file, arg))
-        if command == "signal-commands":  # answers 0 (signalled) or 1 (no command running)
-            return str(signal_commands(self.state_dir, self.pid_file, arg))
+        if command == "signal-commands":  # answers 1 (no command running), or 0 and the
+            keys = signal_commands(self.state_dir, self.pid_file, arg)  # keys signalled
+            return "1" if keys is None else " ".join(["0", *keys])
         if command == "state":
             return self._state()
         if command == "fill-disk":

@@ -36,8 +36,9 @@ check; exit 0 when signalled, 1 when no daemon was running.
 
 ``signal-commands`` is its mirror, the fault ``pause_commands``: every process of the
 daemon's commands (its marker's, and their descendants; not the daemon, not its shim
-launcher) frozen or thawed while the daemon answers. Exit 0 when one was signalled, 1 when
-no command runs.
+launcher) frozen or thawed while the daemon answers. It prints the keys whose shim it
+signalled, one per line (a campaign then knows which commands were alive, held, whatever
+the daemon says of them). Exit 0 when one was signalled, 1 when no command runs.
 
 Standard library only, and nothing outside ``spacesd``: it is copied into Space images.
 """
@@ -51,8 +52,9 @@ import sys
 import time
 from types import FrameType
 
-from . import procfs
-from .protocol import ENV_SPACE_STATE
+from . import exec_files, journal, procfs
+from .exec_ledger import replay
+from .protocol import ENV_SPACE_STATE, STATE_EXEC_DIR, STATE_LEDGER
 
 #: A daemon that ran at least this long before dying is restarted at once.
 MIN_UPTIME_S = 2.0
@@ -264,21 +266,38 @@ def command_processes(state_dir: str, pid_file: str) -> set[int]:
     return found - spared
 
 
-def signal_commands(state_dir: str, pid_file: str, name: str) -> int:
+def signal_commands(state_dir: str, pid_file: str, name: str) -> list[str] | None:
     """Send ``name`` (``DAEMON_SIGNALS``) to every process of the daemon's commands
     (``command_processes``), twice over for what forked meanwhile: the fault
-    ``pause_commands``. Exit 0 when one was signalled, 1 when none runs."""
+    ``pause_commands``. Returns the keys whose shim (the claimed process) was signalled,
+    or None when no process was."""
     if name not in DAEMON_SIGNALS:
         raise ValueError(f"signal-commands sends {' or '.join(DAEMON_SIGNALS)}, not {name!r}")
-    signalled: set[int] = set()
+    signalled: dict[int, int] = {}
     for _ in range(2):
-        for pid in command_processes(state_dir, pid_file) - signalled:
+        for pid in command_processes(state_dir, pid_file) - signalled.keys():
+            started = procfs.start_time(pid)
             try:
                 os.kill(pid, DAEMON_SIGNALS[name])
-                signalled.add(pid)
             except ProcessLookupError:
-                pass
-    return 0 if signalled else 1
+                continue
+            if started is not None:
+                signalled[pid] = started
+    if not signalled:
+        return None
+    return _claimed_by(state_dir, signalled)
+
+
+def _claimed_by(state_dir: str, processes: dict[int, int]) -> list[str]:
+    """The ledger's keys whose claim names one of ``processes`` (pid: start time)."""
+    exec_dir = os.path.join(state_dir, STATE_EXEC_DIR)
+    records = replay(journal.load(os.path.join(state_dir, STATE_LEDGER)).records)
+    keys = []
+    for rec in records.values():
+        claim = exec_files.read_claim(rec.file(exec_dir, ".claim"))
+        if isinstance(claim, exec_files.Claim) and processes.get(claim.pid) == claim.started:
+            keys.append(rec.key)
+    return keys
 
 
 # ------------------------------------------------------------------ CLI
@@ -318,7 +337,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "signal-daemon":
         return signal_daemon(args.pid_file, args.signal)
     if args.command == "signal-commands":
-        return signal_commands(args.state, args.pid_file, args.signal)
+        keys = signal_commands(args.state, args.pid_file, args.signal)
+        print("".join(f"{key}\n" for key in keys or ()), end="", flush=True)
+        return 1 if keys is None else 0
     spacesd_args = list(args.spacesd_args)
     if spacesd_args[:1] == ["--"]:
         spacesd_args = spacesd_args[1:]

@@ -528,33 +528,38 @@ class DockerSpaces:
     def pause_daemon(self, name: str) -> None:
         """spacesd alone frozen (SIGSTOP, through ``docker exec``): its commands run on.
         Raises ``SpaceUnavailable`` when no daemon runs."""
-        if self._supervisor_signal(name, "STOP") == 1:
+        if self._supervisor_signal(name, "STOP")[0] == 1:
             raise SpaceUnavailable(f"Space {name!r} has no daemon running to freeze")
 
     def resume_daemon(self, name: str) -> None:
         """SIGCONT to spacesd; none running is nothing to thaw."""
         self._supervisor_signal(name, "CONT")
 
-    def pause_commands(self, name: str) -> None:
+    def pause_commands(self, name: str) -> list[str]:
         """Every process of spacesd's commands frozen (SIGSTOP, through ``docker exec``)
-        while spacesd answers. Raises ``SpaceError`` when no command runs."""
-        if self._supervisor_signal(name, "STOP", "signal-commands", "--state", STATE_DIR) == 1:
+        while spacesd answers; the keys whose shim it froze (the command prints them).
+        Raises ``SpaceError`` when no command runs."""
+        code, out = self._supervisor_signal(name, "STOP", "signal-commands", "--state",
+                                            STATE_DIR)
+        if code == 1:
             raise SpaceError(f"Space {name!r} has no command running to freeze")
+        return out.split()
 
     def resume_commands(self, name: str) -> None:
         """SIGCONT to every process of spacesd's commands."""
         self._supervisor_signal(name, "CONT", "signal-commands", "--state", STATE_DIR)
 
     def _supervisor_signal(self, name: str, sig: str, verb: str = "signal-daemon",
-                           *args: str) -> int:
+                           *args: str) -> tuple[int, str]:
         """``python -m spacesd.supervisor <verb>`` in the container: ``sig`` to the daemon
-        (``signal-daemon``) or to its commands (``signal-commands``); 1: none to signal."""
+        (``signal-daemon``) or to its commands (``signal-commands``); its exit code (1: none
+        to signal) and output."""
         code, out = self.exec_in(name, ["python3", "-m", "spacesd.supervisor", verb, *args,
                                         "--pid-file", PID_FILE, "--signal", sig])
         if code not in (0, 1):
             raise SpaceUnavailable(f"Space {name!r}: {verb} {sig} exited {code}: "
                                    f"{out.strip()}")
-        return code
+        return code, out
 
     def pause(self, name: str) -> None:
         """``docker pause``: every process of the Space frozen where it stands (the cgroup

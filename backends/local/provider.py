@@ -305,13 +305,15 @@ class LocalSpaces:
             with suppress(ProcessLookupError):
                 os.kill(running[0], signal.SIGCONT)
 
-    def pause_commands(self, name: str) -> None:
+    def pause_commands(self, name: str) -> list[str]:
         """Every process of the daemon's commands frozen (SIGSTOP), the daemon answering
-        (``spacesd.supervisor.signal_commands``). Raises ``SpaceError`` when no command
-        runs."""
+        (``spacesd.supervisor.signal_commands``); the keys whose shim it froze. Raises
+        ``SpaceError`` when no command runs."""
         space = self.get(name)
-        if signal_commands(str(space.state), str(space.pid_file), "STOP") == 1:
+        keys = signal_commands(str(space.state), str(space.pid_file), "STOP")
+        if keys is None:
             raise SpaceError(f"Space {name!r} has no command running to freeze")
+        return keys
 
     def resume_commands(self, name: str) -> None:
         """SIGCONT to every process of the daemon's commands."""

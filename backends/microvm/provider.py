@@ -405,11 +405,14 @@ class MicroVMSpaces:
         if self.exists(name) and self.running(name):
             self.agent(name).call("signal-daemon CONT")
 
-    def pause_commands(self, name: str) -> None:
+    def pause_commands(self, name: str) -> list[str]:
         """Every process of spacesd's commands frozen (SIGSTOP, through the guest agent)
-        while spacesd answers. Raises ``SpaceError`` when no command runs."""
-        if self.agent(name).call("signal-commands STOP").strip() != "0":
+        while spacesd answers; the keys whose shim it froze. Raises ``SpaceError`` when no
+        command runs."""
+        code, *keys = self.agent(name).call("signal-commands STOP").split()
+        if code != "0":
             raise SpaceError(f"Space {name!r} has no command running to freeze")
+        return keys
 
     def resume_commands(self, name: str) -> None:
         """SIGCONT to every process of spacesd's commands; the machine off has none."""

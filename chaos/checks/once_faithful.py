@@ -15,7 +15,8 @@ returned what its step gives.
 - a never-tool ran at most once (exactly once when it reports success), a safe one at least
   once when it reports success, and an interrupted call says it may have partly run;
 - in transactional mode no workspace call ends interrupted: an unknown call is reverted
-  and runs again.
+  and runs again;
+- no recovery took a command the campaign held frozen for lost (``frozen_commands``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import re
 from collections import Counter
 from typing import TYPE_CHECKING
 
+from chaos.checks import frozen_commands
 from chaos.modes.registry import MODES
 from durable.adapter import WRAPPED
 from durable.coding_tools import bash_result
@@ -109,7 +111,7 @@ def check(inp: CheckInput) -> list[str]:
         if c.result == "info" and c.tool in WRAPPED and _transactional_at(inp, c.result_entry):
             errors.append(f"step {c.step} ({c.tool}) ended interrupted in transactional mode; "
                           "an unknown call must be reverted and run again")
-    return errors
+    return errors + frozen_commands.check(obs)
 
 
 #: The line a command's output ends with when a full state disk lost the rest.

@@ -25,7 +25,7 @@ import threading
 import time
 import zlib
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, ClassVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from backends.local import own_disks
 from chaos.faults.host_power import wait_dead
@@ -354,17 +354,43 @@ class PauseDaemon(_SpaceHeld):
 class PauseCommands(_SpaceHeld):
     """Every process of the Space's commands frozen (``CommandPausable.pause_commands``)
     while its daemon answers (a wait sees them running), thawed at the end of its hold; a
-    fault that ends processes thaws them first, as it does a frozen Space."""
+    fault that ends processes thaws them first, as it does a frozen Space. The history
+    says which commands were held alive and from when to when (``FROZEN``, ``THAWING``):
+    no driver may be told one of them was lost meanwhile (G5)."""
 
     action = "pause_commands"
     needs = CommandPausable
     lacks = "cannot freeze a Space's commands alone"
 
     def hold_on(self, space: str, fault: Fault) -> None:
-        cast(CommandPausable, self.spaces).pause_commands(space)
+        keys = cast(CommandPausable, self.spaces).pause_commands(space)
+        self.target.state.op("nemesis", "info", FROZEN,
+                             {"keys": keys, "ms": time.time_ns() // 1_000_000})
 
     def release_on(self, space: str) -> None:
+        self.target.state.op("nemesis", "info", THAWING, {"ms": time.time_ns() // 1_000_000})
         cast(CommandPausable, self.spaces).resume_commands(space)
+
+
+#: The history's operations that bound a command pause: its commands frozen (the keys whose
+#: shims were, and when all were), and the first moment of their thaw.
+FROZEN, THAWING = "commands_frozen", "commands_thawing"
+
+
+def command_freezes(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each command pause of a run's ``history``: ``{"keys", "from_ms", "to_ms"}``, the keys
+    whose commands were alive and frozen all that while (a pause whose thaw the history
+    lacks is left out: how long it held is not known)."""
+    freezes: list[dict[str, Any]] = []
+    frozen: dict[str, Any] | None = None
+    for op in history:
+        if op["f"] == FROZEN:
+            frozen = op["value"]
+        elif op["f"] == THAWING and frozen is not None:
+            freezes.append({"keys": frozen["keys"], "from_ms": frozen["ms"],
+                            "to_ms": op["value"]["ms"]})
+            frozen = None
+    return freezes
 
 
 class JumpClock(_SpaceHeld):

@@ -35,7 +35,7 @@ from chaos.checks.golden import Golden, GoldenFailed, golden_for
 from chaos.checks.model import Observation, Verdict
 from chaos.driver import SPACE_PREFIX, initial_tree
 from chaos.faults.host_power import HostDisk
-from chaos.faults.kinds import FaultNemesis
+from chaos.faults.kinds import FaultNemesis, command_freezes
 from chaos.faults.link_proxy import LinkProxy, LinkTable
 from chaos.faults.nemesis import NoopNemesis, Target, ValidatingNemesis
 from chaos.faults.plans import (
@@ -361,6 +361,7 @@ class Run:
         obs.second = observe_second(self)
         obs.disk_filled = self._disk_filled()
         obs.power_cuts = list(self.host_disk.cuts) if self.host_disk is not None else []
+        obs.command_freezes = command_freezes(self.state.history())
         obs.forks = self._observe_forks(final_exit)
         if self.spec.golden:  # the oracle itself: it must only have finished
             return obs, events, Verdict(True if final_exit == EXIT_OK else "unknown",
@@ -407,6 +408,7 @@ class Run:
                 name = self.space_of(self.session, conversation)
                 obs, _ = observe(self.dir, self.spaces, name, ledgers=self.state.ledgers(name),
                                  **common)
+            obs.command_freezes = command_freezes(self.state.history())
             out.append({"conversation": conversation, "after_step": self.scenario.fork_after,
                         "observation": obs.to_json()})
         return out

@@ -62,3 +62,14 @@ def exec_key(token: str, conversation: int, call_id: str, n: int, epoch: int) ->
     """The idempotency key of the ``n``-th command of a call:
     ``<session>:<conversation>:<call>:<n>@<epoch>``."""
     return f"{token}:{conversation}:{call_id}:{n}@{epoch}"
+
+
+def call_of_key(key: str) -> tuple[int, str] | None:
+    """The conversation and call id an ``exec_key`` names; None for a key of another form
+    (not the adapter's)."""
+    session, _, rest = key.partition(":")
+    conversation, _, rest = rest.partition(":")
+    call_id, sep, n_epoch = rest.rpartition(":")
+    if not (session and conversation.isdigit() and call_id and sep and "@" in n_epoch):
+        return None
+    return int(conversation), call_id

@@ -83,14 +83,15 @@ def check_a_command_pause_freezes_the_commands_alone(spaces: Any, name: str) -> 
     """``pause_commands`` (``chaos.space_providers.CommandPausable``): every process of the
     daemon's commands is stopped (a command started afterwards reads ``T`` in the first's
     ``/proc`` stat) while the daemon answers and reports them running; once thawed they go
-    on. With no command running there is nothing to freeze, and it says so."""
+    on. It names the keys whose shims it froze (the commands alive, held). With no command
+    running there is nothing to freeze, and it says so."""
     spaces.create(name)
     client = spaces.connect(name, epoch=1)
     client.exec_start("ticker@1", "n=0; while :; do n=$((n+1)); echo $n; sleep 0.05; done")
     until("the ticker's first output", lambda: client.exec_status("ticker@1").output_size > 0)
     shim = client.exec_status("ticker@1").pid
 
-    spaces.pause_commands(name)
+    assert spaces.pause_commands(name) == ["ticker@1"]
     client.exec_start("probe@1", f"read -r pid comm state rest < /proc/{shim}/stat; "
                                  "echo $state")
     probe = client.exec_wait("probe@1")

@@ -168,6 +168,39 @@ def test_g7_fails_a_run_whose_power_cut_lost_a_commit_that_had_returned() -> Non
         errors([{"fault": "f", "before": [], "after": [], "before_error": "OSError: gone"}])
 
 
+def test_g5_fails_a_command_read_lost_while_the_campaign_held_it_frozen() -> None:
+    """A recovery caused by ``daemon_lost`` for the call of a key whose shim the campaign
+    froze, committed while it was frozen, is a lie of the ledger (G5); before the freeze,
+    after the thaw, or of another call it may be true. The freeze's bounds come from the
+    history's ``commands_frozen`` and ``commands_thawing`` operations."""
+    from chaos.checks import frozen_commands
+    from chaos.faults.kinds import FROZEN, THAWING, command_freezes
+
+    history = [{"f": "pause_commands", "value": None},
+               {"f": FROZEN, "value": {"keys": ["s1:1:3.0:1@2", "s1:1:4.0:1@2"], "ms": 1000}},
+               {"f": THAWING, "value": {"ms": 6000}},
+               {"f": FROZEN, "value": {"keys": ["s1:1:9.0:1@2"], "ms": 7000}}]  # never thawed
+    freezes = command_freezes(history)
+    assert freezes == [{"keys": ["s1:1:3.0:1@2", "s1:1:4.0:1@2"], "from_ms": 1000,
+                        "to_ms": 6000}]
+
+    def errors(*events: tuple[str, str, int]) -> list[str]:
+        obs = Observation(calls=[], workspace=[], log_txt="", effects=[], final_exit=0,
+                          final_outcome_done=True, end_mode=None, image_hash=None,
+                          image_stale=None, command_freezes=freezes,
+                          events=[{"kind": "restored", "cause": cause, "call_id": call,
+                                   "conversation": 1, "time_ms": ms}
+                                  for cause, call, ms in events])
+        return frozen_commands.check(obs)
+
+    found = errors(("daemon_lost", "4.0", 2500))
+    assert len(found) == 1 and "call 4.0 was lost" in found[0] and "from 1000 to 6000" in found[0]
+    assert errors(("daemon_lost", "4.0", 999), ("daemon_lost", "4.0", 6001),  # outside it
+                  ("daemon_lost", "5.0", 2500),  # another call's command
+                  ("running", "3.0", 2500),  # read as it is
+                  ("daemon_lost", "9.0", 8000)) == []  # a freeze of unknown length
+
+
 def test_pauses_reach_the_drivers_as_their_request_timeout(tmp_path: Path) -> None:
     """A run that pauses its Space gives its faulted drivers the short request timeout (a
     plan read back with pauses in it too), never its clean driver; and a pause on a virtual

@@ -165,6 +165,18 @@ MUTANTS: tuple[Mutant, ...] = (
         "recorded as a call that failed",
         "pause-spaces", "G5", "a write whose Space froze past the request timeout"),
     Mutant(
+        "stopped-command-read-as-lost", "spacesd/exec_ledger.py",
+        (("        if isinstance(claim, exec_files.Claim) and not self._of_earlier_life(rec) and \\\n"
+          "                procfs.is_alive(claim.pid, claim.started):\n",
+          "        if isinstance(claim, exec_files.Claim) and not self._of_earlier_life(rec) and \\\n"
+          "                procfs.is_alive(claim.pid, claim.started) and \\\n"
+          "                (procfs._stat_fields(claim.pid) or [\"T\"])[0] != \"T\":\n"),),
+        "the ledger takes a stopped shim (SIGSTOP, a debugger, a frozen cgroup) for a dead one, "
+        "as a liveness test that only counts running and sleeping processes does: a command "
+        "frozen while its daemon answers reads lost, and the driver restores and reruns it "
+        "or tells the agent it was interrupted, though it was only waiting to go on",
+        "pause-commands", "G5", "a command frozen just spawned, running and writing its exit"),
+    Mutant(
         "write-timeout-taken-as-done", "durable/adapter/runner.py",
         (("            data = args[\"content\"].encode(\"utf-8\")\n"
           "            client.write_file(path, data)\n",
