@@ -166,9 +166,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "pause-spaces", "G5", "a write whose Space froze past the request timeout"),
     Mutant(
         "stopped-command-read-as-lost", "spacesd/exec_ledger.py",
-        (("        if isinstance(claim, exec_files.Claim) and not self._of_earlier_life(rec) and \\\n"
-          "                procfs.is_alive(claim.pid, claim.started):\n",
-          "        if isinstance(claim, exec_files.Claim) and not self._of_earlier_life(rec) and \\\n"
+        (("                procfs.is_alive(claim.pid, claim.started):\n",
           "                procfs.is_alive(claim.pid, claim.started) and \\\n"
           "                (procfs._stat_fields(claim.pid) or [\"T\"])[0] != \"T\":\n"),),
         "the ledger takes a stopped shim (SIGSTOP, a debugger, a frozen cgroup) for a dead one, "
