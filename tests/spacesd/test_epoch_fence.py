@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -11,6 +12,8 @@ from backends.local import LocalSpace, LocalSpaces
 from backends.local.procs import kill_process
 from backends.space_client import HttpSpaceClient
 from durable.errors import StaleEpochError
+from spacesd.epoch_fence import EpochFence
+from spacesd.errors import StaleEpoch
 from tests.liveness import running
 
 
@@ -100,3 +103,51 @@ def test_a_floor_raised_by_a_crashed_advance_is_enforced_at_start(
     assert not running(sh)
     info = client.with_epoch(2).exec_status("k")
     assert (info.state, info.fenced_by) == ("exited", 2)
+
+
+def test_a_request_that_arrives_during_an_advance_meets_the_raised_floor(tmp_path: Path) -> None:
+    """A request that arrives while an advance waits for the requests in flight to end must
+    be checked once the advance ended, against the floor it raised: checked on arrival
+    (against the floor before), it would wait out the advance and then write after the
+    fence. It waits (writer preference), then is refused; one of the new epoch is let in."""
+    fence = EpochFence(str(tmp_path / "epoch"))
+    with fence.advancing(1):
+        pass
+    in_flight, finish = threading.Event(), threading.Event()
+    outcome: list[object] = []
+
+    def request_in_flight() -> None:
+        with fence.admit(1):
+            in_flight.set()
+            finish.wait(timeout=300)
+
+    def advance() -> None:
+        with fence.advancing(2):
+            pass
+
+    def late_request() -> None:
+        try:
+            with fence.admit(1):
+                outcome.append("admitted")
+        except StaleEpoch as exc:
+            outcome.append(exc)
+
+    def waiting(n: int, what: str) -> None:
+        deadline = time.monotonic() + 300
+        while len(fence._cond._waiters) < n:  # type: ignore[attr-defined]  # CPython's list
+            assert time.monotonic() < deadline, f"{what} never waited on the fence"
+            time.sleep(0.001)
+
+    threads = [threading.Thread(target=request_in_flight)]
+    threads[0].start()
+    assert in_flight.wait(timeout=300), "the first request was never admitted"
+    threads.append(threading.Thread(target=advance))
+    threads[1].start()
+    waiting(1, "the advance")
+    threads.append(threading.Thread(target=late_request))
+    threads[2].start()
+    waiting(2, "the late request")
+    finish.set()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert len(outcome) == 1 and isinstance(outcome[0], StaleEpoch), outcome
