@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -57,3 +58,19 @@ def store(url: str) -> Iterator[CoordinatorStore]:
     s = open_store(url)
     yield s
     s.close()
+
+
+@pytest.fixture
+def stores() -> Iterator[Callable[..., CoordinatorStore]]:
+    """``open_store`` for a test, every store it opened closed when it ends, passed or
+    failed: a connection a failed test left open was collected in a later test, which
+    then failed too (its ``ResourceWarning`` is an error)."""
+    opened: list[CoordinatorStore] = []
+
+    def opener(url: str, **kwargs: Any) -> CoordinatorStore:
+        opened.append(open_store(url, **kwargs))
+        return opened[-1]
+
+    yield opener
+    for s in opened:
+        s.close()

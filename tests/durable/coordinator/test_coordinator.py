@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -26,7 +26,6 @@ from durable.coordinator import (
     CoordinatorStore,
     SessionSpec,
     StoreUnavailable,
-    open_store,
 )
 from tests.durable.coordinator.conftest import store_url
 from tests.liveness import running
@@ -381,17 +380,27 @@ def test_a_coordinator_sigkilled_mid_drive_takes_its_driver_with_it(
 
 def test_two_coordinators_on_one_postgresql_store_never_drive_a_session_twice(
         spaces: LocalSpaces, tmp_path: Path, procs: list[CoordinatorProcess],
-        request: pytest.FixtureRequest) -> None:
+        request: pytest.FixtureRequest, stores: Callable[..., CoordinatorStore]) -> None:
     url = store_url("postgresql", tmp_path, request)
-    store = open_store(url)
+    store = stores(url)
     names = [f"s{i}" for i in range(6)]
     for n in names:
         store.submit(fake(n, tmp_path, spaces, [{"sleep": 0.3, "exit": 1},
                                                 {"sleep": 0.3, "exit": 0}], space=f"ws-{n}"),
                      time.time())
-    for ident in ("a", "b"):
-        procs.append(CoordinatorProcess(url, spaces, tmp_path, ident, "--backoff", "0",
-                                        "--claim-secs", "2", "--max-drives", "2"))
+
+    def launched_by(ident: str) -> bool:
+        return any(e.data["coordinator"] == ident for e in store.events() if e.kind == "launched")
+
+    def coordinator(ident: str) -> CoordinatorProcess:
+        return CoordinatorProcess(url, spaces, tmp_path, ident, "--backoff", "0",
+                                  "--claim-secs", "2", "--max-drives", "2")
+
+    # b starts once a drives: on a busy machine b alone once drove every session before a
+    # had started, and a's death then tested nothing (the test failed under load).
+    procs.append(coordinator("a"))
+    wait_for("coordinator a's first driver", lambda: launched_by("a"))
+    procs.append(coordinator("b"))
     wait_for("a few drives", lambda: sum(len(journal(tmp_path, n)) for n in names) >= 6)
     procs[0].kill()  # a dies mid-campaign: its drivers with it; b takes its sessions over
     a_died = time.time()
@@ -418,7 +427,6 @@ def test_two_coordinators_on_one_postgresql_store_never_drive_a_session_twice(
         assert epochs == sorted(set(epochs)), (n, epochs)  # every epoch once, growing
     drivers = {e.data["coordinator"] for e in store.events() if e.kind == "launched"}
     assert drivers == {"a", "b"}
-    store.close()
 
 
 # ---------------------------------------------------------------- the store goes away
@@ -443,14 +451,12 @@ def _terminate_coordinator_connections(url: str) -> int:
 
 def test_a_dropped_store_connection_keeps_the_coordinator_and_its_driver(
         spaces: LocalSpaces, tmp_path: Path, procs: list[CoordinatorProcess],
-        request: pytest.FixtureRequest) -> None:
+        request: pytest.FixtureRequest, stores: Callable[..., CoordinatorStore]) -> None:
     """Before, one dropped PostgreSQL connection ended the coordinator with a traceback and
     its drivers with it. Now it connects again and the drive goes on: one driver, one
     attempt, done."""
     url = store_url("postgresql", tmp_path, request)
-    store = open_store(url)
-    store.submit(fake("s", tmp_path, spaces, [{"sleep": 3, "exit": 0}]), time.time())
-    store.close()
+    stores(url).submit(fake("s", tmp_path, spaces, [{"sleep": 3, "exit": 0}]), time.time())
     procs.append(CoordinatorProcess(url, spaces, tmp_path, "c1", "--claim-secs", "30",
                                     "--until-idle"))
     wait_for("the driver", lambda: len(journal(tmp_path, "s")) >= 1)
@@ -458,9 +464,7 @@ def test_a_dropped_store_connection_keeps_the_coordinator_and_its_driver(
     wait_for("the coordinator to write again", lambda: "answers again" in
              procs[-1].log.read_text() or procs[-1].proc.poll() is not None)
     assert procs[-1].proc.wait(timeout=300) == 0, procs[-1].log.read_text()
-    store = open_store(url, create=False)
-    rec = store.get("s")
-    store.close()
+    rec = stores(url, create=False).get("s")
     assert (rec.state, rec.attempts) == ("done", 1), rec
     events = journal(tmp_path, "s")
     assert [e["event"] for e in events] == ["start", "end"], events  # the same driver

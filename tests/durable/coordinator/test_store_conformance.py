@@ -7,6 +7,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -163,10 +164,11 @@ def test_cancel_ends_a_waiting_session_or_asks_its_coordinator(store: Coordinato
     assert done.state == "failed" and store.lease("sp2").session is None
 
 
-def test_two_stores_on_one_database_never_claim_one_session_twice(url: str) -> None:
+def test_two_stores_on_one_database_never_claim_one_session_twice(
+        url: str, stores: Callable[..., CoordinatorStore]) -> None:
     """Eight coordinators race for 20 sessions on separate connections: each session is
     claimed exactly once."""
-    setup = open_store(url)
+    setup = stores(url)
     for i in range(20):
         setup.submit(spec(f"s{i}", f"sp{i}"), 1.0)
     claims: list[tuple[str, str]] = []
@@ -189,7 +191,6 @@ def test_two_stores_on_one_database_never_claim_one_session_twice(url: str) -> N
     names = [n for n, _ in claims]
     assert sorted(names) == sorted(f"s{i}" for i in range(20)) and len(set(names)) == 20
     assert {r.owner for r in setup.sessions()} == {c for _, c in claims}
-    setup.close()
 
 
 def test_while_quiet_holds_every_other_writer_off_and_gives_way_to_one_queued(
