@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from chaos.faults.plans import HELD_KINDS, RELEASE
+from chaos.faults.plans import FROZEN, HELD_KINDS, RELEASE, THAWING
 from chaos.run.runner import CLEAN_ATTEMPT
 
 from .figures import plt, png_bytes
@@ -116,8 +116,8 @@ def figure_png(record: dict[str, Any]) -> bytes:
         ax.barh(y["faults"], max(stop - start, end / 400), left=start, height=0.35,
                 color=FAULT_STYLE.get(action, ("o", "#555555"))[1], alpha=0.3, zorder=2)
     for op in history:
-        if op["process"] == "nemesis" and op["f"] == RELEASE:
-            continue  # drawn as the end of its fault's span
+        if op["process"] == "nemesis" and op["f"] in (RELEASE, FROZEN, THAWING):
+            continue  # drawn as its fault's span
         if op["process"] == "nemesis":
             marker, color = FAULT_STYLE.get(op["f"], ("o", "#555555"))
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 from backends.local import own_disks
 from chaos.faults.host_power import wait_dead
 from chaos.faults.nemesis import Completion, Operation, Target
-from chaos.faults.plans import DISK_BYTES, HELD_KINDS, RELEASE, Action, Fault
+from chaos.faults.plans import DISK_BYTES, FROZEN, HELD_KINDS, RELEASE, THAWING, Action, Fault
 from chaos.run.observe import kept_ledgers, read_ledger, unread_ledger
 from chaos.run.processes import Owned
 from chaos.space_providers import (
@@ -370,11 +370,6 @@ class PauseCommands(_SpaceHeld):
     def release_on(self, space: str) -> None:
         self.target.state.op("nemesis", "info", THAWING, {"ms": time.time_ns() // 1_000_000})
         cast(CommandPausable, self.spaces).resume_commands(space)
-
-
-#: The history's operations that bound a command pause: its commands frozen (the keys whose
-#: shims were, and when all were), and the first moment of their thaw.
-FROZEN, THAWING = "commands_frozen", "commands_thawing"
 
 
 def command_freezes(history: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -233,6 +233,9 @@ if set(KIND_COUNTS) != set(get_args(Action)):
                       f"{tuple(KIND_COUNTS)} must name the same kinds")
 #: The history's operation that ends a held fault (its value names the action).
 RELEASE = "release"
+#: The history's operations that bound a command pause: its commands frozen (the keys whose
+#: shims were, and when all were), and the first moment of their thaw.
+FROZEN, THAWING = "commands_frozen", "commands_thawing"
 
 
 def in_effect_at(history: list[dict[str, Any]], t: float) -> tuple[set[str], bool]:
