@@ -117,7 +117,7 @@ def test_bash_reaches_no_host_file_process_variable_or_network(
     secret.write_text("host-secret-4711\n")
     (tmp_path / "sibling-4713.txt").write_text("")  # what a listing of the host would show
     monkeypatch.setenv("CUA_VIRTUAL_SECRET", "env-secret-4712")
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(4)

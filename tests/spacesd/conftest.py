@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,3 +110,13 @@ def fp_spaces(tmp_path, failpoints: FailpointKiller) -> Iterator[LocalSpaces]:
     provider = LocalSpaces(tmp_path / "spaces", failpoints=failpoints.address)
     yield provider
     provider.delete_all()
+
+
+def wait_relayed(client: HttpSpaceClient, key: str, size: int) -> None:
+    """Until ``size`` bytes of ``key``'s output are in its output file: a command's output
+    reaches it through its shim's pipe, after the command wrote it (a deadline only a hang
+    reaches)."""
+    deadline = time.monotonic() + 300
+    while (got := client.exec_status(key).output_size) < size:
+        assert time.monotonic() < deadline, f"{key}: {got} of {size} output bytes relayed"
+        time.sleep(0.01)

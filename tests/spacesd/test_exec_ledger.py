@@ -14,6 +14,7 @@ from backends.local.procs import kill_process
 from backends.space_client import HttpSpaceClient
 from durable.errors import SpaceError
 from spacesd.protocol import OUTPUT_TAIL_BYTES
+from tests.spacesd.conftest import wait_relayed
 
 
 def wait_for_file(path: Path, timeout: float = 30.0, empty_ok: bool = False) -> str:
@@ -73,6 +74,7 @@ def test_wait_resumes_from_an_offset_and_times_out_running(client: HttpSpaceClie
                                                            space: LocalSpace) -> None:
     client.exec_start("k", "printf abc; touch printed; sleep 30")
     wait_for_file(space.work / "printed", empty_ok=True)
+    wait_relayed(client, "k", 3)
     info = client.exec_wait("k", timeout=0.3)
     assert info.state == "running" and info.output == "abc"
     info = client.exec_wait("k", offset=1, timeout=0.3)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import time
 from pathlib import Path
 
 from backends.local import LocalSpace
@@ -14,6 +13,7 @@ from backends.space_client import HttpSpaceClient
 from spacesd import shim
 from spacesd.exec_ledger import MAX_READ
 from spacesd.protocol import OUTPUT_TAIL_BYTES
+from tests.spacesd.conftest import wait_relayed
 
 #: Numbered 10-byte lines, so any window of the output tells where it stands.
 LINES = "seq -f %09.0f 1 {n}"
@@ -45,6 +45,7 @@ def test_a_huge_output_costs_a_window_while_running_and_a_tail_once_ended(
     path = out_file(space, "big")
     while not (space.work / "printed").exists():
         assert on_disk(path) <= shim.OUTPUT_WINDOW_BYTES + 2 * 65536
+    wait_relayed(client, "big", n * 10)
     running = client.exec_wait("big", offset=0, timeout=0.5)
     assert running.state == "running" and running.output_size == n * 10
     # The reader skipped the hole: what it got is the true output from where it landed.
@@ -81,8 +82,5 @@ def test_orphans_still_writing_are_relayed_after_the_exit(client: HttpSpaceClien
     info = client.exec_wait("k", timeout=60)
     assert (info.state, info.exit_code, info.output) == ("exited", 0, "early\n")
     (space.work / "go").touch()
-    for _ in range(500):
-        if client.exec_status("k").output_size == len("early\nlate\n"):
-            break
-        time.sleep(0.01)
+    wait_relayed(client, "k", len("early\nlate\n"))
     assert client.exec_wait("k", offset=0).output == "early\nlate\n"

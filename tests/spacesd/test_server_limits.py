@@ -257,7 +257,10 @@ def test_the_client_sends_a_busy_request_again_until_it_gets_through(tmp_path) -
         holder = threading.Thread(target=daemon.send, args=("exec_wait", wait))
         holder.start()  # a long poll that holds the one request slot until "go"
         try:
-            time.sleep(0.5)
+            deadline = time.monotonic() + 300  # only a hang takes this long
+            while daemon.send("capabilities", b'{"epoch": 0}')[0] != protocol.BUSY_STATUS:
+                assert time.monotonic() < deadline, "the long poll never held the slot"
+                time.sleep(0.02)  # not held yet: the probe itself got through
             impatient = HttpSpaceClient("limits", 0, resolver, busy_for=1.0)
             started = time.monotonic()
             with pytest.raises(SpaceError) as refused:

@@ -302,7 +302,12 @@ class CrashAt:
                 raise Crash(f"crashed at {point}")
 
 
-LONG = ("bash", {"command": "sleep 5; printf 'long\\n' >> log.txt"})
+#: Running until a newer epoch's advance fences it: its first run sleeps ten minutes (a
+#: fixed 5 s could end by itself while a loaded machine recovers, and the cause then read
+#: ``exited``, not ``fenced``), a rerun writes at once. Its mark is beside the Spaces
+#: (``../..`` of the workspace): no revert, restore or loss of the Space reaches it.
+LONG = ("bash", {"command": "if mkdir ../../long-first-run 2>/dev/null; then sleep 600; fi; "
+                            "printf 'long\\n' >> log.txt"})
 
 
 @pytest.mark.parametrize(("mode", "call", "point", "events"), [

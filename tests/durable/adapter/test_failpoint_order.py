@@ -48,11 +48,17 @@ SPACE = "cua-g-c1"
 WRITE = ("write", {"path": "a.txt", "content": "alpha\n"})
 EDIT = ("edit", {"path": "a.txt", "edits": [{"old_text": "alpha", "new_text": "beta"}]})
 APPEND = ("bash", {"command": "printf 'step\\n' >> log.txt"})
-#: Long enough to be running when a driver stops at ``space.running``; a newer epoch's
-#: advance fences it.
-LONG = ("bash", {"command": "sleep 5; printf 'long\\n' >> log.txt"})
-#: Still running when the daemon is killed under it, done soon after.
-SHORT = ("bash", {"command": "sleep 1; printf 'short\\n' >> log.txt"})
+#: Running when a driver stops at ``space.running`` until a newer epoch's advance fences
+#: it: its first run sleeps ten minutes (a fixed 5 s could end by itself while a loaded
+#: machine recovers, and the cause then read ``exited``), a rerun writes at once. Its mark is
+#: beside the Spaces (``../..`` of the workspace): no revert, restore or loss reaches it.
+LONG = ("bash", {"command": "if mkdir ../../long-first-run 2>/dev/null; then sleep 600; fi; "
+                            "printf 'long\\n' >> log.txt"})
+#: Running when its daemon is killed or its machine restarted under it (``FAULT_DONE``,
+#: beside the Spaces, appears once the fault is done), done soon after if it survived.
+FAULT_DONE = "fault-done"
+SHORT = ("bash", {"command": f"until [ -e ../../{FAULT_DONE} ]; do sleep 0.05; done; "
+                             "printf 'short\\n' >> log.txt"})
 #: Leaves a process running: auto switches to checkpoint mode.
 DETACH = ("bash", {"command": "(sleep 60 >/dev/null 2>&1 &); echo started"})
 #: Twelve files: over ``max_files=10``.
@@ -208,6 +214,7 @@ def _drive(case: Case, driver: Driver, epoch: int, tmp_path: Path, spaces: Local
 
     def fault(kind: str) -> None:
         getattr(spaces, kind)(SPACE)
+        (spaces.base_dir / FAULT_DONE).touch()
 
     recorder = Recorder(driver.stop, fault)
     monkeypatch.setattr(durable.failpoints, "_channel", recorder)

@@ -218,26 +218,25 @@ def test_while_quiet_holds_every_other_writer_off_and_gives_way_to_one_queued(
             return
         import psycopg
 
-        watcher = psycopg.connect(url.split("?")[0], autocommit=True)
-        claimed: list[object] = []
-        writer = threading.Thread(
-            target=lambda: claimed.append(other.claim("c2", 2.0, CLAIM, LEASE)))
+        with psycopg.connect(url.split("?")[0], autocommit=True) as watcher:
+            claimed: list[object] = []
+            writer = threading.Thread(
+                target=lambda: claimed.append(other.claim("c2", 2.0, CLAIM, LEASE)))
 
-        def queue_a_writer() -> str:
-            writer.start()
-            deadline = time.monotonic() + 60  # only a hang takes this long
-            while not watcher.execute("SELECT count(*) FROM pg_locks WHERE locktype = "
-                                      "'advisory' AND NOT granted").fetchone()[0]:
-                assert time.monotonic() < deadline, "the writer never queued for the lock"
-                time.sleep(0.01)
-            return "stopped"
+            def queue_a_writer() -> str:
+                writer.start()
+                deadline = time.monotonic() + 300  # only a hang takes this long
+                while not watcher.execute("SELECT count(*) FROM pg_locks WHERE locktype = "
+                                          "'advisory' AND NOT granted").fetchone()[0]:
+                    assert time.monotonic() < deadline, "the writer never queued for the lock"
+                    time.sleep(0.01)
+                return "stopped"
 
-        assert quiet.while_quiet(queue_a_writer, undone.append) is None
-        assert undone == ["stopped"]
-        writer.join()
-        assert claimed and claimed[0] is not None  # it wrote once the action was undone
-        assert quiet.while_quiet(lambda: "stopped", undone.append) == "stopped"
-        watcher.close()
+            assert quiet.while_quiet(queue_a_writer, undone.append) is None
+            assert undone == ["stopped"]
+            writer.join()
+            assert claimed and claimed[0] is not None  # it wrote once the action was undone
+            assert quiet.while_quiet(lambda: "stopped", undone.append) == "stopped"
     finally:
         quiet.close()
         other.close()
