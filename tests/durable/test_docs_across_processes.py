@@ -129,9 +129,15 @@ def test_a_session_and_an_app_edit_one_document_from_two_processes(tmp_path: Pat
             time.sleep(0.005)
         out, _ = child.communicate(timeout=120)
         assert child.returncode == 0, out
-        time.sleep(0.1)
+        # The watcher saw the last revision (a fixed 0.1 s was a guess at how long it takes)
+        last = app.read_doc(1, TODOS, fresh=True).revision
+        deadline = time.monotonic() + 300  # only a hang takes this long
+        while not (seen and seen[-1][0] >= last):
+            assert time.monotonic() < deadline, f"the watcher never saw revision {last}"
+            time.sleep(0.01)
         stop.set()
-        thread.join(timeout=10)
+        thread.join(timeout=300)
+        assert not thread.is_alive(), "the watcher did not stop"
     finally:
         if child.poll() is None:
             child.kill()

@@ -188,16 +188,17 @@ def test_a_silent_or_slow_unauthenticated_client_is_cut_off(tmp_path) -> None:
 
 
 def test_connections_beyond_the_limit_get_503_and_the_daemon_recovers(tmp_path) -> None:
-    with running(tmp_path, "--header-timeout", "2", "--max-connections", "8") as daemon:
+    # Idle connections hold their slots 10 s: a busy daemon may take seconds to reach the
+    # extra one, which must find them all still held.
+    with running(tmp_path, "--header-timeout", "10", "--max-connections", "8") as daemon:
         idle = [socket.create_connection(("127.0.0.1", daemon.port)) for _ in range(8)]
         try:
             time.sleep(0.2)  # let the server accept them all
-            extra = socket.create_connection(("127.0.0.1", daemon.port))
-            extra.settimeout(30)
-            answer = b""
-            while chunk := extra.recv(4096):
-                answer += chunk
-            extra.close()
+            with socket.create_connection(("127.0.0.1", daemon.port)) as extra:
+                extra.settimeout(30)
+                answer = b""
+                while chunk := extra.recv(4096):
+                    answer += chunk
             assert answer.startswith(b"HTTP/1.1 503"), answer
             assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "busy"
             for sock in idle:  # the header timeout frees their threads
