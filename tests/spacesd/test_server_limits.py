@@ -255,8 +255,13 @@ def test_the_client_sends_a_busy_request_again_until_it_gets_through(tmp_path) -
         client = HttpSpaceClient("limits", 0, resolver)
         client.exec_start("hold", "until [ -f go ]; do sleep 0.02; done")
         wait = json.dumps({"epoch": 0, "key": "hold", "wait": 30}).encode()
-        holder = threading.Thread(target=daemon.send, args=("exec_wait", wait))
-        holder.start()  # a long poll that holds the one request slot until "go"
+
+        def hold() -> None:  # a long poll that holds the one request slot until "go"
+            while daemon.send("exec_wait", wait)[0] == protocol.BUSY_STATUS:
+                pass  # the probe below had the slot at that instant
+
+        holder = threading.Thread(target=hold)
+        holder.start()
         try:
             deadline = time.monotonic() + 300  # only a hang takes this long
             while daemon.send("capabilities", b'{"epoch": 0}')[0] != protocol.BUSY_STATUS:
