@@ -38,7 +38,7 @@ from spacesd.audit import read_state
 from spacesd.exec_files import Claim, read_claim
 from spacesd.exec_ledger import replay
 from spacesd.protocol import STATE_EXEC_DIR, STATE_LEDGER, workspace_hash
-from tests.liveness import running
+from tests.liveness import made_by_the_command, running
 
 
 @dataclass
@@ -284,21 +284,26 @@ class Crash(DurableError):
     """Stands for a SIGKILL: propagates out of the harness and leaves the call running."""
 
 
+
 class CrashAt:
     """A failpoint channel (``durable.failpoints``) that crashes at the ``nth`` hit of
-    ``point``, wherever the point is reached."""
+    ``point``, wherever the point is reached (once the command made ``started``, if given:
+    ``made_by_the_command``)."""
 
     enabled = True
 
-    def __init__(self, point: str, nth: int = 1) -> None:
+    def __init__(self, point: str, nth: int = 1, started: Path | None = None) -> None:
         self.point = point
         self.nth = nth
+        self.started = started
         self.hits = 0
 
     def report(self, point: str, _info: object) -> None:
         if point == self.point:
             self.hits += 1
             if self.hits == self.nth:
+                if self.started is not None:
+                    made_by_the_command(self.started)
                 raise Crash(f"crashed at {point}")
 
 
@@ -306,7 +311,8 @@ class CrashAt:
 #: fixed 5 s could end by itself while a loaded machine recovers, and the cause then read
 #: ``exited``, not ``fenced``), a rerun writes at once. Its mark is beside the Spaces
 #: (``../..`` of the workspace): no revert, restore or loss of the Space reaches it.
-LONG = ("bash", {"command": "if mkdir ../../long-first-run 2>/dev/null; then sleep 600; fi; "
+LONG_MARK = "long-first-run"
+LONG = ("bash", {"command": f"if mkdir ../../{LONG_MARK} 2>/dev/null; then sleep 600; fi; "
                             "printf 'long\\n' >> log.txt"})
 
 
@@ -332,7 +338,8 @@ def test_recovery_events_carry_tool_cause_and_epoch(
     s = open_session(tmp_path, spaces, plan, epoch=1, mode=mode)
     # The first call (a write) reaches every point but the shell command's own.
     nth = 1 if point in ("space.before_spawn", "space.running", "space.exited") else 2
-    monkeypatch.setattr(durable.failpoints, "_channel", CrashAt(point, nth))
+    monkeypatch.setattr(durable.failpoints, "_channel", CrashAt(
+        point, nth, spaces.base_dir / LONG_MARK if call is LONG else None))
     with pytest.raises(Crash):
         run(s)
     s.harness.close()
@@ -359,7 +366,8 @@ def test_a_call_whose_space_was_lost(tmp_path: Path, spaces: LocalSpaces,
     the Space, then recovers the call; every event says the Space was lost."""
     plan = steps(WRITE, LONG)
     s = open_session(tmp_path, spaces, plan, epoch=1, mode=mode)
-    monkeypatch.setattr(durable.failpoints, "_channel", CrashAt("space.running"))
+    monkeypatch.setattr(durable.failpoints, "_channel",
+                        CrashAt("space.running", started=spaces.base_dir / LONG_MARK))
     with pytest.raises(Crash):
         run(s)
     s.harness.close()

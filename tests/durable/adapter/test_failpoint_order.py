@@ -40,6 +40,7 @@ from durable.harness import Harness
 from durable.models import PlannedCall, ScriptedModel
 from durable.storage_fences import open_fenced_sqlite
 from durable.tools import ToolRegistry
+from tests.liveness import made_by_the_command
 
 GOLDEN = Path(__file__).with_name("failpoint_order.json")
 SESSION = "g"
@@ -52,7 +53,8 @@ APPEND = ("bash", {"command": "printf 'step\\n' >> log.txt"})
 #: it: its first run sleeps ten minutes (a fixed 5 s could end by itself while a loaded
 #: machine recovers, and the cause then read ``exited``), a rerun writes at once. Its mark is
 #: beside the Spaces (``../..`` of the workspace): no revert, restore or loss reaches it.
-LONG = ("bash", {"command": "if mkdir ../../long-first-run 2>/dev/null; then sleep 600; fi; "
+LONG_MARK = "long-first-run"
+LONG = ("bash", {"command": f"if mkdir ../../{LONG_MARK} 2>/dev/null; then sleep 600; fi; "
                             "printf 'long\\n' >> log.txt"})
 #: Running when its daemon is killed or its machine restarted under it (``FAULT_DONE``,
 #: beside the Spaces, appears once the fault is done), done soon after if it survived.
@@ -186,14 +188,18 @@ CASES: tuple[Case, ...] = (
 )
 
 
+
 class Recorder:
-    """A failpoint channel that records every point and acts at its ``Stop``."""
+    """A failpoint channel that records every point and acts at its ``Stop`` (one at
+    ``space.running`` once the command made ``started``, if given: ``made_by_the_command``)."""
 
     enabled = True
 
-    def __init__(self, stop: Stop | None, fault: Callable[[str], None]) -> None:
+    def __init__(self, stop: Stop | None, fault: Callable[[str], None],
+                 started: Path | None = None) -> None:
         self.stop = stop
         self.fault = fault
+        self.started = started
         self.points: list[str] = []
         self.hits: Counter[str] = Counter()
 
@@ -202,6 +208,8 @@ class Recorder:
         self.hits[point] += 1
         if self.stop is not None and (point, self.hits[point]) == (self.stop.point,
                                                                     self.stop.n):
+            if point == "space.running" and self.started is not None:
+                made_by_the_command(self.started)
             if self.stop.fault == "crash":
                 raise Crash(f"stopped at {point} #{self.stop.n}")
             self.fault(self.stop.fault)
@@ -216,7 +224,8 @@ def _drive(case: Case, driver: Driver, epoch: int, tmp_path: Path, spaces: Local
         getattr(spaces, kind)(SPACE)
         (spaces.base_dir / FAULT_DONE).touch()
 
-    recorder = Recorder(driver.stop, fault)
+    recorder = Recorder(driver.stop, fault,
+                        spaces.base_dir / LONG_MARK if LONG in case.plan else None)
     monkeypatch.setattr(durable.failpoints, "_channel", recorder)
     storage, fence = open_fenced_sqlite(tmp_path / "log.sqlite", epoch)
     store = DirectoryCheckpointStore(tmp_path / "store") if case.store else None
