@@ -48,7 +48,7 @@ from urllib.parse import urlencode
 
 from durable.errors import EpochTaken, SpaceError, SpaceFull, SpaceUnavailable, StaleEpochError
 from spacesd import protocol
-from spacesd.protocol import CheckpointInfo, ExecInfo, ScanResult
+from spacesd.protocol import CheckpointInfo, ExecInfo, ScanEntry, ScanResult
 
 _CHUNK = 1024 * 1024
 #: A kept connection idle longer than this is not reused (the daemon drops idle ones after
@@ -210,6 +210,8 @@ class HttpSpaceClient:
         #: For checkpoints and their transfers, which may take long on big workspaces.
         self.long_timeout = long_timeout
         self._kept = _KeptConnection()
+        #: (token, state) of this client's last scan: the next one asks for the difference.
+        self._scanned: tuple[str, dict[str, ScanEntry]] | None = None
         # Closed with the client (a socket left to the collector warns, and stays open
         # until then); a copy of the client (``with_epoch``) keeps its own.
         weakref.finalize(self, self._kept.close)
@@ -219,6 +221,7 @@ class HttpSpaceClient:
                             retry_for=self.retry_for, long_timeout=self.long_timeout,
                             busy_for=self.busy_for)
         other._endpoint = self._endpoint
+        other._scanned = self._scanned  # never changed in place: a scan makes a new one
         return other
 
     def __repr__(self) -> str:
@@ -481,8 +484,28 @@ class HttpSpaceClient:
     # ---------------------------------------------------------------- workspace
 
     def scan(self, *, exclude: list[str] | None = None) -> ScanResult:
-        return ScanResult.from_json(self._call("scan", exclude=exclude,
-                                               timeout=self.long_timeout))
+        """The whole workspace state. The daemon answers it as the difference since this
+        client's last scan when it still knows that one (``spacesd.watched_scan``), which
+        is applied here: the result is the same either way."""
+        last = self._scanned
+        fields: dict[str, Any] = {"exclude": exclude}
+        if last is not None:
+            fields["since"] = last[0]
+        raw = self._call("scan", timeout=self.long_timeout, **fields)
+        got = (ScanEntry.from_json(e) for e in raw["entries"])
+        if last is None or raw.get("full", True):
+            state = {e.path: e for e in got}
+        else:
+            state = dict(last[1])
+            for path in raw["removed"]:
+                state.pop(path, None)
+            state.update((e.path, e) for e in got)
+        token = raw.get("token")
+        self._scanned = None if token is None else (token, state)
+        return ScanResult(sorted(state.values(), key=lambda e: e.path),
+                          refused=list(raw.get("refused", [])),
+                          running=bool(raw.get("running", False)),
+                          running_keys=list(raw.get("running_keys", [])))
 
     def checkpoint_create(self, checkpoint_id: str) -> CheckpointInfo:
         return CheckpointInfo.from_json(self._call("checkpoint_create", id=checkpoint_id,

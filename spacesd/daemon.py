@@ -37,6 +37,7 @@ from .fsio import AtomicWriter
 from .params import BOOL, INT, NUM, STR, STR_LIST, STR_MAP, Field, check
 from .shim import SHIM_ENV_VAR, SYNC_ENV
 from .space_identity import load_space_id
+from .watched_scan import WatchedScan
 from .workspace_scan import Scanner
 
 CAPABILITIES = (protocol.CAP_EXEC_LEDGER, protocol.CAP_EPOCH, protocol.CAP_EPOCH_OWN,
@@ -99,6 +100,7 @@ class Daemon:
                                  sync_exits=sync_exits)
         self.workspace = Workspace(root, self.writer)
         self.scanner = Scanner(root)
+        self.watched = WatchedScan(self.scanner)
         self.checkpoints = Checkpoints(self.state_dir, self.workspace, self.scanner,
                                        failpoints=self.failpoints)
         # A daemon that crashed inside advance_epoch persisted the floor but may not have
@@ -133,7 +135,8 @@ class Daemon:
                          "admit"),
             "mkdir": Op(self._mkdir, {"path": STR}, "admit"),
             "symlink": Op(self._symlink, {"path": STR, "target": STR}, "admit"),
-            "scan": Op(self._scan, {"exclude": STR_LIST.optional()}, "check"),
+            "scan": Op(self._scan, {"exclude": STR_LIST.optional(), "since": STR.optional()},
+                       "check"),
             "checkpoint_create": Op(self._checkpoint_create, cid, "admit"),
             "checkpoint_restore": Op(self._checkpoint_restore,
                                      {**cid, "exclude": STR_LIST.optional()}, "admit",
@@ -145,6 +148,7 @@ class Daemon:
     def close(self) -> None:
         self.ledger.close()
         self.fences.close()
+        self.watched.close()
 
     # ---------------------------------------------------------------- dispatch
 
@@ -304,12 +308,17 @@ class Daemon:
         self.workspace.symlink(path, target)
         return {}
 
-    def _scan(self, exclude: list[str] | None) -> Encoded:
-        entries, refused = self.scanner.scan(exclude)
+    def _scan(self, exclude: list[str] | None, since: str | None) -> Encoded:
+        """The workspace state, or its difference since the state ``since`` names (a
+        token of an earlier answer: see ``watched_scan``)."""
+        answer = self.watched.scan(exclude, since)
         running = self.ledger.running_keys()
-        rest = json.dumps({"refused": refused, "running": bool(running),
-                           "running_keys": running}, separators=(",", ":")).encode()
-        return Encoded(b'{"entries":' + self.scanner.encode(entries) + b"," + rest[1:])
+        rest = json.dumps({"token": answer.token, "full": answer.full,
+                           "removed": answer.removed, "refused": answer.refused,
+                           "running": bool(running), "running_keys": running},
+                          separators=(",", ":")).encode()
+        return Encoded(b'{"entries":' + self.scanner.encode(answer.entries) + b","
+                       + rest[1:])
 
     def _checkpoint_create(self, id: str) -> dict[str, Any]:  # noqa: A002 - protocol name
         return self.checkpoints.create(id).to_json()

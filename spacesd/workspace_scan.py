@@ -18,7 +18,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from . import paths
@@ -75,7 +75,7 @@ def data_extents(fd: int, size: int) -> tuple[tuple[int, int], ...] | None:
     return tuple(out)
 
 
-def excluded(rel: str, patterns: list[str]) -> bool:
+def excluded(rel: str, patterns: Sequence[str]) -> bool:
     """Whether ``rel`` matches one of the glob ``patterns`` (relative to the root; ``*``
     crosses '/', and ``dir/**`` excludes ``dir`` itself too)."""
     for pat in patterns:
@@ -92,23 +92,27 @@ class Scanner:
         self._cache: dict[str, _Cached] = {}
         self._lock = threading.Lock()
 
-    def walk(self, exclude: list[str] | None = None, unreadable: list[str] | None = None
+    def walk(self, exclude: Sequence[str] | None = None, unreadable: list[str] | None = None, *,
+             top: str = "", entering: Callable[[str], None] | None = None
              ) -> Iterator[tuple[str, os.stat_result]]:
-        """(relative path, lstat) of every entry under the root, parents before children;
-        an excluded directory is not entered. Entries vanishing meanwhile are skipped; a
-        directory the daemon's user may not read (mode 000 on a Space whose daemon is not
-        root) is added to ``unreadable`` with why."""
+        """(relative path, lstat) of every entry under ``top`` (the root by default),
+        parents before children; an excluded directory is not entered. Entries vanishing
+        meanwhile are skipped; a directory the daemon's user may not read (mode 000 on a
+        Space whose daemon is not root) is added to ``unreadable``. ``entering`` is called
+        with each directory before it is listed."""
         patterns = exclude or []
-        stack = [""]
+        stack = [top]
         while stack:
             rel_dir = stack.pop()
+            if entering is not None:
+                entering(rel_dir)
             try:
                 it = os.scandir(os.path.join(self.root, rel_dir) if rel_dir else self.root)
             except (FileNotFoundError, NotADirectoryError):
                 continue
             except PermissionError:
                 if unreadable is not None:
-                    unreadable.append(f"{rel_dir}: {UNREADABLE}")
+                    unreadable.append(rel_dir)
                 continue
             with it:
                 for de in it:
@@ -121,7 +125,7 @@ class Scanner:
                         continue
                     except PermissionError:  # a directory without search permission
                         if unreadable is not None:
-                            unreadable.append(f"{rel_dir}: {UNREADABLE}")
+                            unreadable.append(rel_dir)
                         break
                     yield rel, st
                     if stat.S_ISDIR(st.st_mode):
@@ -182,43 +186,50 @@ class Scanner:
             cached.entry = entry
         return entry
 
+    def entry_of(self, rel: str, st: os.stat_result, scan_start_ns: int
+                 ) -> tuple[ScanEntry | None, str | None]:
+        """(the entry of ``rel`` whose lstat is ``st``, why it is refused): one of the two,
+        or neither when it vanished meanwhile. Without its hardlink group (``link``)."""
+        kind = paths.kind_of(st.st_mode)
+        if kind == "file":
+            try:
+                return self._file_entry(rel, st, scan_start_ns), None
+            except PermissionError:
+                return None, f"{rel}: {UNREADABLE}"
+        if kind == "symlink":
+            try:
+                return ScanEntry(rel, "symlink", target=os.readlink(
+                    os.path.join(self.root, rel)), mtime_ns=st.st_mtime_ns), None
+            except (FileNotFoundError, NotADirectoryError):
+                return None, None
+        if kind in ("dir", "fifo"):
+            return ScanEntry(rel, kind, mode=stat.S_IMODE(st.st_mode),
+                             mtime_ns=st.st_mtime_ns), None
+        return None, f"{rel}: {paths.unkept_kind(st.st_mode)}"
+
     def scan(self, exclude: list[str] | None = None) -> tuple[list[ScanEntry], list[str]]:
         """(entries sorted by path, refused entries, each ``"<path>: <why>"``)."""
         start_ns = time.time_ns()
         entries: list[ScanEntry] = []
         refused: list[str] = []
         inodes: dict[tuple[int, int], list[int]] = {}  # hardlink groups: entry indices
-        for rel, st in self.walk(exclude, refused):
-            kind = paths.kind_of(st.st_mode)
-            entry: ScanEntry | None
-            if kind == "file":
-                try:
-                    entry = self._file_entry(rel, st, start_ns)
-                except PermissionError:
-                    refused.append(f"{rel}: {UNREADABLE}")
-                    continue
-                if entry is not None and st.st_nlink > 1:
-                    inodes.setdefault((st.st_dev, st.st_ino), []).append(len(entries))
-            elif kind == "symlink":
-                try:
-                    entry = ScanEntry(rel, "symlink", target=os.readlink(
-                        os.path.join(self.root, rel)), mtime_ns=st.st_mtime_ns)
-                except FileNotFoundError:
-                    entry = None
-            elif kind in ("dir", "fifo"):
-                entry = ScanEntry(rel, kind, mode=stat.S_IMODE(st.st_mode),
-                                  mtime_ns=st.st_mtime_ns)
-            else:
-                refused.append(f"{rel}: {paths.unkept_kind(st.st_mode)}")
+        unreadable: list[str] = []
+        for rel, st in self.walk(exclude, unreadable):
+            entry, why = self.entry_of(rel, st, start_ns)
+            if why is not None:
+                refused.append(why)
+            if entry is None:
                 continue
-            if entry is not None:
-                entries.append(entry)
+            if entry.kind == "file" and st.st_nlink > 1:
+                inodes.setdefault((st.st_dev, st.st_ino), []).append(len(entries))
+            entries.append(entry)
         for group in inodes.values():
             if len(group) > 1:
                 first = min(entries[i].path for i in group)
                 for i in group:
                     if entries[i].path != first:
                         entries[i] = replace(entries[i], link=first)
+        refused.extend(f"{rel}: {UNREADABLE}" for rel in unreadable)
         self._prune({e.path for e in entries}, exclude or [])
         entries.sort(key=lambda e: e.path)
         refused.sort()
@@ -237,6 +248,11 @@ class Scanner:
             else:
                 parts.append(_encode(e))
         return b"[" + b",".join(parts) + b"]"
+
+    def forget(self, rel: str) -> None:
+        """Drop what the cache knows of ``rel`` (it is gone)."""
+        with self._lock:
+            self._cache.pop(rel, None)
 
     def _prune(self, seen: set[str], exclude: list[str]) -> None:
         """Forget files that are gone (those merely excluded from this scan stay)."""

@@ -120,3 +120,10 @@ def wait_relayed(client: HttpSpaceClient, key: str, size: int) -> None:
     while (got := client.exec_status(key).output_size) < size:
         assert time.monotonic() < deadline, f"{key}: {got} of {size} output bytes relayed"
         time.sleep(0.01)
+
+
+def run_command(client: HttpSpaceClient, key: str, script: str) -> None:
+    """Run ``script`` through the exec ledger as ``key`` and wait for it; it must exit 0."""
+    client.exec_start(key, script)
+    info = client.exec_wait(key, timeout=300)
+    assert (info.state, info.exit_code) == ("exited", 0), info.output

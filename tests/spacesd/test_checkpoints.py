@@ -19,6 +19,7 @@ from durable.errors import SpaceError
 from spacesd.daemon import Daemon
 from spacesd.protocol import workspace_hash
 from tests.odd_shapes import MUTATE, ODD_SHAPES
+from tests.spacesd.conftest import run_command
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -172,25 +173,19 @@ def test_a_restore_cut_short_converges_when_run_again(tmp_path, monkeypatch) -> 
         daemon.close()
 
 
-def run(client: HttpSpaceClient, key: str, script: str) -> None:
-    client.exec_start(key, script)
-    info = client.exec_wait(key, timeout=120)
-    assert (info.state, info.exit_code) == ("exited", 0), info.output
-
-
 def test_restore_keeps_every_shape_real_programs_make(client: HttpSpaceClient,
                                                        space: LocalSpace) -> None:
     """Empty directories (git's refs), FIFOs, absolute, dangling and looping links,
     hardlinks, sparse files, set mtimes, set-id, sticky and 000 modes, names with a
     newline, a backslash, a leading dash, bytes that are not UTF-8, 255 bytes: a restore
     brings back each exactly, mtimes included (the whole state hash)."""
-    run(client, "make", ODD_SHAPES)
+    run_command(client, "make", ODD_SHAPES)
     made = client.scan()
     assert made.refused == []
     kinds = {e.kind for e in made.entries}
     assert kinds == {"file", "dir", "symlink", "fifo"}
     client.checkpoint_create("cp")
-    run(client, "mutate", MUTATE)
+    run_command(client, "mutate", MUTATE)
     assert workspace_hash(client.scan().entries) != workspace_hash(made.entries)
     client.checkpoint_restore("cp")
     back = client.scan()
@@ -208,7 +203,7 @@ def test_a_restore_leaves_what_it_need_not_touch_alone(client: HttpSpaceClient,
     """Set-id and sticky bits, inodes and ctimes of entries that equal the checkpoint stay
     as they are: a restore rewrites only what differs (it used to rewrite every set-id
     file without its bits)."""
-    run(client, "make", ODD_SHAPES)
+    run_command(client, "make", ODD_SHAPES)
     client.checkpoint_create("cp")
     before = {name: os.lstat(space.work / name) for name in ("suid", "shared", "h1", "dated")}
     client.write_file("unrelated.txt", b"x")

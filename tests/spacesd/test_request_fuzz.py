@@ -78,7 +78,7 @@ SCHEMA: dict[str, dict[str, str]] = {
     "remove": {"path": PATH, "recursive": BOOL},
     "mkdir": {"path": PATH},
     "symlink": {"path": PATH, "target": PATH},
-    "scan": {"exclude": STRS},
+    "scan": {"exclude": STRS, "since": TEXT},
     "checkpoint_create": {"id": CID},
     "checkpoint_restore": {"id": CID},
     "checkpoint_list": {},

@@ -10,11 +10,12 @@ from dataclasses import replace
 
 import pytest
 
-from backends.local import LocalSpace
+from backends.local import LocalSpace, LocalSpaces
 from backends.space_client import HttpSpaceClient
 from spacesd import workspace_scan
-from spacesd.protocol import ScanEntry, workspace_hash
+from spacesd.protocol import ScanEntry, ScanResult, workspace_hash
 from spacesd.workspace_scan import Scanner
+from tests.spacesd.conftest import run_command
 
 
 def test_scan_lists_every_entry(client: HttpSpaceClient, space: LocalSpace) -> None:
@@ -127,3 +128,31 @@ def test_racy_files_are_hashed_again(tmp_path, counted_hashing) -> None:
     entries, _ = scanner.scan()
     assert entries[0].sha256 == hashlib.sha256(b"bbbb").hexdigest()
     assert counted_hashing[0] == 2
+
+
+def test_a_client_rebuilds_the_state_from_differences_across_calls_commands_and_restarts(
+        spaces: LocalSpaces, space: LocalSpace, client: HttpSpaceClient) -> None:
+    """Each scan after the first is answered as a difference (``spacesd.watched_scan``);
+    what the client makes of it equals a new client's full answer, whatever changed the
+    workspace: a file tool, a command (git-like trees, hardlinks, a FIFO, odd names, set
+    times), or a daemon restart (whose tokens the next daemon does not know)."""
+    def fresh() -> ScanResult:
+        return spaces.connect(space.name, epoch=1).scan(exclude=["cache/**"])
+
+    steps = [
+        lambda: client.write_file("src/main.py", b"print(1)\n"),
+        lambda: run_command(client, "k1", "mkdir -p empty .git/objects/ab cache/x && "
+                    "printf x > .git/objects/ab/cd && ln .git/objects/ab/cd hard && "
+                    "mkfifo pipe && printf y > $'new\\nline' && touch -d @5 src/main.py && "
+                    "printf z > cache/x/ignored"),
+        lambda: client.edit_file("src/main.py", "1", "2"),
+        lambda: run_command(client, "k2", "mv src lib && ln -s /etc/hostname abs && rm hard && "
+                    "chmod 700 empty && truncate -s 1M lib/sparse"),
+        lambda: spaces.restart(space.name),
+        lambda: run_command(client, "k3", "rm -rf lib && cp -a .git copy && "
+                            "echo w >> copy/objects/ab/cd"),
+    ]
+    assert client.scan(exclude=["cache/**"]) == fresh()
+    for step in steps:
+        step()
+        assert client.scan(exclude=["cache/**"]) == fresh()
