@@ -93,7 +93,7 @@ class Observation:
     power_cuts: list[dict[str, Any]] = field(default_factory=list)
     #: The Space's commands frozen while its daemon answered (``pause_commands``): per
     #: pause, ``{"keys": those whose shims were frozen, alive, "from_ms", "to_ms"}``
-    #: (``chaos.faults.kinds.command_freezes``), for G5.
+    #: (``chaos.faults.plans.command_freezes``), for G5.
     command_freezes: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:

@@ -25,7 +25,7 @@ import threading
 import time
 import zlib
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+from typing import TYPE_CHECKING, ClassVar, cast
 
 from backends.local import own_disks
 from chaos.faults.host_power import wait_dead
@@ -42,6 +42,7 @@ from chaos.space_providers import (
     PowerSwitched,
 )
 from durable.errors import SpaceError, SpaceNotFound
+from durable.log import now_ms
 
 if TYPE_CHECKING:
     from backends.descriptor import DiskName
@@ -365,27 +366,11 @@ class PauseCommands(_SpaceHeld):
     def hold_on(self, space: str, fault: Fault) -> None:
         keys = cast(CommandPausable, self.spaces).pause_commands(space)
         self.target.state.op("nemesis", "info", FROZEN,
-                             {"keys": keys, "ms": time.time_ns() // 1_000_000})
+                             {"keys": keys, "ms": now_ms()})
 
     def release_on(self, space: str) -> None:
-        self.target.state.op("nemesis", "info", THAWING, {"ms": time.time_ns() // 1_000_000})
+        self.target.state.op("nemesis", "info", THAWING, {"ms": now_ms()})
         cast(CommandPausable, self.spaces).resume_commands(space)
-
-
-def command_freezes(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each command pause of a run's ``history``: ``{"keys", "from_ms", "to_ms"}``, the keys
-    whose commands were alive and frozen all that while (a pause whose thaw the history
-    lacks is left out: how long it held is not known)."""
-    freezes: list[dict[str, Any]] = []
-    frozen: dict[str, Any] | None = None
-    for op in history:
-        if op["f"] == FROZEN:
-            frozen = op["value"]
-        elif op["f"] == THAWING and frozen is not None:
-            freezes.append({"keys": frozen["keys"], "from_ms": frozen["ms"],
-                            "to_ms": op["value"]["ms"]})
-            frozen = None
-    return freezes
 
 
 class JumpClock(_SpaceHeld):

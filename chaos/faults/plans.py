@@ -255,6 +255,22 @@ def in_effect_at(history: list[dict[str, Any]], t: float) -> tuple[set[str], boo
     return holding, False
 
 
+def command_freezes(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each command pause of a run's ``history``: ``{"keys", "from_ms", "to_ms"}``, the keys
+    whose commands were alive and frozen all that while (a pause whose thaw the history
+    lacks is left out: how long it held is not known)."""
+    freezes: list[dict[str, Any]] = []
+    frozen: dict[str, Any] | None = None
+    for op in history:
+        if op["f"] == FROZEN:
+            frozen = op["value"]
+        elif op["f"] == THAWING and frozen is not None:
+            freezes.append({"keys": frozen["keys"], "from_ms": frozen["ms"],
+                            "to_ms": op["value"]["ms"]})
+            frozen = None
+    return freezes
+
+
 #: The size of a disk of its own a run's Spaces get for a held kind that fills it.
 DISK_BYTES = 32 * 1024 * 1024
 

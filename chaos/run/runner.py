@@ -35,7 +35,7 @@ from chaos.checks.golden import Golden, GoldenFailed, golden_for
 from chaos.checks.model import Observation, Verdict
 from chaos.driver import SPACE_PREFIX, initial_tree
 from chaos.faults.host_power import HostDisk
-from chaos.faults.kinds import FaultNemesis, command_freezes
+from chaos.faults.kinds import FaultNemesis
 from chaos.faults.link_proxy import LinkProxy, LinkTable
 from chaos.faults.nemesis import NoopNemesis, Target, ValidatingNemesis
 from chaos.faults.plans import (
@@ -43,6 +43,7 @@ from chaos.faults.plans import (
     HELD_KINDS,
     HOLD_REQUEST_TIMEOUT_S,
     FaultPlan,
+    command_freezes,
     on_virtual,
     with_held_faults,
 )

@@ -174,8 +174,7 @@ def test_g5_fails_a_command_read_lost_while_the_campaign_held_it_frozen() -> Non
     after the thaw, or of another call it may be true. The freeze's bounds come from the
     history's ``commands_frozen`` and ``commands_thawing`` operations."""
     from chaos.checks import frozen_commands
-    from chaos.faults.kinds import command_freezes
-    from chaos.faults.plans import FROZEN, THAWING
+    from chaos.faults.plans import FROZEN, THAWING, command_freezes
 
     history = [{"f": "pause_commands", "value": None},
                {"f": FROZEN, "value": {"keys": ["s1:1:3.0:1@2", "s1:1:4.0:1@2"], "ms": 1000}},
