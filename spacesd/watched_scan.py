@@ -79,6 +79,15 @@ class _Node:
     wd: int | None = None
 
 
+def _entry_hash(e: ScanEntry | None) -> int:
+    """A 64-bit hash of everything an entry says (0 for none); stable within a process,
+    which is all a token's digest needs (another daemon process has another boot)."""
+    if e is None:
+        return 0
+    return hash((e.path, e.kind, e.exec, e.size, e.sha256, e.target, e.mode, e.mtime_ns,
+                 e.link, e.extents)) & 0xFFFF_FFFF_FFFF_FFFF
+
+
 class _Unwatchable(Exception):
     """A path of the workspace cannot be watched: full scans until a rebuild succeeds."""
 
@@ -93,7 +102,10 @@ class WatchedScan:
         self._lock = threading.Lock()
         self._boot = secrets.token_hex(8)
         self._gen = 0
-        self._history: deque[tuple[int, frozenset[str]]] = deque(maxlen=HISTORY)
+        #: XOR of ``_entry_hash`` over the state: kept as entries change, in each token.
+        self._digest = 0
+        #: (generation, the paths that changed to reach it, its digest), oldest first.
+        self._history: deque[tuple[int, frozenset[str], int]] = deque(maxlen=HISTORY)
         # What the last answer said (with hardlink groups applied).
         self._entries: dict[str, ScanEntry] = {}
         self._refused: dict[str, str] = {}
@@ -129,7 +141,7 @@ class WatchedScan:
                                         "another exclude list" if self._watching else
                                         "not watching")
             self._gen += 1
-            self._history.append((self._gen, frozenset(changed)))
+            self._history.append((self._gen, frozenset(changed), self._digest))
             return self._answer(since)
 
     def close(self) -> None:
@@ -137,7 +149,7 @@ class WatchedScan:
             self._unwatch()
 
     def _answer(self, since: str | None) -> ScanAnswer:
-        token = f"{self._boot}.{self._gen}"
+        token = f"{self._boot}.{self._gen}.{self._digest:x}"
         refused = sorted(self._refused.values())
         paths = self._changed_since(since)
         if paths is None:
@@ -149,15 +161,18 @@ class WatchedScan:
 
     def _changed_since(self, since: str | None) -> set[str] | None:
         """The paths that changed since the state ``since`` named, None if it is not one
-        this daemon still knows."""
-        boot, _, gen_text = (since or "").partition(".")
+        this daemon still knows. The token's digest must be the one this daemon had at
+        that generation: a daemon brought back from a machine checkpoint has the same boot
+        and counts the same generations again, but not through the same states."""
+        boot, gen_text, digest_text = ((since or "").split(".") + ["", ""])[:3]
         if boot != self._boot or not gen_text.isdigit():
             return None
         gen = int(gen_text)
-        if gen > self._gen or not self._history or self._history[0][0] > gen + 1:
+        known = [d for g, _, d in self._history if g == gen]
+        if not known or f"{known[0]:x}" != digest_text:
             return None
         paths: set[str] = set()
-        for g, changed in self._history:
+        for g, changed, _ in self._history:
             if g > gen:
                 paths |= changed
         return paths
@@ -185,6 +200,9 @@ class WatchedScan:
             self._entries = {e.path: e for e in entries}
             self._refused = {r: r for r in refused}
         self.last_walk = why
+        self._digest = 0
+        for e in self._entries.values():
+            self._digest ^= _entry_hash(e)
         return {p for p in old_entries.keys() | self._entries.keys()
                 if old_entries.get(p) != self._entries.get(p)}
 
@@ -251,7 +269,13 @@ class WatchedScan:
                     self._entries[p] = old
             return self._rebuild(self._exclude or (), start_ns, f"cannot watch: {exc}")
         self.last_walk = ""
-        return {p for p, old in self._before.items() if old != self._entries.get(p)}
+        changed = set()
+        for p, old in self._before.items():
+            new = self._entries.get(p)
+            if old != new:
+                changed.add(p)
+                self._digest ^= _entry_hash(old) ^ _entry_hash(new)
+        return changed
 
     def _refresh(self, p: str, subtree: bool, start_ns: int) -> bool:
         """Bring ``p`` up to date; True when its subtree was walked again."""

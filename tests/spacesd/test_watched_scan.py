@@ -163,6 +163,11 @@ def test_an_unchanged_workspace_answers_nothing_and_walks_nothing(tmp_path) -> N
         # A token two scans old is still answered as a difference; an unknown one is not.
         assert watched.scan(since=again.token).removed == ["f8"]
         assert watched.scan(since="another-daemon.3").full
+        # This daemon's boot and generation through another state (a daemon brought back
+        # from a machine checkpoint counts the same generations again): a full answer.
+        boot, gen, digest = watched.scan().token.split(".")
+        assert not watched.scan(since=f"{boot}.{gen}.{digest}").full
+        assert watched.scan(since=f"{boot}.{gen}.{int(digest, 16) ^ 1:x}").full
     finally:
         watched.close()
 
