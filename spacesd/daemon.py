@@ -146,9 +146,9 @@ class Daemon:
         }
 
     def close(self) -> None:
+        self.watched.close()
         self.ledger.close()
         self.fences.close()
-        self.watched.close()
 
     # ---------------------------------------------------------------- dispatch
 

@@ -2,9 +2,9 @@
 from inotify events, and answered as its difference since a token the client holds.
 
 The first scan walks the whole workspace (as ``Scanner.scan`` does) and watches every
-directory, and every regular file and FIFO on its own inode. A later scan reads the events
+directory, and every file, FIFO and symlink on its own inode. A later scan reads the events
 queued since and looks again only at the paths they name: an entry's name, its directory
-(whose mtime a create or delete changes) and, for an event on a file's own watch, every
+(whose mtime a create or delete changes) and, for an event on an inode's own watch, every
 name of that inode (a write through one hardlink changes the others; a link made from
 outside the workspace changes the link count). A directory that appears, moves in or is
 replaced is walked again, with its whole subtree. Looking again at a path that did not
@@ -14,29 +14,31 @@ as well as its directory is for.
 
 A scan is a full walk again whenever the events cannot be trusted: the first scan of a
 daemon (a restarted daemon starts empty, so tokens of the last one are unknown to it), an
-event queue that overflowed (``fs.inotify.max_queued_events``), another exclude list, the
-workspace root itself changed, or a path that cannot be watched (no read permission for the
-daemon's user, the watch limit ``fs.inotify.max_user_watches`` reached, no inotify). In the
-last case every scan stays a full one until a rebuild succeeds again (tried every
-``RETRY_WATCH_EVERY`` scans).
+event queue that overflowed (``fs.inotify.max_queued_events``), a change that raced the
+scan itself, another exclude list asked for twice in a row (once, it gets a walk of its own
+and leaves the kept state alone), the workspace root replaced, or mounts inside it that
+came or went. While it cannot watch, every scan walks, and it tries again every
+``RETRY_WATCH_EVERY`` scans: a mount inside the workspace (changes under it make no events
+here), a path the daemon's user may not read, the watch limit reached
+(``fs.inotify.max_user_watches``, shared by the user's processes: a watch per entry), or no
+inotify (``fs.inotify.max_user_instances``).
 
 What inotify cannot see, and a full scan can: a write through a shared memory map of a file
-that was closed again before the write (a mapping still open is seen when it is closed),
-and a timestamp set on a symlink through a hardlink to it from outside the workspace. A
-workspace state does not depend on either in practice; ``scan(since=None)`` from a new
-client is a full answer of the same state, not a full walk.
+whose every descriptor was closed before the write (a mapping of a file still open is seen
+when it is closed), and changes made by another machine to a network file system.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import re
 import secrets
 import stat
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from . import inotify
@@ -56,11 +58,13 @@ _ROOT_GONE = inotify.IN_DELETE_SELF | inotify.IN_MOVE_SELF | inotify.IN_UNMOUNT
 #: How many scans back a token is still answered as a difference.
 HISTORY = 32
 RETRY_WATCH_EVERY = 32
+NOT_WATCHING = "not watching"
 
 
 @dataclass(frozen=True)
 class ScanAnswer:
-    token: str
+    #: Names this state for a later ``since``; None when no later scan can start from it.
+    token: str | None
     #: True: ``entries`` is the whole state; False: only the entries that changed since
     #: the token the request gave, and ``removed`` the paths that left the state.
     full: bool
@@ -86,6 +90,28 @@ def _entry_hash(e: ScanEntry | None) -> int:
         return 0
     return hash((e.path, e.kind, e.exec, e.size, e.sha256, e.target, e.mode, e.mtime_ns,
                  e.link, e.extents)) & 0xFFFF_FFFF_FFFF_FFFF
+
+
+def _ancestors(p: str) -> Iterator[str]:
+    """``a/b/c`` -> ``a/b``, ``a``."""
+    while "/" in p:
+        p = p.rpartition("/")[0]
+        yield p
+
+
+def _marks(root: str) -> tuple[tuple[int, int], tuple[str, ...]]:
+    """(the root's (device, inode), the mount points strictly inside it, sorted)."""
+    st = os.stat(root)
+    inside = []
+    with open("/proc/self/mountinfo", "rb") as f:
+        for line in f:
+            point = line.split(b" ", 5)[4]
+            # mountinfo escapes space, tab, newline and backslash as octal (\040)
+            path = os.fsdecode(re.sub(rb"\\([0-7]{3})",
+                                      lambda m: bytes([int(m.group(1), 8)]), point))
+            if path.startswith(root + "/"):
+                inside.append(path)
+    return (st.st_dev, st.st_ino), tuple(sorted(inside))
 
 
 class _Unwatchable(Exception):
@@ -125,21 +151,37 @@ class WatchedScan:
         self._before: dict[str, ScanEntry | None] = {}
         self._groups: set[tuple[int, int]] = set()
         self._orphans: set[int] = set()
+        self._unwatched_why = ""
+        #: The exclude list of the last request (see ``scan``).
+        self._asked: tuple[str, ...] | None = None
+        #: The root's identity and the mounts inside it, as of the last full walk.
+        self._marks: tuple[tuple[int, int], tuple[str, ...]] = ((0, 0), ())
 
     # ------------------------------------------------------------------ the answer
 
     def scan(self, exclude: Sequence[str] | None = None, since: str | None = None
              ) -> ScanAnswer:
+        """The state, whole or as its difference since ``since``. The state is kept for one
+        exclude list: another list gets a full walk of its own, with no token, unless it is
+        asked for twice in a row (the adapter scans before and after each call with its
+        list; a checker's scan in between does not take the state away)."""
         with self._lock:
             start_ns = time.time_ns()
             patterns = tuple(exclude or ())
+            asked, self._asked = self._asked, patterns
+            if self._gen and patterns != self._exclude and patterns != asked:
+                entries, refused = self._scanner.scan(list(patterns))
+                self.last_walk = "another exclude list, once"
+                return ScanAnswer(None, True, entries, [], refused)
             if self._watching and patterns == self._exclude:
-                changed = self._update(start_ns)
+                why = self._marks_changed()
+                changed = (self._update(start_ns) if not why else
+                           self._rebuild(patterns, start_ns, why))
             else:
                 changed = self._rebuild(patterns, start_ns,
                                         "first scan" if self._gen == 0 else
-                                        "another exclude list" if self._watching else
-                                        "not watching")
+                                        "another exclude list" if patterns != self._exclude
+                                        else f"{NOT_WATCHING}: {self._unwatched_why}")
             self._gen += 1
             self._history.append((self._gen, frozenset(changed), self._digest))
             return self._answer(since)
@@ -147,6 +189,7 @@ class WatchedScan:
     def close(self) -> None:
         with self._lock:
             self._unwatch()
+            self._entries, self._refused = {}, {}
 
     def _answer(self, since: str | None) -> ScanAnswer:
         token = f"{self._boot}.{self._gen}.{self._digest:x}"
@@ -181,24 +224,33 @@ class WatchedScan:
 
     def _rebuild(self, patterns: tuple[str, ...], start_ns: int, why: str) -> set[str]:
         """Walk the whole workspace again (watched if it can be); the paths whose entry
-        differs from the last answer."""
-        old_entries = self._entries
+        differs from the last answer. If it raises, the last answer stays the state."""
+        old_entries, old_refused = self._entries, self._refused
         self._unwatch()
         self._entries, self._refused = {}, {}
+        self._exclude = patterns
         self._unwatched_scans += 1
-        if self._unwatched_scans >= RETRY_WATCH_EVERY or why != "not watching":
-            try:
-                self._walk_watched(patterns, start_ns)
-                self._watching, self._exclude = True, patterns
-                self._unwatched_scans = 0
-            except _Unwatchable as exc:
-                why = f"{why}; cannot watch: {exc}"
-                self._unwatch()
-                self._entries, self._refused = {}, {}
-        if not self._watching:
-            entries, refused = self._scanner.scan(list(patterns))
-            self._entries = {e.path: e for e in entries}
-            self._refused = {r: r for r in refused}
+        try:
+            if (self._unwatched_scans >= RETRY_WATCH_EVERY
+                    or not why.startswith(NOT_WATCHING)):
+                try:
+                    self._walk_watched(patterns, start_ns)
+                    self._watching = True
+                    self._unwatched_scans = 0
+                except _Unwatchable as exc:
+                    why = f"{why}; cannot watch: {exc}"
+                    self._unwatched_why = f"cannot watch: {exc}"
+                    self._unwatch()
+                    self._entries, self._refused = {}, {}
+            if not self._watching:
+                entries, refused = self._scanner.scan(list(patterns))
+                self._entries = {e.path: e for e in entries}
+                self._refused = {r: r for r in refused}
+        except BaseException:
+            self._unwatch()
+            self._entries, self._refused = old_entries, old_refused
+            self._unwatched_scans = RETRY_WATCH_EVERY  # the next scan tries watching again
+            raise
         self.last_walk = why
         self._digest = 0
         for e in self._entries.values():
@@ -207,11 +259,14 @@ class WatchedScan:
                 if old_entries.get(p) != self._entries.get(p)}
 
     def _walk_watched(self, patterns: tuple[str, ...], start_ns: int) -> None:
+        self._marks = _marks(self._root)
+        if self._marks[1]:
+            raise _Unwatchable(f"a mount inside the workspace, at {self._marks[1][0]!r}: "
+                               "its changes make no events here")
         try:
             self._ino = inotify.Inotify()
         except inotify.InotifyUnavailable as exc:
             raise _Unwatchable(str(exc)) from exc
-        self._exclude = patterns
         self._children[""] = set()
         self._add_tree("", None, start_ns)
         self._apply_groups()
@@ -253,21 +308,23 @@ class WatchedScan:
             for p in self._inode_wds.get(ev.wd, ()):
                 dirty.setdefault(p, False)
         try:
-            walked: list[str] = []
+            walked: set[str] = set()
             for p in sorted(dirty, key=lambda p: (p.count("/"), p)):
-                if any(p.startswith(w + "/") for w in walked):
+                if any(a in walked for a in _ancestors(p)):
                     continue  # walked with its directory this scan
                 if self._refresh(p, dirty[p], start_ns):
-                    walked.append(p)
+                    walked.add(p)
             self._apply_groups()
             self._drop_orphans()
-        except _Unwatchable as exc:
+        except (OSError, _Unwatchable) as exc:  # unwatchable, or changed mid-scan
             for p, old in self._before.items():  # the last answer, the rebuild's base
                 if old is None:
                     self._entries.pop(p, None)
                 else:
                     self._entries[p] = old
-            return self._rebuild(self._exclude or (), start_ns, f"cannot watch: {exc}")
+            why = (f"cannot watch: {exc}" if isinstance(exc, _Unwatchable) else
+                   f"an update failed: {exc!r}")
+            return self._rebuild(self._exclude or (), start_ns, why)
         self.last_walk = ""
         changed = set()
         for p, old in self._before.items():
@@ -293,7 +350,10 @@ class WatchedScan:
         old = self._nodes.get(p)
         if stat.S_ISDIR(st.st_mode):
             if (old is not None and not subtree and p in self._children
-                    and (old.dev, old.ino, old.mode) == (st.st_dev, st.st_ino, st.st_mode)):
+                    and (old.dev, old.ino) == (st.st_dev, st.st_ino)):
+                if old.mode != st.st_mode and not os.access(
+                        os.path.join(self._root, p), os.R_OK | os.X_OK):
+                    raise _Unwatchable(f"{p}: {UNREADABLE}")
                 self._put(p, st, start_ns, old.wd)  # its own entry: its children have theirs
                 return False
             self._drop(p)
@@ -340,18 +400,27 @@ class WatchedScan:
         self._put(rel, st, start_ns=time.time_ns(), wd=wd)
 
     def _put_leaf(self, p: str, st: os.stat_result, start_ns: int) -> None:
-        """A file, FIFO, symlink or refused entry: files and FIFOs watched on their inode
-        first (then taken again: a change from here on makes an event)."""
+        """A file, FIFO, symlink or refused entry: all but the refused watched on their own
+        inode first (a change through another name makes an event: a hardlink from
+        outside, ``touch -h`` through a hardlinked symlink), then taken again."""
         wd = None
-        if stat.S_ISREG(st.st_mode) or stat.S_ISFIFO(st.st_mode):
+        if stat.S_ISREG(st.st_mode) or stat.S_ISFIFO(st.st_mode) or stat.S_ISLNK(st.st_mode):
             full = os.path.join(self._root, p)
             wd = self._watch(full, _INODE_MASK)
-            try:
-                st = os.lstat(full)
-            except (FileNotFoundError, NotADirectoryError):
-                wd = None
-            if wd is None:
+            again: os.stat_result | None = None
+            if wd is not None:
+                try:
+                    again = os.lstat(full)
+                except (FileNotFoundError, NotADirectoryError):
+                    if wd not in self._inode_wds:
+                        self._ino_rm(wd)  # gone meanwhile: its watch holds nothing
+            if wd is None or again is None:
                 self._drop(p)
+                return
+            st = again
+            if stat.S_ISDIR(st.st_mode):  # replaced by a directory meanwhile
+                self._drop(p)
+                self._add_tree(p, st, start_ns)  # its watch gets the directory's mask again
                 return
         self._put(p, st, start_ns, wd)
 
@@ -383,19 +452,21 @@ class WatchedScan:
             self._inodes.setdefault(key, set()).add(p)
             self._groups.add(key)
 
-    def _drop(self, p: str) -> None:
-        """``p`` and everything under it leave the state."""
-        for child in list(self._children.get(p, ())):
-            self._drop(child)
-        self._children.pop(p, None)
-        node = self._nodes.pop(p, None)
-        if node is not None:
-            self._touch(p)
-            self._unlink_node(p, node, keep_wd=None)
-            self._entries.pop(p, None)
-            self._refused.pop(p, None)
-            self._children.get(p.rpartition("/")[0], set()).discard(p)
-            self._scanner.forget(p)
+    def _drop(self, top: str) -> None:
+        """``top`` and everything under it leave the state (iteratively: a tree may be
+        deeper than Python's recursion)."""
+        self._children.get(top.rpartition("/")[0], set()).discard(top)
+        stack = [top]
+        while stack:
+            p = stack.pop()
+            stack.extend(self._children.pop(p, ()))
+            node = self._nodes.pop(p, None)
+            if node is not None:
+                self._touch(p)
+                self._unlink_node(p, node, keep_wd=None)
+                self._entries.pop(p, None)
+                self._refused.pop(p, None)
+                self._scanner.forget(p)
 
     def _unlink_node(self, p: str, node: _Node, keep_wd: int | None) -> None:
         """Take ``p``'s old node out of the watch maps and hardlink groups."""
@@ -464,3 +535,18 @@ class WatchedScan:
             if wd not in self._dir_wds and wd not in self._inode_wds:
                 self._ino.rm_watch(wd)
         self._orphans.clear()
+
+    def _ino_rm(self, wd: int) -> None:
+        assert self._ino is not None
+        self._ino.rm_watch(wd)
+
+    def _marks_changed(self) -> str:
+        """Why the watched state cannot be trusted any more ("" when it can): the root is
+        another directory now, or mounts inside it came or went (a mount makes no event)."""
+        try:
+            marks = _marks(self._root)
+        except OSError as exc:
+            return f"cannot read the mounts: {exc}"
+        if marks != self._marks:
+            return "the workspace root or the mounts inside it changed"
+        return ""

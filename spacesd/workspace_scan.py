@@ -24,6 +24,8 @@ from dataclasses import dataclass, replace
 from . import paths
 from .protocol import ScanEntry
 
+#: What opening a file that was replaced meanwhile (by a symlink, a socket) fails with.
+_REPLACED = (errno.ELOOP, errno.ENXIO)
 #: Several ticks of the coarsest kernel clock in use (HZ=100 is 10 ms per tick).
 RACY_NS = 50_000_000
 #: Why an entry the daemon's user may not read is no state it can keep.
@@ -151,6 +153,10 @@ class Scanner:
             fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except (FileNotFoundError, NotADirectoryError):
             return None
+        except OSError as exc:
+            if exc.errno in _REPLACED:
+                return None  # replaced meanwhile by a symlink (ELOOP) or a socket (ENXIO)
+            raise
         with open(fd, "rb") as f:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 return None  # replaced meanwhile (by a FIFO, say): not this file
@@ -202,6 +208,10 @@ class Scanner:
                     os.path.join(self.root, rel)), mtime_ns=st.st_mtime_ns), None
             except (FileNotFoundError, NotADirectoryError):
                 return None, None
+            except OSError as exc:
+                if exc.errno == errno.EINVAL:  # replaced meanwhile by what is no link
+                    return None, None
+                raise
         if kind in ("dir", "fifo"):
             return ScanEntry(rel, kind, mode=stat.S_IMODE(st.st_mode),
                              mtime_ns=st.st_mtime_ns), None
