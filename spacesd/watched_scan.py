@@ -19,9 +19,10 @@ scan itself, another exclude list asked for twice in a row (once, it gets a walk
 and leaves the kept state alone), the workspace root replaced, or mounts inside it that
 came or went. While it cannot watch, every scan walks, and it tries again every
 ``RETRY_WATCH_EVERY`` scans: a mount inside the workspace (changes under it make no events
-here), a path the daemon's user may not read, the watch limit reached
-(``fs.inotify.max_user_watches``, shared by the user's processes: a watch per entry), or no
-inotify (``fs.inotify.max_user_instances``).
+here), a path the daemon's user may not read, more entries than ``budget`` (a watch per
+entry, at most a quarter of ``fs.inotify.max_user_watches``: the limit is shared by all
+of the user's processes, the programs in the Space among them) or the limit reached, or
+no inotify (``fs.inotify.max_user_instances``).
 
 What inotify cannot see, and a full scan can: a write through a shared memory map of a file
 whose every descriptor was closed before the write (a mapping of a file still open is seen
@@ -92,6 +93,14 @@ def _entry_hash(e: ScanEntry | None) -> int:
                  e.link, e.extents)) & 0xFFFF_FFFF_FFFF_FFFF
 
 
+def _watch_budget() -> int:
+    try:
+        with open("/proc/sys/fs/inotify/max_user_watches") as f:
+            return max(int(f.read()) // 4, 1)
+    except (OSError, ValueError):
+        return 8192 // 4  # the kernel's old default limit
+
+
 def _ancestors(p: str) -> Iterator[str]:
     """``a/b/c`` -> ``a/b``, ``a``."""
     while "/" in p:
@@ -152,6 +161,8 @@ class WatchedScan:
         self._groups: set[tuple[int, int]] = set()
         self._orphans: set[int] = set()
         self._unwatched_why = ""
+        #: The most watches one workspace takes: a quarter of the user's limit.
+        self.budget = _watch_budget()
         #: The exclude list of the last request (see ``scan``).
         self._asked: tuple[str, ...] | None = None
         #: The root's identity and the mounts inside it, as of the last full walk.
@@ -513,6 +524,10 @@ class WatchedScan:
     def _watch(self, full: str, mask: int) -> int | None:
         """The watch of ``full``'s inode; None when it is gone."""
         assert self._ino is not None
+        if len(self._dir_wds) + len(self._inode_wds) >= self.budget:
+            raise _Unwatchable(f"more than {self.budget} entries to watch, a quarter of "
+                               "fs.inotify.max_user_watches (the rest is left to the "
+                               "programs in the Space and on its host)")
         try:
             return self._ino.add_watch(full, mask)
         except OSError as exc:

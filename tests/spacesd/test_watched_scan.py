@@ -340,3 +340,22 @@ def test_a_mount_inside_the_workspace_makes_scans_full_walks(tmp_path) -> None:
         _equal_to_a_full_scan(watched, client, root)
     finally:
         watched.close()
+
+
+def test_a_workspace_past_its_watch_budget_is_walked_and_leaves_watches_to_others(
+        tmp_path) -> None:
+    """A watch per entry, at most a quarter of the user's limit (programs in the Space
+    need watches too): past it, full walks, whose answers stay right."""
+    root = str(tmp_path)
+    for i in range(10):
+        (tmp_path / f"f{i}").write_bytes(b"x")
+    watched, client = WatchedScan(Scanner(root)), Client()
+    watched.budget = 5
+    try:
+        client.apply(watched.scan())
+        assert "more than 5 entries to watch" in watched.last_walk
+        (tmp_path / "f3").write_bytes(b"changed")
+        _equal_to_a_full_scan(watched, client, root)
+        assert watched.last_walk.startswith("not watching: cannot watch: more than 5")
+    finally:
+        watched.close()
