@@ -7,12 +7,11 @@ one across two reads of a buffer at least one event long.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import errno
 import os
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 IN_ACCESS = 0x001
 IN_MODIFY = 0x002
@@ -49,7 +48,12 @@ class InotifyUnavailable(OSError):
     """No inotify here (not Linux, no libc symbol, or the instance limit was reached)."""
 
 
-def _libc() -> ctypes.CDLL:
+def _libc() -> Any:
+    """libc through ctypes, imported here: a Python built without ctypes (a minimal
+    guest) still runs the daemon, whose scans then walk (``InotifyUnavailable``)."""
+    import ctypes
+    import ctypes.util
+
     name = ctypes.util.find_library("c") or "libc.so.6"
     libc = ctypes.CDLL(name, use_errno=True)
     for fn in ("inotify_init1", "inotify_add_watch", "inotify_rm_watch"):
@@ -60,17 +64,23 @@ def _libc() -> ctypes.CDLL:
     return libc
 
 
+def _errno() -> int:
+    import ctypes
+
+    return ctypes.get_errno()
+
+
 class Inotify:
     """One inotify instance; close it (or use it as a context manager)."""
 
     def __init__(self) -> None:
         try:
             self._libc = _libc()
-        except OSError as exc:
+        except (ImportError, OSError) as exc:
             raise InotifyUnavailable(errno.ENOSYS, f"no inotify: {exc}") from exc
         fd = self._libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
         if fd < 0:
-            err = ctypes.get_errno()
+            err = _errno()
             raise InotifyUnavailable(err, f"inotify_init1: {os.strerror(err)}")
         self.fd: int = fd
 
@@ -79,7 +89,7 @@ class Inotify:
         inode already watched: the mask then replaces the old one). Raises OSError."""
         wd = self._libc.inotify_add_watch(self.fd, os.fsencode(path), mask)
         if wd < 0:
-            err = ctypes.get_errno()
+            err = _errno()
             raise OSError(err, os.strerror(err), path)
         return int(wd)
 

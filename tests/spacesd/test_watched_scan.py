@@ -359,3 +359,23 @@ def test_a_workspace_past_its_watch_budget_is_walked_and_leaves_watches_to_other
         assert watched.last_walk.startswith("not watching: cannot watch: more than 5")
     finally:
         watched.close()
+
+
+def test_no_inotify_leaves_full_walks_that_answer_the_same(tmp_path, monkeypatch) -> None:
+    """A Python without ctypes, a libc without inotify, or the user's instance limit
+    reached: the daemon still serves, and its scans walk."""
+    from spacesd import inotify
+
+    def missing() -> None:
+        raise ImportError("No module named '_ctypes'")
+
+    monkeypatch.setattr(inotify, "_libc", missing)
+    (tmp_path / "f").write_bytes(b"x")
+    watched, client = WatchedScan(Scanner(str(tmp_path))), Client()
+    try:
+        client.apply(watched.scan())
+        assert "no inotify" in watched.last_walk
+        (tmp_path / "g").write_bytes(b"y")
+        _equal_to_a_full_scan(watched, client, str(tmp_path))
+    finally:
+        watched.close()
