@@ -1,15 +1,18 @@
 """``python -m chaos`` and the ``chaos`` command: ``chaos.cli.main``, with a Ctrl-C that
 lands while its modules load ending the command as any other (exit 130)."""
 
+import signal
 import sys
 
-from chaos.exits import EXIT_INTERRUPTED, by_ctrl_c, exit_with
+from chaos.exits import EXIT_INTERRUPTED, by_ctrl_c, exit_with, noting_ctrl_c, raise_noted_ctrl_c
 
 
 def entry() -> None:
+    signal.signal(signal.SIGINT, noting_ctrl_c)
     try:
         from chaos.cli import main
 
+        raise_noted_ctrl_c()  # one that landed where Python drops it (``noting_ctrl_c``)
         code = main()
     except BaseException as exc:  # Ctrl-C outside the campaign's own handler (modules loading)
         if not by_ctrl_c(exc):
