@@ -4,7 +4,14 @@ lands while its modules load ending the command as any other (exit 130)."""
 import signal
 import sys
 
-from chaos.exits import EXIT_INTERRUPTED, by_ctrl_c, exit_with, noting_ctrl_c, raise_noted_ctrl_c
+from chaos.exits import (
+    EXIT_INTERRUPTED,
+    by_ctrl_c,
+    ctrl_c_noted,
+    exit_with,
+    noting_ctrl_c,
+    raise_noted_ctrl_c,
+)
 
 
 def entry() -> None:
@@ -14,6 +21,8 @@ def entry() -> None:
 
         raise_noted_ctrl_c()  # one that landed where Python drops it (``noting_ctrl_c``)
         code = main()
+        if ctrl_c_noted() and code != EXIT_INTERRUPTED:  # dropped where none checks it
+            raise KeyboardInterrupt
     except BaseException as exc:  # Ctrl-C outside the campaign's own handler (modules loading)
         if not by_ctrl_c(exc):
             raise

@@ -50,8 +50,15 @@ def noting_ctrl_c(signum: int, _frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def ctrl_c_noted() -> bool:
+    """Whether ``noting_ctrl_c`` saw a Ctrl-C: one that raised as it should, or one that
+    Python dropped. Either way the command ends by it (exit 130)."""
+    return bool(_noted)
+
+
 def raise_noted_ctrl_c() -> None:
-    """Raise ``KeyboardInterrupt`` if a Ctrl-C was noted (and forget it)."""
+    """Raise ``KeyboardInterrupt`` if a Ctrl-C was noted (and forget it): at a point where
+    a Ctrl-C must have taken effect, so that one Python dropped takes effect there."""
     if _noted:
         _noted.clear()
         raise KeyboardInterrupt

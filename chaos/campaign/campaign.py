@@ -24,7 +24,7 @@ from chaos.campaign.records import ResultsDir
 from chaos.campaign.run_pool import LocalPool, RunPool
 from chaos.campaign.summary import campaign_cells, cells_hit, summarize, summary_line
 from chaos.errors import BackendUnavailable
-from chaos.exits import EXIT_INTERRUPTED, ctrl_c_deferred
+from chaos.exits import EXIT_INTERRUPTED, ctrl_c_deferred, raise_noted_ctrl_c
 from chaos.faults.plans import FaultPlan, HeldAction, exhaustive_plans, held_flags, leads_exhaustive
 from chaos.modes.mode import CampaignMode
 from chaos.modes.registry import MODES
@@ -309,6 +309,7 @@ def _drive(cfg: CampaignConfig, results: ResultsDir, pool: RunPool, specs: Itera
     stop = False
     try:
         while True:
+            raise_noted_ctrl_c()  # one that Python dropped (``noting_ctrl_c``) ends it here
             # A bounded window of runs in flight: specs are made as they are taken.
             while not stop and pool.in_flight() < 2 * pool.capacity():
                 spec = next(specs, None)

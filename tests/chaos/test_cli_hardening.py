@@ -289,36 +289,77 @@ def test_a_ctrl_c_inside_a_deferred_block_is_raised_once_the_block_ended() -> No
         signal.signal(signal.SIGINT, before)
 
 
+def drop_a_ctrl_c() -> None:
+    """A real SIGINT that lands inside a weakref callback, where CPython drops the handler's
+    ``KeyboardInterrupt`` ("Exception ignored in"), as it did in the import system's
+    module-lock callback."""
+    ran = []
+
+    class Held:
+        pass
+
+    def callback(_ref: object) -> None:
+        ran.append(0)
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(1000):  # the handler runs between bytecodes: here
+            ran.append(1)
+
+    held = Held()
+    ref = weakref.ref(held, callback)
+    del held  # the callback runs, and its KeyboardInterrupt is dropped
+    assert ref() is None and ran[:1] == [0], "the callback did not run"
+    assert len(ran) < 1001, "the Ctrl-C did not land inside the callback"
+
+
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_a_ctrl_c_that_python_drops_in_a_weakref_callback_is_still_noted() -> None:
-    """CPython drops an exception raised inside a weakref callback ("Exception ignored
-    in"): a Ctrl-C that landed in the import system's module-lock callback was lost, and a
-    campaign interrupted at its start ran to its end (exit 0, found at "start +0.4 s" by
-    the test below, 1 in 14 stress runs). The handler notes it; it is raised again after."""
-    from chaos.exits import noting_ctrl_c, raise_noted_ctrl_c
+    """CPython drops an exception raised inside a weakref callback: a Ctrl-C that landed in
+    the import system's module-lock callback was lost, and a campaign interrupted at its
+    start ran to its end (exit 0, found at "start +0.4 s" by the test below, 1 in 14 stress
+    runs). The handler notes it; it is raised again after."""
+    from chaos.exits import ctrl_c_noted, noting_ctrl_c, raise_noted_ctrl_c
 
     before = signal.signal(signal.SIGINT, noting_ctrl_c)
-    ran = []
     try:
-        class Held:
-            pass
-
-        def callback(_ref: object) -> None:
-            ran.append(0)
-            os.kill(os.getpid(), signal.SIGINT)
-            for _ in range(1000):  # the handler runs between bytecodes: here
-                ran.append(1)
-
-        held = Held()
-        ref = weakref.ref(held, callback)
-        del held  # the callback runs, and its KeyboardInterrupt is dropped
-        assert ref() is None and ran[:1] == [0], "the callback did not run"
-        assert len(ran) < 1001, "the Ctrl-C did not land inside the callback"
+        drop_a_ctrl_c()
+        assert ctrl_c_noted()
         with pytest.raises(KeyboardInterrupt):
             raise_noted_ctrl_c()
+        assert not ctrl_c_noted()
         raise_noted_ctrl_c()  # noted once, raised once
     finally:
         signal.signal(signal.SIGINT, before)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_ctrl_c_python_drops_mid_campaign_still_ends_it(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    """A Ctrl-C dropped once the campaign runs (in any ``__del__`` or weakref callback, not
+    only while modules load) ends it at the campaign's next turn, with 130 and no new run:
+    the loop over runs raises a noted Ctrl-C."""
+    from chaos.exits import ctrl_c_noted, noting_ctrl_c
+
+    made = campaign._specs
+
+    def specs_then_a_dropped_ctrl_c(*args: Any, **kw: Any) -> Any:
+        made_specs = made(*args, **kw)
+        drop_a_ctrl_c()
+        return made_specs
+
+    monkeypatch.setattr(campaign, "_specs", specs_then_a_dropped_ctrl_c)
+    before = signal.signal(signal.SIGINT, noting_ctrl_c)
+    out = io.StringIO()
+    try:
+        code = campaign.run_campaign(campaign.CampaignConfig(
+            mode="checkpoint", runs=3, jobs=2, results_root=tmp_path / "results"), out)
+        assert not ctrl_c_noted(), "the noted Ctrl-C was not raised"
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert code == EXIT_INTERRUPTED, out.getvalue()
+    summary = parse_summary(next(x for x in out.getvalue().splitlines()
+                                 if x.startswith("SUMMARY ")))
+    assert summary["verdict"] == "interrupted" and summary["runs"] == "0", summary
 
 
 def test_ctrl_c_at_any_moment_exits_130_and_leaves_nothing(tmp_path: Path) -> None:
