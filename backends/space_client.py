@@ -212,6 +212,11 @@ class HttpSpaceClient:
         self._kept = _KeptConnection()
         #: (token, state) of this client's last scan: the next one asks for the difference.
         self._scanned: tuple[str, dict[str, ScanEntry]] | None = None
+        #: The round of ``epoch`` this client's last ``advance_epoch`` answered (spacesd's
+        #: ``epoch_fence``), sent with every request from then on: one sent before its
+        #: driver's next own fence and delivered after it is refused. None until then
+        #: (and with a daemon older than rounds): requests carry no round.
+        self.round: int | None = None
         # Closed with the client (a socket left to the collector warns, and stays open
         # until then); a copy of the client (``with_epoch``) keeps its own.
         weakref.finalize(self, self._kept.close)
@@ -222,6 +227,8 @@ class HttpSpaceClient:
                             busy_for=self.busy_for)
         other._endpoint = self._endpoint
         other._scanned = self._scanned  # never changed in place: a scan makes a new one
+        if epoch == self.epoch:
+            other.round = self.round
         return other
 
     def __repr__(self) -> str:
@@ -334,13 +341,18 @@ class HttpSpaceClient:
     def _call(self, op: str, *, idempotent: bool = True, timeout: float | None = None,
               epoch: int | None = None, **fields: Any) -> dict[str, Any]:
         epoch = self.epoch if epoch is None else epoch
-        body = json.dumps({"epoch": epoch, **fields}).encode()
+        body = json.dumps({"epoch": epoch, **self._round_for(epoch), **fields}).encode()
         conn, resp = self._open("POST", protocol.op_path(op), body,
                                 {"Content-Type": "application/json"}, idempotent=idempotent,
                                 timeout=timeout or self.timeout)
         answer: dict[str, Any] = json.loads(
             self._answer(conn, resp, op, epoch, keep=self._keeps(idempotent)))
         return answer
+
+    def _round_for(self, epoch: int) -> dict[str, int]:
+        """The ``round`` field of a request sent at ``epoch``: this client's, if it has
+        one for that epoch."""
+        return {"round": self.round} if self.round is not None and epoch == self.epoch else {}
 
     def _keeps(self, idempotent: bool) -> bool:
         """Whether a request's connection is kept for the next (see the module docstring):
@@ -384,7 +396,10 @@ class HttpSpaceClient:
                       own: bool = False) -> dict[str, Any]:
         # ``own`` only when set: a daemon older than it refuses a field it does not know
         extra = {"own": True} if own else {}
-        return self._call("advance_epoch", epoch=epoch, owner=owner or PROCESS_OWNER, **extra)
+        answer = self._call("advance_epoch", epoch=epoch, owner=owner or PROCESS_OWNER, **extra)
+        if epoch == self.epoch and answer.get("floor") == epoch and "round" in answer:
+            self.round = int(answer["round"])  # what is sent from now on is of this round
+        return answer
 
     # ---------------------------------------------------------------- exec ledger
 
@@ -564,7 +579,8 @@ class HttpSpaceClient:
             shutil.copyfileobj(tar, spool, _CHUNK)
             length = spool.tell()
             spool.seek(0)
-            query = urlencode({"id": checkpoint_id, "epoch": self.epoch})
+            query = urlencode({"id": checkpoint_id, "epoch": self.epoch,
+                               **self._round_for(self.epoch)})
             conn, resp = self._open(
                 "POST", f"{protocol.op_path(protocol.OP_CHECKPOINT_IMPORT)}?{query}", spool,
                 {"Content-Type": "application/x-tar", "Content-Length": str(length)},

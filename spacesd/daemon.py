@@ -161,6 +161,15 @@ class Daemon:
         epoch: int = check(op, {"epoch": body.pop("epoch")}, {"epoch": INT})["epoch"]
         return epoch
 
+    @staticmethod
+    def round_of(op: str, body: dict[str, Any]) -> int | None:
+        """Take the request's ``round`` (``epoch_fence``) out of ``body``: None when it
+        carries none."""
+        if "round" not in body:
+            return None
+        sent_round: int = check(op, {"round": body.pop("round")}, {"round": INT})["round"]
+        return sent_round
+
     def call(self, op: str, body: Any) -> dict[str, Any] | Encoded:
         spec = self.ops.get(op)
         if spec is None:
@@ -171,6 +180,7 @@ class Daemon:
             raise BadRequest(f"{op}: the request body must be a JSON object, "
                              f"got {type(body).__name__}")
         epoch = self.epoch_of(op, body)
+        sent_round = self.round_of(op, body)
         args = check(op, body, spec.fields)
         if spec.with_epoch:
             args["epoch"] = epoch
@@ -181,7 +191,7 @@ class Daemon:
         if spec.fence == "check":
             self.fence.check(epoch)
             return spec.handler(**args)
-        with self.fence.admit(epoch):
+        with self.fence.admit(epoch, sent_round):
             return spec.handler(**args)
 
     def export_manifest(self, body: Any) -> tuple[Manifest, frozenset[str]]:
@@ -200,8 +210,12 @@ class Daemon:
             epoch = int(query.get("epoch", ""))
         except ValueError:
             raise BadRequest(f"{op}: query parameter 'epoch' must be an integer") from None
+        try:
+            sent_round = int(query["round"]) if "round" in query else None
+        except ValueError:
+            raise BadRequest(f"{op}: query parameter 'round' must be an integer") from None
         checkpoint_id = check_id(query.get("id", ""))
-        with self.fence.admit(epoch):
+        with self.fence.admit(epoch, sent_round):
             return self.checkpoints.import_(checkpoint_id, stream).to_json()
 
     # ---------------------------------------------------------------- handlers
@@ -219,7 +233,7 @@ class Daemon:
     def _advance_epoch(self, epoch: int, owner: str, own: bool) -> dict[str, Any]:
         """``own``: also kill what ``epoch`` itself started (its owner's own fence, taken
         before it restores or reverts the workspace in the middle of its run)."""
-        with self.fence.advancing(epoch, check_owner(owner)) as floor_before:
+        with self.fence.advancing(epoch, check_owner(owner), own=own) as floor_before:
             if epoch > floor_before:
                 self.failpoints.report("spacesd.advance.persisted",
                                        {"epoch": epoch, "floor_before": floor_before})
@@ -227,7 +241,7 @@ class Daemon:
             self.fences.append(Advance(epoch, floor_before, epoch > floor_before, killed,
                                        self.ledger.alive_below(epoch + 1 if own else epoch),
                                        own))
-        return {"floor": self.fence.floor, "killed": killed}
+        return {"floor": self.fence.floor, "round": self.fence.round, "killed": killed}
 
     @staticmethod
     def _check_key(key: str) -> None:

@@ -17,6 +17,14 @@ refused with ``EpochTaken``, so a second driver of the same epoch (or a new log 
 earlier driver raised to exactly its epoch) must run above it and fence the first, instead
 of sharing its epoch, its processes and its recorded results. An anonymous advance (no owner)
 never matches one: it can raise the floor, never share it.
+
+An owner also fences its own earlier requests (``own``: before it restores or reverts the
+workspace in the middle of its run). Each own fence starts a new *round* of the epoch,
+persisted with the floor (``<epoch> <owner> <round>``), and a request that carries the
+round it was sent in is refused once a later round began: a write its driver gave up on
+(timed out, its outcome unknown) that a slow network delivers after the driver's recovery
+put the workspace back must change nothing. A request that carries no round is judged by
+its epoch alone (clients that never advanced: a campaign's checks, a copy's source).
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from .errors import BadRequest, EpochTaken, StaleEpoch
 from .fsio import fsync_dir
@@ -37,16 +46,30 @@ class DamagedFloor(Exception):
     """The persisted floor cannot be read: taking it as 0 would admit every stale epoch."""
 
 
-def read_fence(path: str) -> tuple[int, str | None]:
-    """The floor persisted at ``path`` and its owner: ``(0, None)`` when there is none yet,
-    owner None for a floor written before owners were recorded. An existing file that does
-    not hold a floor (empty, garbage) raises ``DamagedFloor``: it is written atomically, so
-    that is damage, never "no floor yet"."""
+@dataclass(frozen=True)
+class Floor:
+    """What the fence file holds: the floor, the owner that raised it (None for a floor
+    written before owners were recorded, or by an anonymous advance) and its round."""
+
+    epoch: int = 0
+    owner: str | None = None
+    round: int = 0
+
+    def line(self) -> str:
+        fields = [str(self.epoch), *([self.owner] if self.owner else []),
+                  *([str(self.round)] if self.round and self.owner else [])]
+        return " ".join(fields) + "\n"
+
+
+def read_fence(path: str) -> Floor:
+    """The floor persisted at ``path``: ``Floor()`` when there is none yet. An existing file
+    that does not hold a floor (empty, garbage) raises ``DamagedFloor``: it is written
+    atomically, so that is damage, never "no floor yet"."""
     try:
         with open(path, "rb") as f:
             raw = f.read()
     except FileNotFoundError:
-        return 0, None
+        return Floor()
     try:
         fields = raw.decode("ascii").split()
         floor = int(fields[0])
@@ -56,15 +79,20 @@ def read_fence(path: str) -> tuple[int, str | None]:
             "written atomically, so the disk damaged it. Refusing to guess a floor (0 would "
             "admit every stale epoch): write the highest epoch any driver of this Space used "
             "into it, or remove the Space") from None
-    if floor < 0 or len(fields) > 2:
-        raise DamagedFloor(f"{path} holds {raw[:40]!r}, not '<epoch> [<owner>]'; write the "
-                           "highest epoch any driver of this Space used into it")
-    return floor, (fields[1] if len(fields) > 1 else None)
+    if floor < 0 or len(fields) > 3 or (len(fields) == 3 and not _is_round(fields[2])):
+        raise DamagedFloor(f"{path} holds {raw[:40]!r}, not '<epoch> [<owner> [<round>]]'; "
+                           "write the highest epoch any driver of this Space used into it")
+    return Floor(floor, fields[1] if len(fields) > 1 else None,
+                 int(fields[2]) if len(fields) > 2 else 0)
+
+
+def _is_round(field: str) -> bool:
+    return field.isascii() and field.isdigit()
 
 
 def read_floor(path: str) -> int:
     """The floor persisted at ``path`` (0 when there is none yet)."""
-    return read_fence(path)[0]
+    return read_fence(path).epoch
 
 
 def check_owner(owner: str) -> str:
@@ -82,24 +110,34 @@ class EpochFence:
         self._admitted = 0
         self._advancing = False
         self._waiting_advances = 0
-        self._floor, self._owner = read_fence(path)
+        self._at = read_fence(path)
 
     @property
     def floor(self) -> int:
-        return self._floor
+        return self._at.epoch
 
-    def check(self, epoch: int) -> None:
-        """Refuse ``epoch`` if it is below the floor (for requests without effects)."""
-        if epoch < self._floor:
-            raise StaleEpoch(epoch, self._floor)
+    @property
+    def round(self) -> int:
+        """The floor's round: how many own fences its owner took at it."""
+        return self._at.round
+
+    def check(self, epoch: int, sent_round: int | None = None) -> None:
+        """Refuse ``epoch`` if it is below the floor, or ``sent_round`` (when the request
+        carries one) if it is the floor's epoch and an own fence began a later round."""
+        if epoch < self._at.epoch:
+            raise StaleEpoch(epoch, self._at.epoch)
+        if sent_round is not None and epoch == self._at.epoch and sent_round < self._at.round:
+            raise StaleEpoch(epoch, self._at.epoch, sent_round=sent_round,
+                             floor_round=self._at.round)
 
     @contextmanager
-    def admit(self, epoch: int) -> Iterator[None]:
-        """Hold the fence open for one request's effects, refusing a stale ``epoch``."""
+    def admit(self, epoch: int, sent_round: int | None = None) -> Iterator[None]:
+        """Hold the fence open for one request's effects, refusing a stale ``epoch`` (or
+        ``sent_round``)."""
         with self._cond:
             while self._advancing or self._waiting_advances:
                 self._cond.wait()
-            self.check(epoch)
+            self.check(epoch, sent_round)
             self._admitted += 1
         try:
             yield
@@ -109,12 +147,12 @@ class EpochFence:
                 self._cond.notify_all()
 
     @contextmanager
-    def advancing(self, epoch: int, owner: str = "") -> Iterator[int]:
+    def advancing(self, epoch: int, owner: str = "", *, own: bool = False) -> Iterator[int]:
         """Exclusively, with no admitted request in flight: refuse a stale ``epoch`` (and
         the floor's own epoch from another ``owner``: ``EpochTaken``), raise and persist the
-        floor to it, and yield the floor it had before (raised if below ``epoch``). The
-        caller kills the older processes inside (a crash in between is healed by the sweep
-        at start-up)."""
+        floor to it (``own``, with an owner: in a new round), and yield the floor it had
+        before (raised if below ``epoch``). The caller kills the older processes inside (a
+        crash in between is healed by the sweep at start-up)."""
         with self._cond:
             self._waiting_advances += 1
             try:
@@ -125,24 +163,27 @@ class EpochFence:
             self._advancing = True
         try:
             self.check(epoch)
-            before = self._floor
-            if epoch == before and not (owner and owner == self._owner) and \
-                    (before > 0 or self._owner is not None):
-                raise EpochTaken(epoch, before)
-            if epoch > before or self._owner is None:
-                self._persist(epoch, owner)
-            yield before
+            before = self._at
+            if epoch == before.epoch and not (owner and owner == before.owner) and \
+                    (before.epoch > 0 or before.owner is not None):
+                raise EpochTaken(epoch, before.epoch)
+            same = epoch == before.epoch and before.owner is not None
+            after = Floor(epoch, owner or None,
+                          (before.round if same else 0) + (1 if own and owner else 0))
+            if after != before:
+                self._persist(after)
+            yield before.epoch
         finally:
             with self._cond:
                 self._advancing = False
                 self._cond.notify_all()
 
-    def _persist(self, epoch: int, owner: str) -> None:
+    def _persist(self, at: Floor) -> None:
         tmp = self._path + ".tmp"
         with open(tmp, "w") as f:
-            f.write(f"{epoch} {owner}\n" if owner else f"{epoch}\n")
+            f.write(at.line())
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self._path)
         fsync_dir(os.path.dirname(self._path) or ".")
-        self._floor, self._owner = epoch, owner
+        self._at = at

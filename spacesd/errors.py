@@ -61,16 +61,30 @@ class Conflict(OpError):
 
 
 class StaleEpoch(OpError):
-    """The request's epoch is below the Space's floor: a newer owner fenced this one off."""
+    """The request's epoch is below the Space's floor: a newer owner fenced this one off. Or
+    its round is: its own driver fenced it off (``epoch_fence``: a request sent before the
+    driver's own fence, delivered after it)."""
 
     code = protocol.ERR_STALE_EPOCH
 
-    def __init__(self, epoch: int, floor: int) -> None:
+    def __init__(self, epoch: int, floor: int, *, sent_round: int | None = None,
+                 floor_round: int = 0) -> None:
+        if sent_round is None:
+            super().__init__(
+                f"epoch {epoch} is below this Space's floor {floor}: a newer owner fenced "
+                "this client off; stop, a newer driver owns the session",
+                epoch=epoch,
+                floor=floor,
+            )
+            return
         super().__init__(
-            f"epoch {epoch} is below this Space's floor {floor}: a newer owner fenced this "
-            "client off; stop, a newer driver owns the session",
+            f"epoch {epoch} round {sent_round} was sent before its own driver fenced its earlier "
+            f"requests (this Space is at round {floor_round}): it has no effect; a client of "
+            "that driver sends the round its last advance_epoch answered",
             epoch=epoch,
             floor=floor,
+            round=sent_round,
+            floor_round=floor_round,
         )
 
 

@@ -208,9 +208,14 @@ def _held_plans(action: HeldAction, points: tuple[tuple[str, str | None], ...] =
 #: A frozen Space: a write lands after the driver gave up on it, a start and a command
 #: wait frozen. A cut link: the daemon carries out a start whose answer is lost, a write
 #: held by the cut never arrives, a command ends while its driver cannot see it. A slow
-#: link: the same requests given up on by their driver still arrive, late.
+#: link: the same requests given up on by their driver still arrive, late; and a write
+#: arrives after its driver's own recovery reverted it, ran it again and removed its file
+#: while that driver still runs (``ci-late-write``: slowed 12 s, far past the two sends
+#: and the health checks after them).
 PAUSES, CUTS = _held_plans("pause_space"), _held_plans("cut_link")
-SLOWDOWNS = _held_plans("slow_link")
+SLOWDOWNS = (*_held_plans("slow_link"),
+             _plan(1, Fault("slow_link", "failpoint", "space.file_op", 1, kill_driver=False,
+                            hold=5.0, slow=12.0), preset="ci-late-write"))
 #: A command frozen (its daemon answering) just spawned, while it runs and while its shim
 #: writes its exit: a wait must see it running, never ended or lost.
 COMMAND_PAUSES = _held_plans("pause_commands", (
@@ -292,7 +297,8 @@ SLICES: tuple[Slice, ...] = (
           {"mode": "checkpoint", "held": ("cut_link",), "seeds": (1, 2, 3, 5), "plans": CUTS}),
     Slice("slow-links", "the link between the drivers and the Space slowed past the drivers' "
           "request timeout: a write they gave up on reaching the daemon late, the answer to "
-          "a start already in the daemon late, a command's waits slowed, and seeded points",
+          "a start already in the daemon late, a command's waits slowed, a write arriving "
+          "after its driver's recovery, and seeded points",
           {"mode": "transactional", "held": ("slow_link",), "seeds": (1, 2, 3, 5),
            "plans": SLOWDOWNS}),
     Slice("pause-commands", "a Space's commands frozen (every process of them stopped) while "

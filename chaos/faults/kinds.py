@@ -518,19 +518,25 @@ class _OnLink(_Held):
 
 class SlowLink(_OnLink):
     """What crosses the link between the drivers and the Space delayed by the fault's own
-    delay, until the end of its hold. A request its client gave up on reaches the daemon
-    late and is carried out there, maybe after the client's next one: the ledger's keys
-    and the epoch fence must make that harmless, and the log must record only what the
-    client was answered."""
+    delay, until the end of its hold; what was sent before the end still waits out its
+    delay (a real network's queue). A request its client gave up on reaches the daemon
+    late and is carried out there, maybe after the client's next ones, after its driver's
+    recovery even: the ledger's keys and the epoch fence (its rounds) must make that
+    harmless, and the log must record only what the client was answered."""
 
     action = "slow_link"
     verb = "slow"
-    #: The delays a slowdown is drawn from (seconds): most past ``HOLD_REQUEST_TIMEOUT_S``.
-    DELAYS = (0.5, 1.0, 2.5, 3.0, 4.0)
+    #: The delays a slowdown is drawn from (seconds): most past ``HOLD_REQUEST_TIMEOUT_S``,
+    #: the longest past the two sends of a request and the health checks after them, so
+    #: that it arrives after its driver's recovery began.
+    DELAYS = (0.5, 1.0, 2.5, 3.0, 4.0, 8.0)
 
     @classmethod
     def delay(cls, fault: Fault) -> float:
-        """The fault's own delay (from its description: the same plan, the same delay)."""
+        """The fault's own delay: its ``slow``, else drawn from its description (the same
+        plan, the same delay)."""
+        if fault.slow is not None:
+            return fault.slow
         return cls.DELAYS[zlib.crc32(fault.describe().encode()) % len(cls.DELAYS)]
 
     def begin(self, fault: Fault) -> None:

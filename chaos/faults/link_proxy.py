@@ -67,8 +67,12 @@ class LinkProxy:
         self._cuts = 0
         #: How long each burst waits before it crosses (``slow``; 0: not at all).
         self._delay = 0.0
-        #: Notified when the link's state changes (``slow``, cut, heal, close): a burst
-        #: waiting out its delay stops waiting when the link is made fast again.
+        #: The longest delay the link was slowed by (what ``drain`` may have to wait out).
+        self._longest = 0.0
+        #: Connections with a request that met a delay and was not answered yet (``drain``).
+        self._late = 0
+        #: Notified when the link's state changes (``slow``, cut, heal, close, a late
+        #: request answered): a cut or a close ends a burst's wait, ``drain`` wakes.
         self._changed = threading.Condition(self._lock)
         self._pairs: dict[socket.socket, tuple[socket.socket | None, int]] = {}
         self._closed = threading.Event()
@@ -112,11 +116,26 @@ class LinkProxy:
 
     def slow(self, delay: float) -> None:
         """Each burst of bytes that crosses from now on (either way, on every connection)
-        waits ``delay`` seconds first; 0 makes the link fast again, and what was waiting
-        crosses at once."""
+        waits ``delay`` seconds first; 0 makes the link fast again for what comes next,
+        while what was waiting still waits out its own delay."""
         with self._lock:
             self._delay = delay
+            self._longest = max(self._longest, delay)
             self._changed.notify_all()
+
+    def drain(self, grace: float = 30.0) -> bool:
+        """Wait until every request a delay met was answered by the daemon (or its
+        connection ended): then all a slow link held back has been carried out, as a
+        network eventually delivers what it queued. At most the longest delay plus
+        ``grace`` seconds; whether it drained."""
+        with self._lock:
+            deadline = time.monotonic() + self._longest + grace
+            while self._late and not self._closed.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._changed.wait(left)
+            return True
 
     @property
     def is_cut(self) -> bool:
@@ -205,12 +224,13 @@ class LinkProxy:
         self._pump(client, upstream)
 
     def _wait_out(self) -> bool:
-        """A new burst waits out the link's delay (cut short when the link is made fast);
-        whether it may then cross (the link up, not closed). The pair's listing is checked
-        by the caller's loop."""
+        """A new burst waits out the link's delay as it was when the burst came, even if
+        the link is made fast meanwhile (as a real network's queue: what is in it arrives
+        late, after what is sent later on another connection); whether it may then cross
+        (the link up, not closed). The pair's listing is checked by the caller's loop."""
         with self._lock:
             deadline = time.monotonic() + self._delay
-            while self._delay and self._up.is_set() and not self._closed.is_set() and \
+            while self._up.is_set() and not self._closed.is_set() and \
                     (left := deadline - time.monotonic()) > 0:
                 self._changed.wait(left)
             return self._up.is_set() and not self._closed.is_set()
@@ -221,21 +241,33 @@ class LinkProxy:
         # side soon after is the same burst; one after an answer is the next message.
         passed = {client: 0.0, upstream: 0.0}
         last: socket.socket | None = None
+        late = False  # a request that met a delay is not answered yet (counted in _late)
+        gone = False  # its client left meanwhile: only the daemon's answer is waited for
         try:
             while not self._closed.is_set():
                 if not self._up.wait(POLL_S):  # cut: nothing read, nothing sent
                     if client not in self._pairs:
                         return
                     continue
-                readable, _, _ = select.select(list(ends), [], [], POLL_S)
+                readable, _, _ = select.select([upstream] if gone else list(ends), [], [],
+                                               POLL_S)
                 for sock in readable:
                     with self._lock:  # still listed and up: what it holds may cross
                         if not self._up.is_set() or client not in self._pairs:
                             break
                     data = sock.recv(_CHUNK)
                     if not data:
+                        if sock is client and late:
+                            gone = True  # its late request still reaches the daemon
+                            break
                         raise ConnectionError("one side ended")
                     new_burst = last is not sock or time.monotonic() - passed[sock] > BURST_S
+                    if sock is upstream:
+                        late = self._answered(late)
+                        if gone:
+                            raise ConnectionError("the client left; the daemon answered")
+                    elif new_burst:
+                        late = self._met_delay(late)
                     if new_burst and not self._wait_out():
                         break  # cut or closed meanwhile: held, then lost at the heal
                     passed[sock], last = time.monotonic(), sock
@@ -243,11 +275,29 @@ class LinkProxy:
         except (OSError, ValueError):  # broken, or reset by a heal or the close (fd gone)
             pass
         finally:
+            self._answered(late)
             with self._lock:
                 owned = self._pairs.pop(client, None) is not None
             if owned:
                 client.close()
                 upstream.close()
+
+    def _met_delay(self, late: bool) -> bool:
+        """A request is about to wait out the link's delay: count its connection as late
+        (``drain``) until the daemon answers it. Whether the connection is late now."""
+        with self._lock:
+            if self._delay and not late:
+                self._late += 1
+                return True
+            return late
+
+    def _answered(self, late: bool) -> bool:
+        """The daemon answered (or the connection ended): not late any more."""
+        if late:
+            with self._lock:
+                self._late -= 1
+                self._changed.notify_all()
+        return False
 
 
 class LinkTable:

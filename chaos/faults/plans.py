@@ -336,6 +336,10 @@ class Fault(JsonRecord):
     #: A ``jump_clock`` only: the seconds the Space's clock is stepped by (back if
     #: negative) for the hold.
     jump: float | None = field(default=None, metadata=OMIT_NONE)
+    #: A ``slow_link`` only: the seconds each burst waits (drawn from the fault's
+    #: description when None, ``SlowLink.DELAYS``), for a plan that needs a request
+    #: delivered after its driver's recovery, however long that took.
+    slow: float | None = field(default=None, metadata=OMIT_NONE)
 
     def __post_init__(self) -> None:
         """A plan read back (a results directory, a shrunk.json) is input: refuse what no
@@ -374,6 +378,12 @@ class Fault(JsonRecord):
                                       not 0 < abs(self.jump) <= MAX_JUMP_S):
             raise ValueError(f"jump {self.jump!r} is not seconds, not 0, at most {MAX_JUMP_S} "
                              "either way")
+        if self.slow is not None and (self.action != "slow_link" or
+                                      isinstance(self.slow, bool) or
+                                      not isinstance(self.slow, int | float) or
+                                      not 0 < self.slow <= MAX_HOLD_S):
+            raise ValueError(f"slow {self.slow!r}: only a slow_link fault has one, seconds "
+                             f"above 0, at most {MAX_HOLD_S}")
 
     def describe(self) -> str:
         where = (f"{self.point}#{self.occurrence}" if self.trigger == "failpoint"
@@ -384,6 +394,8 @@ class Fault(JsonRecord):
         held = f" for {self.hold:g}s" if self.hold is not None else ""
         if self.jump is not None:
             held = f" by {self.jump:+g}s{held}"
+        if self.slow is not None:
+            held = f" by {self.slow:g}s{held}"
         return f"{self.action}{held}{extra} at {where}"
 
 

@@ -368,7 +368,7 @@ def test_advance_epoch_kills_an_older_process_tree(spaces) -> None:
     old.write_file("f.txt", b"before")
 
     new = old.with_epoch(2)
-    assert new.advance_epoch(2) == {"floor": 2, "killed": ["c:1:0@1"]}
+    assert new.advance_epoch(2) == {"floor": 2, "round": 0, "killed": ["c:1:0@1"]}
     assert not alive(spaces, "s", child) and not alive(spaces, "s", grandchild)
     info = new.exec_status("c:1:0@1")
     assert (info.state, info.signal, info.fenced_by) == ("exited", 9, 2)

@@ -122,7 +122,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "targeted", "G3", "restored bash daemon_lost in-process, a background job alive"),
     Mutant(
         "floor-not-persisted", "spacesd/epoch_fence.py",
-        (("                self._persist(epoch, owner)\n", "                pass\n"),),
+        (("                self._persist(after)\n", "                pass\n"),),
         "advance_epoch never raises the Space's floor, so nothing stale is ever refused",
         "checkpoint", "G3", "restored: a restore by an epoch above the floor"),
     Mutant(
@@ -174,6 +174,18 @@ MUTANTS: tuple[Mutant, ...] = (
         "frozen while its daemon answers reads lost, and the driver restores and reruns it "
         "or tells the agent it was interrupted, though it was only waiting to go on",
         "pause-commands", "G5", "a command frozen just spawned, running and writing its exit"),
+    Mutant(
+        "own-fence-admits-earlier-requests", "spacesd/daemon.py",
+        (("        with self.fence.admit(epoch, sent_round):\n"
+          "            return spec.handler(**args)\n",
+          "        with self.fence.admit(epoch):\n"
+          "            return spec.handler(**args)\n"),),
+        "a driver's own fence (before it reverts or restores in the middle of its run) "
+        "admits the requests it sent before (their round is not checked), so a write it gave "
+        "up on that a slow link delivers after the recovery lands over the workspace the "
+        "recovery put back (only a slow link delivers a request that late: a pause delivers "
+        "it at the thaw, before the recovery; a cut never)",
+        "slow-links", "G1", "reverted write file_cut, then its write delivered late"),
     Mutant(
         "write-timeout-taken-as-done", "durable/adapter/runner.py",
         (("            data = args[\"content\"].encode(\"utf-8\")\n"
@@ -323,7 +335,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "stale-foreign", "G1", "another session beside the run's"),
     Mutant(
         "equal-epoch-shared", "spacesd/epoch_fence.py",
-        (("                raise EpochTaken(epoch, before)\n", "                pass\n"),),
+        (("                raise EpochTaken(epoch, before.epoch)\n", "                pass\n"),),
         "an advance to the floor's own epoch by another owner is admitted, so a new log on a "
         "Space an earlier log raised to the same epoch fences nothing and meets its keys",
         "stale-foreign", "G4", "a new log of the session at the earlier log's epoch"),

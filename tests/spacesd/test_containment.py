@@ -108,7 +108,7 @@ def test_a_current_epoch_command_survives_an_idempotent_advance(
     client.advance_epoch(2)
     client.exec_start("k", f"{ESCAPES['double-fork'].format(f='k.pid')}; {GATE}")
     proc = wait_pid(space.work / "k.pid", escapees)
-    assert client.advance_epoch(2) == {"floor": 2, "killed": []}
+    assert client.advance_epoch(2) == {"floor": 2, "round": 0, "killed": []}
     assert procfs.is_alive(*proc) and client.exec_status("k").state == "running"
     assert client.with_epoch(3).advance_epoch(3)["killed"] == ["k"]
     assert gone(proc)

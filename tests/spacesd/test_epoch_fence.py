@@ -12,7 +12,7 @@ from backends.local import LocalSpace, LocalSpaces
 from backends.local.procs import kill_process
 from backends.space_client import HttpSpaceClient
 from durable.errors import StaleEpochError
-from spacesd.epoch_fence import EpochFence
+from spacesd.epoch_fence import DamagedFloor, EpochFence
 from spacesd.errors import StaleEpoch
 from tests.liveness import running
 
@@ -38,7 +38,7 @@ def test_advance_kills_an_older_process_tree_and_refuses_older_writes(
 
     new = old.with_epoch(2)
     result = new.advance_epoch(2)
-    assert result == {"floor": 2, "killed": ["c:1:0@1"]}
+    assert result == {"floor": 2, "round": 0, "killed": ["c:1:0@1"]}
     assert not running(child) and not running(grandchild)
     info = new.exec_status("c:1:0@1")
     assert (info.state, info.signal, info.fenced_by) == ("exited", 9, 2)
@@ -56,8 +56,8 @@ def test_advance_kills_an_older_process_tree_and_refuses_older_writes(
 
 def test_advance_is_monotonic_and_persisted(spaces: LocalSpaces, space: LocalSpace,
                                             client: HttpSpaceClient) -> None:
-    assert client.advance_epoch(5) == {"floor": 5, "killed": []}
-    assert client.advance_epoch(5) == {"floor": 5, "killed": []}  # equal: a no-op
+    assert client.advance_epoch(5) == {"floor": 5, "round": 0, "killed": []}
+    assert client.advance_epoch(5) == {"floor": 5, "round": 0, "killed": []}  # a no-op
     with pytest.raises(StaleEpochError) as exc:
         client.advance_epoch(4)
     assert (exc.value.epoch, exc.value.floor) == (4, 5)
@@ -151,3 +151,61 @@ def test_a_request_that_arrives_during_an_advance_meets_the_raised_floor(tmp_pat
     for thread in threads:
         thread.join(timeout=300)
     assert len(outcome) == 1 and isinstance(outcome[0], StaleEpoch), outcome
+
+
+def test_an_own_fence_refuses_what_its_driver_sent_before_it(
+        spaces: LocalSpaces, space: LocalSpace, client: HttpSpaceClient) -> None:
+    """A request its driver gave up on (timed out, outcome unknown) that a slow network
+    delivers after the driver's own fence (taken before it restores or reverts) must change
+    nothing: it carries the round it was sent in, and the fence began a later one (found
+    by the slow-links fault once its delayed bursts kept their delay: a late write landed
+    over the workspace its driver's recovery had put back)."""
+    assert client.advance_epoch(1, owner="d")["round"] == 0
+    client.write_file("f.txt", b"before")
+    in_flight = client.with_epoch(1)  # a request of round 0, delivered late
+    assert in_flight.round == 0
+    assert client.advance_epoch(1, owner="d", own=True)["round"] == 1
+    assert client.round == 1
+    with pytest.raises(StaleEpochError, match="sent before its own driver fenced"):
+        in_flight.write_file("f.txt", b"late")
+    client.write_file("f.txt", b"after")  # the driver's own requests of round 1 pass
+    spaces.kill_daemon(space.name)  # the round is persisted with the floor
+    with pytest.raises(StaleEpochError):
+        in_flight.exec_start("late@1", "echo late > g.txt")
+    assert (space.work / "f.txt").read_bytes() == b"after"
+    assert not (space.work / "g.txt").exists()
+    # A client that never advanced carries no round: judged by its epoch (a campaign's
+    # checks, a copy's source); reads are never refused for their round.
+    spaces.connect(space.name, epoch=1).write_file("h.txt", b"checked")
+    assert in_flight.read_file("f.txt") == b"after"
+    # A later advance by the same owner answers the current round, which a new client of
+    # the driver adopts; a newer epoch starts at round 0.
+    fresh = spaces.connect(space.name, epoch=1)
+    assert fresh.advance_epoch(1, owner="d")["round"] == 1 and fresh.round == 1
+    fresh.write_file("f.txt", b"fresh")
+    assert client.with_epoch(2).advance_epoch(2, owner="e")["round"] == 0
+
+
+def test_the_floor_file_keeps_the_round_and_reads_older_ones(tmp_path: Path) -> None:
+    path = tmp_path / "epoch"
+    fence = EpochFence(str(path))
+    with fence.advancing(3, "d"):
+        pass
+    assert path.read_text() == "3 d\n"  # as written before rounds
+    with fence.advancing(3, "d", own=True):
+        pass
+    with fence.advancing(3, "d", own=True):
+        pass
+    assert path.read_text() == "3 d 2\n"
+    assert EpochFence(str(path)).round == 2
+    with pytest.raises(StaleEpoch):
+        fence.check(3, 1)
+    fence.check(3, 2)
+    fence.check(3)  # no round: its epoch alone
+    fence.check(4, 0)  # above the floor: its round is not the floor's
+    with fence.advancing(4, "e"):
+        pass
+    assert (path.read_text(), fence.round) == ("4 e\n", 0)
+    path.write_text("4 e two\n")
+    with pytest.raises(DamagedFloor, match="<round>"):
+        EpochFence(str(path))

@@ -32,13 +32,14 @@ def test_advances_and_restores_are_recorded(spaces: LocalSpaces, space: LocalSpa
     client.checkpoint_create("cp")
     client.exec_start("k", "sleep 300")
     before = int(time.time() * 1000)
-    assert client.with_epoch(2).advance_epoch(2) == {"floor": 2, "killed": ["k"]}
-    assert client.with_epoch(2).advance_epoch(2) == {"floor": 2, "killed": []}
+    assert client.with_epoch(2).advance_epoch(2) == {"floor": 2, "round": 0, "killed": ["k"]}
+    assert client.with_epoch(2).advance_epoch(2) == {"floor": 2, "round": 0, "killed": []}
     with pytest.raises(StaleEpochError):
         client.advance_epoch(1)
     # its owner's own fence: what epoch 2 itself started dies too
     client.with_epoch(2).exec_start("k2", "sleep 300")
-    assert client.with_epoch(2).advance_epoch(2, own=True) == {"floor": 2, "killed": ["k2"]}
+    assert client.with_epoch(2).advance_epoch(2, own=True) == {"floor": 2, "round": 1,
+                                                                "killed": ["k2"]}
     client.with_epoch(3).checkpoint_restore("cp")
     assert fences(space.state) == [
         {"t": "sweep", "floor": 0, "killed": [], "alive_after": []},

@@ -284,11 +284,12 @@ def test_raise_epoch_fences_a_space_by_name_before_its_first_use(
     _harness, adapter = open_harness(tmp_path / "two", local_spaces, "s", epoch=2,
                                      on_stale=stale.append)
     try:
-        assert adapter.raise_epoch(name) == {"floor": 2, "killed": ["s:1:0.0:1@1"]}
+        assert adapter.raise_epoch(name) == {"floor": 2, "round": 0,
+                                            "killed": ["s:1:0.0:1@1"]}
         assert old.with_epoch(2).exec_status("s:1:0.0:1@1").fenced_by == 2
         with pytest.raises(StaleEpochError):
             old.write_file("late.txt", b"too late")
-        assert adapter.raise_epoch(name) == {"floor": 2, "killed": []}  # again: a no-op
+        assert adapter.raise_epoch(name) == {"floor": 2, "round": 0, "killed": []}  # a no-op
         with pytest.raises(SpaceNotFound):
             adapter.raise_epoch("cua-s-c9")
     finally:
