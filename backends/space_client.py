@@ -397,8 +397,10 @@ class HttpSpaceClient:
         # ``own`` only when set: a daemon older than it refuses a field it does not know
         extra = {"own": True} if own else {}
         answer = self._call("advance_epoch", epoch=epoch, owner=owner or PROCESS_OWNER, **extra)
-        if epoch == self.epoch and answer.get("floor") == epoch and "round" in answer:
-            self.round = int(answer["round"])  # what is sent from now on is of this round
+        if epoch == self.epoch and answer.get("floor") == epoch:
+            # What is sent from now on is of this round (none to a daemon older than rounds,
+            # which refuses the field: one that replaced a newer daemon under this client).
+            self.round = int(answer["round"]) if "round" in answer else None
         return answer
 
     # ---------------------------------------------------------------- exec ledger

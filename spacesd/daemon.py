@@ -184,8 +184,8 @@ class Daemon:
         args = check(op, body, spec.fields)
         if spec.with_epoch:
             args["epoch"] = epoch
-        if spec.fence == "advance":
-            return spec.handler(**args)
+        if spec.fence == "advance":  # the round it was sent in tells a late copy
+            return spec.handler(**args, sent_round=sent_round)
         if spec.fence == "none":
             return spec.handler(**args)
         if spec.fence == "check":
@@ -230,18 +230,21 @@ class Daemon:
         return {"space_id": self.space_id, "floor": self.fence.floor,
                 "protocol": protocol.PROTOCOL_VERSION}
 
-    def _advance_epoch(self, epoch: int, owner: str, own: bool) -> dict[str, Any]:
+    def _advance_epoch(self, epoch: int, owner: str, own: bool, sent_round: int | None
+                       ) -> dict[str, Any]:
         """``own``: also kill what ``epoch`` itself started (its owner's own fence, taken
-        before it restores or reverts the workspace in the middle of its run)."""
-        with self.fence.advancing(epoch, check_owner(owner), own=own) as floor_before:
-            if epoch > floor_before:
+        before it restores or reverts the workspace in the middle of its run), unless it
+        is a late copy of one already taken (``EpochFence.advancing``)."""
+        with self.fence.advancing(epoch, check_owner(owner), own=own,
+                                  sent_round=sent_round) as done:
+            if epoch > done.floor_before:
                 self.failpoints.report("spacesd.advance.persisted",
-                                       {"epoch": epoch, "floor_before": floor_before})
-            killed = self.ledger.fence(epoch, own=own)
-            self.fences.append(Advance(epoch, floor_before, epoch > floor_before, killed,
-                                       self.ledger.alive_below(epoch + 1 if own else epoch),
-                                       own))
-        return {"floor": self.fence.floor, "round": self.fence.round, "killed": killed}
+                                       {"epoch": epoch, "floor_before": done.floor_before})
+            killed = self.ledger.fence(epoch, own=done.own)
+            self.fences.append(Advance(epoch, done.floor_before, epoch > done.floor_before,
+                                       killed, self.ledger.alive_below(
+                                           epoch + 1 if done.own else epoch), done.own))
+        return {"floor": done.floor, "round": done.round, "killed": killed}
 
     @staticmethod
     def _check_key(key: str) -> None:

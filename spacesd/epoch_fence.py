@@ -61,6 +61,17 @@ class Floor:
         return " ".join(fields) + "\n"
 
 
+@dataclass(frozen=True)
+class Advanced:
+    """What one ``advancing`` did: the floor before, whether it fences its owner's own
+    processes (a new round), and the floor and round after."""
+
+    floor_before: int
+    own: bool
+    floor: int
+    round: int
+
+
 def read_fence(path: str) -> Floor:
     """The floor persisted at ``path``: ``Floor()`` when there is none yet. An existing file
     that does not hold a floor (empty, garbage) raises ``DamagedFloor``: it is written
@@ -147,12 +158,19 @@ class EpochFence:
                 self._cond.notify_all()
 
     @contextmanager
-    def advancing(self, epoch: int, owner: str = "", *, own: bool = False) -> Iterator[int]:
+    def advancing(self, epoch: int, owner: str = "", *, own: bool = False,
+                  sent_round: int | None = None) -> Iterator[Advanced]:
         """Exclusively, with no admitted request in flight: refuse a stale ``epoch`` (and
         the floor's own epoch from another ``owner``: ``EpochTaken``), raise and persist the
-        floor to it (``own``, with an owner: in a new round), and yield the floor it had
-        before (raised if below ``epoch``). The caller kills the older processes inside (a
-        crash in between is healed by the sweep at start-up)."""
+        floor to it, and yield what it did. The caller kills the older processes inside (a
+        crash in between is healed by the sweep at start-up).
+
+        ``own`` (with an owner) begins a new round, unless the advance itself is of an
+        earlier round than the floor's (``sent_round``): a copy of an own fence already
+        taken (its client sent it again after a timeout, and the copies crossed) changes
+        nothing, or the owner's current requests would be refused. The round never goes
+        below the round its owner's client sent: a restored machine brings back an older
+        floor file, and its late requests must stay refused."""
         with self._cond:
             self._waiting_advances += 1
             try:
@@ -168,11 +186,13 @@ class EpochFence:
                     (before.epoch > 0 or before.owner is not None):
                 raise EpochTaken(epoch, before.epoch)
             same = epoch == before.epoch and before.owner is not None
-            after = Floor(epoch, owner or None,
-                          (before.round if same else 0) + (1 if own and owner else 0))
+            known = max(before.round, sent_round or 0) if same else 0
+            fences_own = bool(own and owner) and \
+                not (same and sent_round is not None and sent_round < before.round)
+            after = Floor(epoch, owner or None, known + fences_own)
             if after != before:
                 self._persist(after)
-            yield before.epoch
+            yield Advanced(before.epoch, fences_own, after.epoch, after.round)
         finally:
             with self._cond:
                 self._advancing = False

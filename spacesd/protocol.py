@@ -299,7 +299,7 @@ def op_path(op: str) -> str:
 STATE_LEDGER = "ledger.jsonl"
 #: The fence audit journal: what each advance, restore and start-up sweep found alive.
 STATE_FENCES = "fences.jsonl"
-#: The epoch floor, one integer.
+#: The epoch floor: ``<epoch> [<owner> [<round>]]`` (``spacesd.epoch_fence``).
 STATE_EPOCH = "epoch"
 #: The Space's id, made when its daemon first started (``spacesd.space_identity``).
 STATE_SPACE_ID = "space_id"

@@ -526,10 +526,9 @@ class SlowLink(_OnLink):
 
     action = "slow_link"
     verb = "slow"
-    #: The delays a slowdown is drawn from (seconds): most past ``HOLD_REQUEST_TIMEOUT_S``,
-    #: the longest past the two sends of a request and the health checks after them, so
-    #: that it arrives after its driver's recovery began.
-    DELAYS = (0.5, 1.0, 2.5, 3.0, 4.0, 8.0)
+    #: The delays a slowdown is drawn from (seconds): most past ``HOLD_REQUEST_TIMEOUT_S``.
+    #: (A plan's ``slow`` sets a longer one: ``plans.QUEUED_S``.)
+    DELAYS = (0.5, 1.0, 2.5, 3.0, 4.0)
 
     @classmethod
     def delay(cls, fault: Fault) -> float:

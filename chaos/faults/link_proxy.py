@@ -258,7 +258,8 @@ class LinkProxy:
                     data = sock.recv(_CHUNK)
                     if not data:
                         if sock is client and late:
-                            gone = True  # its late request still reaches the daemon
+                            gone = True  # its late request still reaches the daemon,
+                            upstream.shutdown(socket.SHUT_WR)  # whole or cut short
                             break
                         raise ConnectionError("one side ended")
                     new_burst = last is not sock or time.monotonic() - passed[sock] > BURST_S

@@ -298,6 +298,9 @@ SHIM_POINTS = ("spacesd.exec.exit_writing",)
 PARK_ONLY_POINTS = ("log.commit",)
 #: The longest a held fault (``HELD_KINDS``) may hold.
 MAX_HOLD_S = 600.0
+#: How long a drawn ``slow_link`` that queues a request past its driver's recovery delays
+#: each burst (seconds): past the two 2 s sends and the health checks after them.
+QUEUED_S = 8.0
 #: The farthest a ``jump_clock`` steps a clock, either way (seconds: ten years).
 MAX_JUMP_S = 10 * 365 * 86400.0
 #: How far a drawn ``jump_clock`` steps the clock: a leap second's worth, an hour (a time
@@ -572,17 +575,20 @@ def with_held_faults(plan: FaultPlan, action: HeldAction, scenario: Scenario,
         kill = rng.random() < 0.2 and kind.holds  # a cut kills every driver itself
         roll = rng.random()
         jump = rng.choice((-1, 1)) * rng.choice(JUMPS) if action == "jump_clock" else None
+        # A fifth of the slowdowns queue past the two sends and the recovery after them
+        # (written into the plan: a drawn one is the fault's own, from its description).
+        slow = QUEUED_S if action == "slow_link" and rng.random() < 0.2 else None
         if (roll < (0.8 if kind.points else 0.6) or not timed) and names:
             point = rng.choice(names)
             fault = Fault(action, "failpoint", point, rng.randint(1, points[point]),
-                          kill_driver=kill, hold=hold, jump=jump)
+                          kill_driver=kill, hold=hold, jump=jump, slow=slow)
         elif roll < 0.8 and recovery:
             fault = Fault(action, "failpoint", rng.choice(recovery), 1, kill_driver=kill,
-                          hold=hold, jump=jump)
+                          hold=hold, jump=jump, slow=slow)
         else:
             fault = Fault(action, "time", attempt=rng.choice((1, 1, 2)),
                           delay=round(rng.uniform(0.05, _budget(scenario, long_seconds)), 3),
-                          kill_driver=kill, hold=hold, jump=jump)
+                          kill_driver=kill, hold=hold, jump=jump, slow=slow)
         if guest:
             fault = replace(fault, point=GUEST_POINT.get(fault.point or "", fault.point))
         held.append(fault)

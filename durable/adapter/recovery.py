@@ -73,10 +73,16 @@ class Interrupted:
         assert self.record is not None and self.record.commands
         return self.record.commands[-1]
 
-    @property
-    def next_n(self) -> int:
-        """The number of the next command key: after the last one, else the first."""
-        return self.last.n + 1 if self.facts.key else 1
+    def rerun_n(self, epoch: int, cause: Cause) -> int:
+        """The number of the rerun's command key: the last one's again when the ledger
+        never saw it and this driver (``epoch``) sent it, since a slow network may still
+        deliver that start after the rerun's and the ledger runs one key once (a new key
+        would run the command twice); else after the last one; else the first."""
+        if not self.facts.key:
+            return 1
+        if cause == "key_unknown" and self.last.epoch == epoch:
+            return self.last.n
+        return self.last.n + 1
 
     def found(self, cause: Cause) -> str:
         """What recovery found, for people."""
@@ -202,7 +208,8 @@ class Recovery:
 
     def _run(self, call: Interrupted, decision: Decision) -> ToolResult:
         self._decided(call, decision)
-        return self.runner.run(call.tool, call.args, call.ctx, n=call.next_n)
+        return self.runner.run(call.tool, call.args, call.ctx,
+                               n=call.rerun_n(self.runner.epoch, decision.cause))
 
     def _revert(self, call: Interrupted, decision: Decision) -> ToolResult:
         self.space.refence(call.handle.client, own=True)

@@ -209,3 +209,38 @@ def test_the_floor_file_keeps_the_round_and_reads_older_ones(tmp_path: Path) -> 
     path.write_text("4 e two\n")
     with pytest.raises(DamagedFloor, match="<round>"):
         EpochFence(str(path))
+
+
+def test_a_late_copy_of_an_own_fence_changes_nothing(
+        spaces: LocalSpaces, space: LocalSpace, client: HttpSpaceClient) -> None:
+    """An own fence is sent again after a timeout (advance_epoch is idempotent to its
+    client): a copy of an earlier round that arrives after the fence was taken begins no
+    round and kills nothing, or every later request of the driver would be refused as
+    stale and its rerun command killed (found by review)."""
+    client.advance_epoch(1, owner="d")
+    late_copy = client.with_epoch(1)  # the copy, sent in round 0
+    assert client.advance_epoch(1, owner="d", own=True)["round"] == 1
+    client.exec_start("rerun@1", "sleep 300")
+    assert late_copy.advance_epoch(1, owner="d", own=True) == \
+        {"floor": 1, "round": 1, "killed": []}
+    assert late_copy.round == 1  # its client learns the round it is in
+    assert client.exec_status("rerun@1").state == "running"
+    client.write_file("f.txt", b"still the driver's")
+    client.exec_kill("rerun@1")
+
+
+def test_a_restored_floor_file_never_takes_the_round_back(
+        spaces: LocalSpaces, space: LocalSpace, client: HttpSpaceClient) -> None:
+    """A machine restore brings back the floor file of the checkpoint's time; the driver's
+    next advance carries the round it was told, and the floor's round goes back up to it,
+    so requests of earlier rounds stay refused (found by review)."""
+    client.advance_epoch(1, owner="d")
+    earlier = client.with_epoch(1)
+    client.advance_epoch(1, owner="d", own=True)
+    spaces.kill_daemon(space.name)
+    (space.state / "epoch").write_text("1 d\n")  # as a restored machine has it
+    spaces.create(space.name)
+    assert client.advance_epoch(1, owner="d")["round"] == 1
+    with pytest.raises(StaleEpochError):
+        earlier.write_file("f.txt", b"late")
+    assert not (space.work / "f.txt").exists()

@@ -485,3 +485,36 @@ def test_the_image_follows_a_write_a_full_disk_refused(tmp_path: Path) -> None:
         s.harness.close()
     finally:
         spaces.delete_all()
+
+
+@pytest.mark.parametrize("mode", ["transactional", "checkpoint"])
+def test_a_start_its_driver_gave_up_on_runs_once_when_it_arrives_after_the_rerun(
+        tmp_path: Path, spaces: LocalSpaces, monkeypatch: pytest.MonkeyPatch,
+        mode: str) -> None:
+    """A command's start times out on its way (a slow network holds it); the driver
+    recovers in-process, finds the key unknown and runs the call again; the held start then
+    arrives. The rerun uses the same key, so the ledger runs the command once (a new key
+    ran it twice; found by review of the slow-links fix)."""
+    from backends.space_client import HttpSpaceClient
+    from durable.errors import SpaceUnavailable
+
+    held: list[tuple[HttpSpaceClient, str, str]] = []
+    start = HttpSpaceClient.exec_start
+
+    def held_on_the_way(self: HttpSpaceClient, key: str, command: str,
+                        **kw: Any) -> Any:
+        if not held:
+            held.append((self, key, command))
+            raise SpaceUnavailable("the start timed out on its way (held by the test)")
+        return start(self, key, command, **kw)
+
+    monkeypatch.setattr(HttpSpaceClient, "exec_start", held_on_the_way)
+    s = open_session(tmp_path, spaces, steps(APPEND), epoch=1, mode=mode)
+    run(s)
+    assert [(e.kind, e.cause) for e in s.adapter.events if e.tool == "bash"] == \
+        [("ran", "key_unknown")]
+    client, key, command = held[0]
+    info = start(client, key, command)  # the held start arrives, after the rerun
+    assert info.state == "exited", info
+    assert s.adapter.ensure_space(s.harness, 1).read_file("log.txt") == b"step\n"
+    s.harness.close()
