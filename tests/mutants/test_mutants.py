@@ -106,7 +106,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "exhaustive-calls", "G5", "replayed bash exited (the 80 KB command)"),
     Mutant(
         "advance-kills-nothing", "spacesd/daemon.py",
-        (("            killed = self.ledger.fence(epoch, own=own)\n",
+        (("            killed = self.ledger.fence(epoch, own=done.own)\n",
           "            killed = []\n"),),
         "advance_epoch raises the floor but leaves the older epoch's commands running",
         "transactional", "G3", "reverted bash fenced (the ci-long command across a kill)"),
