@@ -63,6 +63,7 @@ from docker.types import LogConfig
 
 from backends.descriptor import DiskName
 from backends.docker.errors import DockerUnavailable
+from backends.docker.exec_stream import exec_output
 from backends.local import own_disks
 from backends.local.provider import _NAME  # one rule for Space names on every backend
 from backends.space_client import (
@@ -615,8 +616,12 @@ class DockerSpaces:
         with _engine(f"Space {name!r}: docker exec {argv[0]} failed",
                      gone=f"Space {name!r} was removed during docker exec"):
             ex = self._api.exec_create(cname, argv)
-            out = self._api.exec_start(ex["Id"]).decode(errors="replace")
+            out = exec_output(self._api, ex["Id"]).decode(errors="replace")
+            # The engine records the exit code before it closes the output stream.
             code = self._api.exec_inspect(ex["Id"])["ExitCode"]
+        if code is None:
+            raise SpaceUnavailable(f"Space {name!r}: docker exec {argv[0]}: the engine "
+                                   "closed its output but has no exit code for it")
         return code, out
 
     def save_state(self, name: str, dest: Path) -> None:

@@ -146,10 +146,11 @@ def test_the_container_is_the_space_the_design_describes(spaces) -> None:
     assert host["Memory"] == 1024**3 and host["PidsLimit"] == spaces.limits.pids
     # A non-root user, its workspace, the supervisor as PID 1, spacesd as its child.
     assert spaces.exec_in("s", ["id", "-un"]) == (0, "cua\n")
-    _, ps = spaces.exec_in("s", ["ps", "-o", "pid=,ppid=,args=", "-e"])
+    code, ps = spaces.exec_in("s", ["ps", "-o", "pid=,ppid=,args=", "-e"])
     procs = [line.split(None, 2) for line in ps.splitlines()]
-    assert any(p[0] == "1" and "spacesd.supervisor run" in p[2] for p in procs)
-    assert any(p[1] == "1" and "-m spacesd --root /home/cua/work" in p[2] for p in procs)
+    assert code == 0 and any(p[0] == "1" and "spacesd.supervisor run" in p[2]
+                             for p in procs), f"ps exited {code}: {ps!r}"
+    assert any(p[1] == "1" and "-m spacesd --root /home/cua/work" in p[2] for p in procs), ps
     client = spaces.connect("s", epoch=1)
     info = client.exec_wait(client.exec_start("k", "pwd; bash --version | head -1; "
                                                    "find . -maxdepth 0; ls /var/lib/spacesd").key)
