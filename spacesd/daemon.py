@@ -206,14 +206,16 @@ class Daemon:
 
     def import_checkpoint(self, query: dict[str, str], stream: Readable) -> dict[str, Any]:
         op = protocol.OP_CHECKPOINT_IMPORT
-        try:
-            epoch = int(query.get("epoch", ""))
-        except ValueError:
-            raise BadRequest(f"{op}: query parameter 'epoch' must be an integer") from None
-        try:
-            sent_round = int(query["round"]) if "round" in query else None
-        except ValueError:
-            raise BadRequest(f"{op}: query parameter 'round' must be an integer") from None
+        # Its epoch and round come in the query (the body is the tar): as integers, they
+        # are judged as a JSON body's are.
+        fenced: dict[str, Any] = {}
+        for name in ("epoch", "round"):
+            try:
+                fenced.update({name: int(query[name])} if name in query else {})
+            except ValueError:
+                raise BadRequest(f"{op}: query parameter {name!r} must be an integer") \
+                    from None
+        epoch, sent_round = self.epoch_of(op, fenced), self.round_of(op, fenced)
         checkpoint_id = check_id(query.get("id", ""))
         with self.fence.admit(epoch, sent_round):
             return self.checkpoints.import_(checkpoint_id, stream).to_json()

@@ -123,19 +123,21 @@ class LinkProxy:
             self._longest = max(self._longest, delay)
             self._changed.notify_all()
 
-    def drain(self, grace: float = 30.0) -> bool:
+    def drain(self, grace: float = 30.0) -> None:
         """Wait until every request a delay met was answered by the daemon (or its
         connection ended): then all a slow link held back has been carried out, as a
-        network eventually delivers what it queued. At most the longest delay plus
-        ``grace`` seconds; whether it drained."""
+        network eventually delivers what it queued. Waits at most the longest delay plus
+        ``grace`` seconds, then raises ``TimeoutError`` saying how many are still out."""
         with self._lock:
             deadline = time.monotonic() + self._longest + grace
             while self._late and not self._closed.is_set():
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    return False
+                    raise TimeoutError(
+                        f"{self._late} request(s) the slow link delayed were still "
+                        f"unanswered after the longest delay ({self._longest:g} s) and "
+                        f"{grace:g} s more")
                 self._changed.wait(left)
-            return True
 
     @property
     def is_cut(self) -> bool:

@@ -275,11 +275,12 @@ class Run:
                 with self.scope:
                     final_exit = self.await_driver(self.launch(CLEAN_ATTEMPT, None),
                                                    CLEAN_ATTEMPT)
-            if self.link is not None and not self.link.drain():
-                # What it still holds may reach the daemon while the Space is observed.
-                state.fault_error("the link", TimeoutError(
-                    "a request the slow link delayed was still unanswered after the longest "
-                    "delay and 30 s more"))
+            if self.link is not None:
+                try:
+                    self.link.drain()
+                except TimeoutError as exc:
+                    # What it still holds may reach the daemon while the Space is observed.
+                    state.fault_error("the link", exc)
             t_done = time.time() - state.t0
             time.sleep(max(0.0, self.settle_at - time.time()))
             obs, events, verdict = self._observe(final_exit)

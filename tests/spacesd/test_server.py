@@ -99,6 +99,25 @@ def test_bad_input_gets_a_clear_error_and_the_daemon_keeps_serving(
     assert daemon.serving()
 
 
+@pytest.mark.parametrize("query, status, code, words", [
+    ("id=c1", 400, "bad_request", "checkpoint_import: missing field 'epoch'"),
+    ("id=c1&epoch=one", 400, "bad_request",
+     "checkpoint_import: query parameter 'epoch' must be an integer"),
+    ("id=c1&epoch=-1", 400, "bad_request", "field 'epoch' must be an integer >= 0"),
+    ("id=c1&epoch=0&round=x", 400, "bad_request",
+     "checkpoint_import: query parameter 'round' must be an integer"),
+    ("id=c1&epoch=0&round=-2", 400, "bad_request", "field 'round' must be an integer >= 0"),
+])
+def test_a_checkpoint_import_with_a_bad_epoch_or_round_is_refused(
+    daemon: Daemon, query: str, status: int, code: str, words: str
+) -> None:
+    """Its epoch and round come in the query, not a JSON body: judged the same way."""
+    status_got, res = daemon.request("POST", f"/v1/checkpoint_import?{query}", b"not a tar")
+    assert (status_got, res["error"]["code"]) == (status, code)
+    assert words in res["error"]["message"]
+    assert daemon.serving()
+
+
 def test_a_huge_body_gets_413_and_the_daemon_keeps_serving(daemon: Daemon) -> None:
     big = json.dumps({"epoch": 0, "path": "big", "data": "A" * (4 * MAX_BODY)}).encode()
     status, code, message = daemon.error("write_file", big)

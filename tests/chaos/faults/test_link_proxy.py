@@ -185,8 +185,25 @@ def test_what_a_slow_link_queued_arrives_after_what_is_sent_later(linked: Linked
     later = linked.routed.connect("s", epoch=1)
     later.write_file("f.txt", b"sent later")
     assert look.read_file("f.txt") == b"sent later", "the later request waited"
-    assert linked.proxy.drain(grace=DEADLINE_S), "the queued request was never answered"
+    linked.proxy.drain(grace=DEADLINE_S)  # raises when the queued request is never answered
     assert look.read_file("f.txt") == b"sent first", "the queued request did not arrive last"
+
+
+def test_drain_says_how_many_delayed_requests_were_never_answered(linked: Linked) -> None:
+    """A delayed request the daemon holds (stopped at a failpoint) keeps ``drain`` from
+    ending: past its deadline it raises, saying what it waited for; once the daemon answers,
+    it drains."""
+    client = linked.routed.connect("s", epoch=1)  # a 1 s request timeout
+    linked.proxy.slow(0.2)
+    with pytest.raises(SpaceUnavailable, match="unknown"):
+        client.exec_start("k@1", "true")  # the daemon stops inside it
+    assert linked.stopped.wait(DEADLINE_S), "the start never reached the daemon"
+    with pytest.raises(TimeoutError, match=r"^\d request\(s\) the slow link delayed were "
+                                           r"still unanswered after the longest delay "
+                                           r"\(0.2 s\) and 0.5 s more$"):
+        linked.proxy.drain(grace=0.5)
+    linked.go.set()
+    linked.proxy.drain(grace=DEADLINE_S)
 
 
 def test_a_request_right_after_an_answer_is_delayed_when_the_link_turns_slow() -> None:
