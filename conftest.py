@@ -8,8 +8,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from backends.local import LocalSpaces
+
+# Hypothesis in the test command: the same examples on every run (derandomize: a red run
+# is one the next run repeats, never a new draw's luck), and nothing judged by the clock (a
+# busy machine makes any example slow). `--hypothesis-profile=explore` draws new examples
+# each run, to hunt: a failure it finds prints the @example that repeats it.
+_UNTIMED = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
+settings.register_profile("deterministic", derandomize=True, **_UNTIMED)
+settings.register_profile("explore", **_UNTIMED)
+settings.load_profile("deterministic")
 
 
 @pytest.fixture

@@ -9,6 +9,10 @@
 # any CI host, so a test that waits on time instead of an event shows itself. Each run's
 # output goes to $STRESS_DIR/run-<i>.log (default: a new temp directory); a summary line per
 # run is printed. The load campaign is ended by its pid, with its drivers and Spaces.
+#
+# Stopped (Ctrl-C, or SIGTERM to it or its process group), it ends the test run as a Ctrl-C
+# would: pytest tears its fixtures down, which delete the Spaces the running tests made
+# (their daemons left in sessions of their own, their QEMU guests), then the load ends.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=10
@@ -55,9 +59,27 @@ PY
     echo "ci/stress.sh: load: a checkpoint campaign loop (pid $load_pid)" >&2
 fi
 
+test_pid=
+stop() {
+    trap - INT TERM
+    if [ -n "$test_pid" ]; then
+        echo "ci/stress.sh: stopped: ending the running tests (pid $test_pid) as a Ctrl-C" \
+             "would, so their fixtures delete what they made" >&2
+        kill -INT -- "-$test_pid" 2>/dev/null || true
+        wait "$test_pid" 2>/dev/null || true
+    fi
+    exit 130
+}
+trap stop INT TERM
+
 for i in $(seq 1 "$runs"); do
     started=$SECONDS
-    if bash ci/test.sh "$@" >"$STRESS_DIR/run-$i.log" 2>&1; then
+    # A process group of its own: a signal to this script's group does not reach it
+    # unannounced (a SIGTERM would kill pytest before its teardown); stop() forwards a
+    # SIGINT, which a background job would ignore (hence --default-signal).
+    setsid env --default-signal=INT bash ci/test.sh "$@" >"$STRESS_DIR/run-$i.log" 2>&1 &
+    test_pid=$!
+    if wait "$test_pid"; then
         echo "ci/stress.sh: run $i/$runs passed in $((SECONDS - started)) s:" \
              "$(tail -1 "$STRESS_DIR/run-$i.log")"
     else
