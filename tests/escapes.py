@@ -42,7 +42,7 @@ def wait_pid(path: Path, found: list[tuple[int, int]]) -> tuple[int, int]:
     return pid, started
 
 
-def gone(proc: tuple[int, int], timeout: float = 10.0) -> bool:
+def gone(proc: tuple[int, int], timeout: float = 120.0) -> bool:
     """Whether ``proc`` is dead within ``timeout``."""
     deadline = time.monotonic() + timeout
     while procfs.is_alive(*proc):

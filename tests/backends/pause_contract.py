@@ -92,7 +92,10 @@ def check_a_command_pause_freezes_the_commands_alone(spaces: Any, name: str) -> 
     shim = client.exec_status("ticker@1").pid
 
     assert spaces.pause_commands(name) == ["ticker@1"]
-    client.exec_start("probe@1", f"read -r pid comm state rest < /proc/{shim}/stat; "
+    # Stopped once the kernel next schedules it: the probe looks until it is (or a hang).
+    client.exec_start("probe@1", f"for i in $(seq {int(DEADLINE_S / 0.05)}); do "
+                                 f"read -r pid comm state rest < /proc/{shim}/stat; "
+                                 "[ \"$state\" = T ] && break; sleep 0.05; done; "
                                  "echo $state")
     probe = client.exec_wait("probe@1")
     assert (probe.state, probe.output) == ("exited", "T\n"), probe

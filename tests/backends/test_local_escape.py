@@ -148,7 +148,7 @@ def test_the_cgroup_finds_an_escapee_whose_every_ancestor_died(
 
 
 def wait_for_a_parent_without_the_marker(pid: int, space: LocalSpace,
-                                         timeout: float = 10.0) -> None:
+                                         timeout: float = 120.0) -> None:
     """Until the shell that started ``pid`` has exited and ``pid`` was adopted by a process
     that is not the Space's."""
     marker = f"SPACESD_STATE={os.path.realpath(space.state)}".encode()

@@ -2,7 +2,9 @@
 SQLite log in STATE_DIR, reporting failpoints when CUA_FAILPOINTS is set.
 
 Side effects of host tools are appended to ``STATE_DIR/effects`` (one line per real run), so
-the test can count how many times each call really ran.
+the test can count how many times each call really ran. A host tool then holds while the
+file ``STATE_DIR/hold-<marker>`` exists: a kill in the middle of the tool lands while it
+holds.
 """
 
 from __future__ import annotations
@@ -26,17 +28,19 @@ def effect(name: str):
     def run(args: dict, _io: object) -> str:
         with open(effects, "a") as f:
             f.write(f"{name}:{args['marker']}\n")
-        time.sleep(args.get("sleep", 0))
+        held = state / f"hold-{args['marker']}"
+        deadline = time.monotonic() + 600
+        while held.exists() and time.monotonic() < deadline:  # until the test kills it
+            time.sleep(0.01)
         return f"{name} {args['marker']} ran"
     return run
 
 
-SCHEMA = {"type": "object", "properties": {"marker": {"type": "string"},
-                                           "sleep": {"type": "number"}},
+SCHEMA = {"type": "object", "properties": {"marker": {"type": "string"}},
           "required": ["marker"]}
 PLAN = [
-    PlannedCall(0, "never_tool", {"marker": "n0", "sleep": 0.5}),
-    PlannedCall(1, "safe_tool", {"marker": "s1", "sleep": 0.5}),
+    PlannedCall(0, "never_tool", {"marker": "n0"}),
+    PlannedCall(1, "safe_tool", {"marker": "s1"}),
     PlannedCall(2, "write", {"path": "a.txt", "content": "one\n"}),
     PlannedCall(3, "never_tool", {"marker": "n3"}),
 ]

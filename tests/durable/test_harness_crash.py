@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -28,45 +29,67 @@ ROOT = str(Path(__file__).resolve().parents[2])
 STEPS = {0: ("never:n0", "never"), 1: ("safe:s1", "safe"), 2: (None, "never"),
          3: ("never:n3", "never")}
 KILL_AT = {
-    "before_intent": ("call.begin", 0.0),
-    "after_intent": ("call.intent", 0.0),
-    "mid_tool": ("call.intent", 0.25),
-    "after_tool": ("call.returned", 0.0),
+    "before_intent": "call.begin",
+    "after_intent": "call.intent",
+    "mid_tool": "call.intent",  # then the kill lands once the tool wrote its effect
+    "after_tool": "call.returned",
 }
+#: Only a hang waits this long.
+DEADLINE_S = 120
 
 
 def run_child(state: Path, env_extra: dict[str, str]) -> tuple[int, str]:
     env = {**os.environ, "PYTHONPATH": ROOT, **env_extra}
     with OwnedProcess([sys.executable, CHILD, str(state)], env=env) as p:
-        out, _ = p.proc.communicate(timeout=60)
+        out, _ = p.proc.communicate(timeout=DEADLINE_S)
         return p.proc.returncode, out.decode()
 
 
-# mid-tool kills need a tool that takes a while: steps 0 and 1 sleep 0.5 s
+def kill_once_it_ran(state: Path, line: str, pid: int) -> None:
+    """SIGKILL ``pid``'s group once the tool wrote its effect ``line`` (it then holds)."""
+    effects, deadline = state / "effects", time.monotonic() + DEADLINE_S
+    while line not in (effects.read_text().splitlines() if effects.exists() else []):
+        assert time.monotonic() < deadline, f"the tool never wrote {line!r}"
+        time.sleep(0.01)
+    os.killpg(os.getpgid(pid), 9)
+
+
+# mid-tool kills need a host tool, which holds until it is killed: steps 0 and 1
 CASES = [(w, s) for w in sorted(KILL_AT) for s in sorted(STEPS) if w != "mid_tool" or s in (0, 1)]
 
 
 @pytest.mark.parametrize(("where", "step"), CASES)
 def test_sigkill_then_resume(tmp_path: Path, where: str, step: int) -> None:
-    point, delay = KILL_AT[where]
+    point = KILL_AT[where]
     killed: list[Hit] = []
+    killer: list[threading.Thread] = []
+    held = tmp_path / f"hold-{(STEPS[step][0] or '').split(':')[-1]}"
+    if where == "mid_tool":
+        held.touch()  # the tool of this step holds until it is killed
 
     def on_hit(hit: Hit) -> str:
         # occurrence k of a call.* point is the call of step k - 1 (one call per step)
         if hit.point != point or hit.occurrence != step + 1 or killed:
             return "continue"
         killed.append(hit)
-        if delay:  # let the tool run, then kill it in the middle
-            threading.Timer(delay, os.killpg, (os.getpgid(hit.pid), 9)).start()
+        if where == "mid_tool":  # let the tool run, then kill it in the middle
+            line = STEPS[step][0]
+            assert line is not None
+            killer.append(threading.Thread(target=kill_once_it_ran,
+                                           args=(tmp_path, line, hit.pid)))
+            killer[0].start()
             return "continue"
         os.killpg(os.getpgid(hit.pid), 9)
         return "killed"
 
     with Rendezvous(str(tmp_path / "fp.sock"), on_hit) as rv:
         code, out = run_child(tmp_path, {"CUA_FAILPOINTS": rv.address})
+    for thread in killer:
+        thread.join(DEADLINE_S)
     assert killed, f"failpoint {point} #{step + 1} was never reached; output:\n{out}"
     assert code == -9, f"the child was not killed (exit {code}):\n{out}"
 
+    held.unlink(missing_ok=True)  # the resumed process's tools do not hold
     code, out = run_child(tmp_path, {})
     assert code == 0 and "OUTCOME done" in out, out
 

@@ -170,7 +170,7 @@ def test_sandbox_outside_a_sandbox_refuses_to_start(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ sandbox
 
 
-def host_pid(namespace: str, inner: int, timeout: float = 10.0) -> int:
+def host_pid(namespace: str, inner: int, timeout: float = 120.0) -> int:
     """The pid, here, of the process ``inner`` of the PID namespace ``namespace`` (the
     ``NSpid`` line of /proc/<pid>/status)."""
     deadline = time.monotonic() + timeout

@@ -17,7 +17,7 @@ from spacesd.errors import StaleEpoch
 from tests.liveness import running
 
 
-def read_pids(work: Path, *names: str, timeout: float = 10.0) -> list[int]:
+def read_pids(work: Path, *names: str, timeout: float = 120.0) -> list[int]:
     deadline = time.monotonic() + timeout
     while not all((work / n).exists() and (work / n).read_text().strip() for n in names):
         assert time.monotonic() < deadline, "the command did not write its pids"

@@ -53,7 +53,7 @@ def read_pid(tmp: Path) -> tuple[int, int] | None:
 
 
 def wait_daemon(tmp: Path, other_than: tuple[int, int] | None = None,
-                timeout: float = 20.0) -> tuple[int, int]:
+                timeout: float = 120.0) -> tuple[int, int]:
     deadline = time.monotonic() + timeout
     while True:
         pid = read_pid(tmp)
@@ -80,7 +80,7 @@ def test_a_killed_daemon_is_started_again_and_its_commands_live_on(tmp_path: Pat
         first = wait_daemon(tmp_path)
         c = client(tmp_path)
         c.exec_start("k", "echo $$ > sh.pid; while [ ! -e gate ]; do sleep 0.05; done")
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 120
         while not (tmp_path / "work/sh.pid").exists():
             assert time.monotonic() < deadline
             time.sleep(0.02)
@@ -92,7 +92,7 @@ def test_a_killed_daemon_is_started_again_and_its_commands_live_on(tmp_path: Pat
         assert not procfs.is_alive(*first)
         assert c.exec_status("k").state == "running"
         (tmp_path / "work/gate").touch()
-        assert c.exec_wait("k", timeout=30).exit_code == 0
+        assert c.exec_wait("k", timeout=120).exit_code == 0
 
 
 def test_kill_daemon_with_no_daemon_kills_nothing(tmp_path: Path) -> None:
@@ -107,7 +107,7 @@ def test_sigterm_stops_the_daemon_and_the_supervisor(tmp_path: Path) -> None:
     with supervisor(tmp_path) as proc:
         daemon = wait_daemon(tmp_path)
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=20) == 0
+        assert proc.wait(timeout=120) == 0
         assert not procfs.is_alive(*daemon)
     assert "stopped by signal 15" in (tmp_path / "supervisor.log").read_text()
 

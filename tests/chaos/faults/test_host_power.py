@@ -194,9 +194,9 @@ SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
 
 def _stop_state(pid: int) -> str:
     """"stopped" once ``pid`` is stopped (a SIGSTOP sent to it stops it before it runs any
-    more code of its own, but its state shows it a moment later: waited for, up to 5 s),
+    more code of its own, but its state shows it a moment later: waited for, up to 120 s),
     else its state then."""
-    deadline = time.monotonic() + 5.0
+    deadline = time.monotonic() + 120.0
     while True:
         state = next(line.split(":", 1)[1].strip() for line in
                      Path(f"/proc/{pid}/status").read_text().splitlines()

@@ -31,10 +31,12 @@ from tests.durable.coordinator.conftest import store_url
 from tests.liveness import running
 
 FAKE = Path(__file__).with_name("fake_driver.py")
-#: Claims only a hang lets lapse. (With 2 s one lapsed mid-drive on a busy machine and its
-#: script ran out of order: a drive's late save wrote its claim's first expiry back over
-#: the renewals', fixed since; see the frozen-Space test below.)
-FAST = CoordinatorConfig(backoff=Backoff(0.0), stall_secs=5.0, heartbeat_secs=0.2,
+#: Claims and stalls only a hang reaches: a driver's silence is timed from its spawn, and
+#: its start on a busy machine must never read as a stall. (With 2 s claims one lapsed
+#: mid-drive on a busy machine and its script ran out of order: a drive's late save wrote
+#: its claim's first expiry back over the renewals', fixed since; see the frozen-Space test
+#: below.)
+FAST = CoordinatorConfig(backoff=Backoff(0.0), stall_secs=60.0, heartbeat_secs=0.2,
                          poll_secs=0.05, claim_secs=30.0)
 
 
@@ -96,7 +98,7 @@ def test_backoff_doubles_and_the_attempt_cap_ends_the_session(
         store: CoordinatorStore, spaces: LocalSpaces, tmp_path: Path) -> None:
     store.submit(fake("s", tmp_path, spaces, [{"exit": 3}]), 0.0)
     config = CoordinatorConfig(backoff=Backoff(0.3, 2.0, 10.0), max_attempts=3,
-                               stall_secs=5.0, heartbeat_secs=0.2, poll_secs=0.05)
+                               stall_secs=60.0, heartbeat_secs=0.2, poll_secs=0.05)
     serve(store, spaces, config)
     rec = store.get("s")
     assert rec.state == "failed" and rec.attempts == 3, rec
@@ -111,14 +113,15 @@ def test_backoff_doubles_and_the_attempt_cap_ends_the_session(
 def test_a_silent_driver_is_replaced_and_a_busy_one_kept(store: CoordinatorStore,
                                                          spaces: LocalSpaces,
                                                          tmp_path: Path) -> None:
-    # The silence a stall takes (5 s) is far above a driver's start on a busy machine (its
-    # clock runs from the spawn: 1 s once took a busy driver starting for stalled), and the
-    # busy one runs twice that long, beating (the silent one would sleep 10 minutes).
+    # The silence a stall takes (15 s) is far above a driver's start on a busy machine (its
+    # clock runs from the spawn: 1 s once took a busy driver starting for stalled, and 5 s
+    # was close under a campaign and a second suite), and the busy one runs twice that
+    # long, beating (the silent one would sleep 10 minutes).
     store.submit(fake("silent", tmp_path, spaces,
                       [{"sleep": 600, "heartbeat": False}, {"exit": 0}]), 0.0)
-    store.submit(fake("busy", tmp_path, spaces, [{"sleep": 10, "exit": 0}], space="ws2"),
+    store.submit(fake("busy", tmp_path, spaces, [{"sleep": 30, "exit": 0}], space="ws2"),
                  0.0)
-    config = CoordinatorConfig(backoff=Backoff(0.0), stall_secs=5.0, heartbeat_secs=0.2,
+    config = CoordinatorConfig(backoff=Backoff(0.0), stall_secs=15.0, heartbeat_secs=0.2,
                                poll_secs=0.05)
     serve(store, spaces, config)
     silent = store.get("silent")
@@ -172,7 +175,7 @@ def test_a_drive_held_up_by_a_frozen_space_keeps_its_claim(store: CoordinatorSto
     try:
         store.submit(fake("s", tmp_path, spaces, [{"sleep": 0.5, "exit": 0}]), 0.0)
         store.submit(fake("t", tmp_path, spaces, [{"exit": 0}]), 1.0)
-        config = CoordinatorConfig(backoff=Backoff(0.0), stall_secs=10.0, heartbeat_secs=0.2,
+        config = CoordinatorConfig(backoff=Backoff(0.0), stall_secs=60.0, heartbeat_secs=0.2,
                                    poll_secs=0.05, claim_secs=1.5)
         serve(store, spaces, config)
     finally:
