@@ -29,7 +29,7 @@ class ExecStreamError(docker.errors.DockerException):
 
 def exec_output(api: docker.APIClient, exec_id: str) -> bytes:
     """Start the created exec ``exec_id`` (no TTY) and return its stdout and stderr as they
-    came, once the stream ends (when the command closed them)."""
+    came, once the stream ends (when the command closed them), however long that takes."""
     # The request exec_start makes, through the client's own (untyped, private) helpers so
     # the connection is configured as for every other call.
     client: Any = api
@@ -41,6 +41,9 @@ def exec_output(api: docker.APIClient, exec_id: str) -> bytes:
         # http.client's buffered reader over the hijacked connection: it holds whatever
         # the header parse read ahead.
         reader = response.raw._fp.fp
+        # The command takes what it takes (a kill-daemon waits for the next daemon): as
+        # docker-py's own read, no timeout of the API client's cuts it short.
+        client._disable_socket_timeout(reader.raw)
         try:
             return _frames(exec_id, reader)
         except OSError as exc:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import socket
 import struct
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,15 +30,21 @@ def frame(stream: int, data: bytes) -> bytes:
     return struct.pack(">BxxxL", stream, len(data)) + data
 
 
+#: The API client's timeout: a command's output may come later than that.
+API_TIMEOUT_S = 1
+
+
 @pytest.fixture
 def engine(tmp_path: Path) -> Iterator[tuple[docker.APIClient, list[bytes]]]:
     """An API client on a one-connection-at-a-time server that answers each request with
-    the next reply of the list the test fills, in a single ``sendall``, then closes."""
+    the next reply of the list the test fills, in a single ``sendall``, then closes; a
+    reply in parts (a tuple) is sent part by part, a float part being a pause of that many
+    seconds."""
     path = tmp_path / "engine.sock"
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(str(path))
     server.listen(1)
-    replies: list[bytes] = []
+    replies: list[bytes | tuple[bytes | float, ...]] = []
 
     def serve() -> None:
         while True:
@@ -54,11 +61,16 @@ def engine(tmp_path: Path) -> Iterator[tuple[docker.APIClient, list[bytes]]]:
                                if line.lower().startswith(b"content-length:")), 0)
                 while len(body) < length:
                     body += conn.recv(4096)
-                conn.sendall(replies.pop(0))
+                reply = replies.pop(0)
+                for part in reply if isinstance(reply, tuple) else (reply,):
+                    if isinstance(part, float):
+                        time.sleep(part)
+                    else:
+                        conn.sendall(part)
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
-    api = docker.APIClient(base_url=f"unix://{path}", version="1.41", timeout=30)
+    api = docker.APIClient(base_url=f"unix://{path}", version="1.41", timeout=API_TIMEOUT_S)
     try:
         yield api, replies
     finally:
@@ -92,6 +104,14 @@ def test_a_stream_that_ends_inside_a_frame_is_an_error_not_short_output(
     replies.append(HEADERS + frame(1, b"whole\n") + frame(1, b"cut short\n")[:cut])
     with pytest.raises(ExecStreamError, match=f"exec abc: the stream {message}"):
         exec_output(api, "abc")
+
+
+def test_output_later_than_the_api_timeout_is_waited_for(engine) -> None:
+    """A command takes what it takes (a kill-daemon waits for the next daemon): the API
+    client's timeout is for the engine's answer, not for the command's output."""
+    api, replies = engine
+    replies.append((HEADERS, 2.0 * API_TIMEOUT_S, frame(1, b"late\n")))
+    assert exec_output(api, "abc") == b"late\n"
 
 
 def test_an_engine_error_is_raised_as_the_engine_said_it(engine) -> None:
