@@ -60,6 +60,7 @@ from chaos.run.launch import OtherSession
 from chaos.run.observe import save_ledger
 from chaos.run.spaces import seed_space
 from durable.session_driver import EXIT_FENCED, EXIT_OK
+from durable.session_log import open_for_audit
 from scenarios import load, scenario_of
 from scenarios.steps import DETACHED_GRACE_SECONDS
 
@@ -180,11 +181,28 @@ def _race(run: RunContext, rv: Rendezvous, rng: random.Random,
         code = run.await_driver(new, 2)
     if old_code == EXIT_FENCED:
         run.state.count("fenced")
+    elif old_code == EXIT_OK and not _log_taken_over(run, old_epoch):
+        # A planned fault ended the newer driver before it opened the log (a kill at a
+        # failpoint its command's end reached): nothing overtook the older, which rightly
+        # finished the session; the checks judge what each changed.
+        run.state.op("nemesis", "info", "not_overtaken", f"the newer driver never opened "
+                     f"the log (it exited {code}): the older one (epoch {old_epoch}) was not "
+                     "overtaken, and finished")
     elif not _stopped_by_a_fault(run, old, old_code, released):
         run.stale_error = (f"the older driver (epoch {old_epoch}) exited {old_code} after a "
                            f"newer one took over ({race} race); it must be fenced "
                            f"({EXIT_FENCED})")
     return code
+
+
+def _log_taken_over(run: RunContext, epoch: int) -> bool:
+    """Whether an epoch above ``epoch`` opened the run's log (its epoch history: every raise
+    of the floor), once the race's drivers have ended."""
+    storage = open_for_audit(run.dir / "state")
+    try:
+        return any(raised > epoch for raised, _, _ in storage.epoch_history().raises)
+    finally:
+        storage.close()
 
 
 def _newer_failpoints(run: RunContext, rv: Rendezvous) -> str | None:

@@ -139,6 +139,22 @@ def test_a_broken_adapter_is_caught(tmp_path: Path) -> None:
     assert main(["analyze", str(results.path)]) == 1, "analyze re-checks the stored records"
 
 
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_an_older_driver_no_newer_one_overtook_may_finish(tmp_path: Path, seed: int) -> None:
+    """A race's newer driver killed (by a planned fault) before it opened the log overtakes
+    nothing: the older one, released, rightly finishes the session (found by a docker
+    stale campaign with held faults: a slow link's kill at a daemon failpoint, reached by
+    the older driver's command, killed the newer one 80 ms after its launch; G4 wanted the
+    older fenced)."""
+    spec = RunSpec(index=0, seed=seed, campaign_mode="stale", durable_mode="auto",
+                   backend="local", preset="default", steps=4, work_dir=tmp_path,
+                   driver=str(Path(__file__).parents[1] / "dead_newer_driver.py"),
+                   stale_kind="race")
+    record = Run(spec).execute()
+    assert record.verdict.valid is True, record.verdict
+    assert any(op["f"] == "not_overtaken" for op in record.history), record.history
+
+
 def test_a_machine_too_slow_for_the_foreign_fence_makes_the_run_unknown(
         tmp_path: Path) -> None:
     """When the session's first driver reaches the Space only after the earlier log's
