@@ -86,6 +86,9 @@ class DirectoryCheckpointStore:
         #: (id, manifest, size) of the last whole manifest this object stored: the base of
         #: the differences it stores next.
         self._base: tuple[str, Json, int] | None = None
+        #: Object directories whose entry in ``objects`` this object has fsynced (once per
+        #: process and each time one is made, not once per checkpoint).
+        self._durable_dirs: set[Path] = set()
 
     def _name(self, checkpoint_id: str, suffix: str) -> Path:
         if "/" in checkpoint_id or checkpoint_id.startswith("."):
@@ -131,8 +134,9 @@ class DirectoryCheckpointStore:
                                  f"out of the export are not in {self.path} (e.g. {missing[0]})")
         for d in dirs:
             fsync_dir(d)
-        if dirs:
+        if not dirs <= self._durable_dirs:
             fsync_dir(self._objects)
+            self._durable_dirs |= dirs
         delta = None
         if self._base is not None:
             base_id, base, size = self._base
@@ -152,7 +156,9 @@ class DirectoryCheckpointStore:
         path = self._object(sha)
         if path.exists():
             return path.parent
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.parent.is_dir():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._durable_dirs.discard(path.parent)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{sha[:12]}.")
         digest = hashlib.sha256()
         try:

@@ -173,6 +173,45 @@ def test_a_restore_cut_short_converges_when_run_again(tmp_path, monkeypatch) -> 
         daemon.close()
 
 
+def test_a_manifest_is_parsed_once_while_its_file_holds_the_same_bytes(tmp_path, monkeypatch
+                                                                      ) -> None:
+    """Export, list and each delete's garbage collection load manifests right after they
+    were made: a daemon keeps them parsed, by their bytes (damage on disk is judged again:
+    ``test_a_damaged_manifest_is_refused_and_keeps_its_objects``), within a budget."""
+    from spacesd import checkpoints
+    from spacesd.errors import NotFound
+
+    monkeypatch.setattr(checkpoints, "PARSED_MANIFEST_ENTRIES", 10)
+    (tmp_path / "work").mkdir()
+    for n in range(3):
+        (tmp_path / "work" / f"f{n}").write_text(f"v {n}")
+    daemon = Daemon(str(tmp_path / "work"), str(tmp_path / "state"))
+    try:
+        cps = daemon.checkpoints
+        cps.create("a")
+        m = cps.load("a")
+        assert cps.load("a") is m  # as saved: not parsed again
+        path = tmp_path / "state" / "checkpoints" / "manifests" / "a.json"
+        path.write_bytes(path.read_bytes())  # the same bytes, a new mtime: still known
+        assert cps.load("a") is m
+        cps.create("b")  # 3 files each, counted 4 with the manifest: two fit in 10
+        cps.create("c")
+        b = cps.load("b")
+        assert cps.load("b") is b and cps.load("c") is cps.load("c")
+        again = cps.load("a")  # the oldest, let go for the budget: parsed again, equal
+        assert again is not m and again == m
+        assert cps.delete("a")
+        with pytest.raises(NotFound):
+            cps.load("a")
+    finally:
+        daemon.close()
+    restarted = Daemon(str(tmp_path / "work"), str(tmp_path / "state"))
+    try:
+        assert restarted.checkpoints.load("b") == b
+    finally:
+        restarted.close()
+
+
 def test_restore_keeps_every_shape_real_programs_make(client: HttpSpaceClient,
                                                        space: LocalSpace) -> None:
     """Empty directories (git's refs), FIFOs, absolute, dangling and looping links,
