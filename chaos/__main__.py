@@ -1,5 +1,6 @@
 """``python -m chaos`` and the ``chaos`` command: ``chaos.cli.main``, with a Ctrl-C that
-lands while its modules load ending the command as any other (exit 130)."""
+lands while its modules load ending the command as any other (exit 130), and a SIGTERM
+taken as a Ctrl-C."""
 
 import signal
 import sys
@@ -11,11 +12,13 @@ from chaos.exits import (
     exit_with,
     noting_ctrl_c,
     raise_noted_ctrl_c,
+    terminate_as_ctrl_c,
 )
 
 
 def entry() -> None:
     signal.signal(signal.SIGINT, noting_ctrl_c)
+    signal.signal(signal.SIGTERM, terminate_as_ctrl_c)
     try:
         from chaos.cli import main
 

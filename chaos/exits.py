@@ -50,6 +50,16 @@ def noting_ctrl_c(signum: int, _frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def terminate_as_ctrl_c(_signum: int, _frame: object) -> None:
+    """The SIGTERM handler of ``python -m chaos``: a SIGTERM (``timeout``, a CI runner
+    cancelling its job, ``kill``) ends the command as Ctrl-C does, through whatever SIGINT
+    handler holds at that instant (one that only notes it while the SUMMARY is written
+    too), so the running runs' drivers and Spaces end with it. Its default ended the
+    process at once and left them running: a microVM campaign under ``timeout`` left its
+    QEMU machines behind (found by hand; ``chaos clean`` ended them)."""
+    signal.raise_signal(signal.SIGINT)
+
+
 def ctrl_c_noted() -> bool:
     """Whether ``noting_ctrl_c`` saw a Ctrl-C: one that raised as it should, or one that
     Python dropped. Either way the command ends by it (exit 130)."""

@@ -166,16 +166,20 @@ def campaign_with_runs(results: Path, finished: int,
         yield proc
 
 
-def test_ctrl_c_ends_a_campaign_in_seconds_and_keeps_what_finished(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_ends_a_campaign_in_seconds_and_keeps_what_finished(
+        tmp_path: Path, sig: signal.Signals) -> None:
+    """SIGTERM (``timeout``, a CI runner cancelling its job) ends it as Ctrl-C does: with
+    SIGTERM's default the campaign died at once and left its Spaces running."""
     results = tmp_path / "results"
     with campaign_with_runs(results, 2, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE) as proc:
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         sent = time.monotonic()
         out, err = proc.communicate(timeout=300)  # only a hang takes minutes
         took = time.monotonic() - sent
     assert proc.returncode == 130, err
-    print(f"Ctrl-C to exit: {took:.1f} s")
+    print(f"{sig.name} to exit: {took:.1f} s")
     assert "interrupted" in err
     summary = parse_summary(next(line for line in out.splitlines()
                                  if line.startswith("SUMMARY")))
