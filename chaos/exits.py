@@ -50,13 +50,28 @@ def noting_ctrl_c(signum: int, _frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def terminate_as_ctrl_c(_signum: int, _frame: object) -> None:
+_stopping: list[int] = []
+
+
+def stopping() -> None:
+    """Note that the command is ending by a Ctrl-C or a SIGTERM (its runs being ended, its
+    SUMMARY written): a SIGTERM from now on is ignored (``terminate_as_ctrl_c``)."""
+    _stopping.append(signal.SIGINT)
+
+
+def terminate_as_ctrl_c(signum: int, _frame: object) -> None:
     """The SIGTERM handler of ``python -m chaos``: a SIGTERM (``timeout``, a CI runner
     cancelling its job, ``kill``) ends the command as Ctrl-C does, through whatever SIGINT
     handler holds at that instant (one that only notes it while the SUMMARY is written
     too), so the running runs' drivers and Spaces end with it. Its default ended the
     process at once and left them running: a microVM campaign under ``timeout`` left its
-    QEMU machines behind (found by hand; ``chaos clean`` ended them)."""
+    QEMU machines behind (found by hand; ``chaos clean`` ended them). Once it is stopping
+    (a SIGTERM or a Ctrl-C came), a SIGTERM is ignored: runners send one a few seconds
+    after their Ctrl-C, which would cut the ending of the runs short; SIGKILL ends it at
+    once (and ``chaos clean`` what it leaves)."""
+    if _stopping or _noted:
+        return
+    _stopping.append(signum)
     signal.raise_signal(signal.SIGINT)
 
 
@@ -132,6 +147,7 @@ def exit_with(code: int) -> NoReturn:
     test)."""
     if code != EXIT_INTERRUPTED:
         sys.exit(code)
+    stopping()
     threading._shutdown()  # type: ignore[attr-defined]  # the interpreter's own first step
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):

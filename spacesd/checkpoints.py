@@ -191,13 +191,14 @@ class Manifest:
 
 
 class _ParsedManifests:
-    """Manifests already parsed and checked, by id, each with the SHA-256 of the bytes it
-    was read from or written as: ``load`` hands one back only while its file holds those
-    very bytes, so a manifest damaged or replaced on disk is read (and judged) again. A
-    checkpoint is exported, listed and counted by every delete's garbage collection right
-    after it is made, and parsing and checking a manifest costs ~10 ms per 1000 files
-    against ~0.3 ms to read and hash it. Kept while their entries sum to at most
-    ``budget`` (the oldest used go first). A ``Manifest`` handed out is never changed."""
+    """Manifests already parsed and checked (``Manifest._validate``), by id, each with the
+    SHA-256 of the bytes it was read from or written as: ``load`` hands one back only
+    while its file holds those very bytes, so a manifest damaged or replaced on disk is
+    read (and judged) again. A checkpoint is exported, listed and counted by every
+    delete's garbage collection right after it is made, and parsing and checking a
+    manifest costs ~10 ms per 1000 files against ~0.3 ms to read and hash it. Kept while
+    their entries sum to at most ``budget`` (the oldest used go first). A ``Manifest``
+    handed out is shared: its readers never change it (nothing in spacesd does)."""
 
     def __init__(self, budget: int) -> None:
         self._budget = budget
@@ -344,6 +345,10 @@ class Checkpoints:
         data = json.dumps({**body, "checksum": _checksum(body)},
                           separators=(",", ":")).encode()
         self._ws.writer.write(self._manifest_path(m.id), [data], mode=0o600)
+        try:  # kept only as ``load`` would: a manifest it would refuse is judged by it
+            m._validate()
+        except BadRequest:
+            return
         self._parsed.put(m.id, data, m)
 
     # ---------------------------------------------------------------- operations
@@ -356,7 +361,7 @@ class Checkpoints:
             if unreadable:  # a socket is no state; a file it cannot read is, and is lost
                 raise Conflict(f"checkpoint {checkpoint_id!r} cannot keep {unreadable[0]}")
             kept: list[ScanEntry] = []
-            stored: dict[str, tuple[str, int]] = {}  # first file of a group -> its object
+            stored: dict[str, ScanEntry] = {}  # first file of a group, as kept
             first: dict[str, str] = {}  # a group's first file gone meanwhile -> the new one
             for e in entries:
                 if e.kind == "file" and e.link is not None and e.link not in stored:
@@ -376,9 +381,11 @@ class Checkpoints:
                         e = replace(e, sha256=sha, size=size, extents=None)
                 if e.kind == "file":
                     if e.link is None:
-                        stored[e.path] = (e.sha256 or "", e.size)
+                        stored[e.path] = e
                     elif e.link in stored:  # a group's members hold what its first holds
-                        e = replace(e, sha256=stored[e.link][0], size=stored[e.link][1])
+                        held = stored[e.link]
+                        e = replace(e, sha256=held.sha256, size=held.size,
+                                    extents=held.extents)
                     else:
                         continue  # the group's new first went away too
                 kept.append(e)

@@ -24,7 +24,7 @@ from chaos.campaign.records import ResultsDir
 from chaos.campaign.run_pool import LocalPool, RunPool
 from chaos.campaign.summary import campaign_cells, cells_hit, summarize, summary_line
 from chaos.errors import BackendUnavailable
-from chaos.exits import EXIT_INTERRUPTED, ctrl_c_deferred, raise_noted_ctrl_c
+from chaos.exits import EXIT_INTERRUPTED, ctrl_c_deferred, raise_noted_ctrl_c, stopping
 from chaos.faults.plans import FaultPlan, HeldAction, exhaustive_plans, held_flags, leads_exhaustive
 from chaos.modes.mode import CampaignMode
 from chaos.modes.registry import MODES
@@ -328,6 +328,7 @@ def _drive(cfg: CampaignConfig, results: ResultsDir, pool: RunPool, specs: Itera
                 for record in pool.finished(timeout=1.0):
                     stop = (finished(record) and cfg.stop_on_failure) or stop
     except KeyboardInterrupt:
+        stopping()
         progress.echo(f"chaos: interrupted: ending {pool.in_flight()} running run(s) (their "
                       "drivers by pid, their Spaces); no new run starts", sys.stderr)
         pool.abort()

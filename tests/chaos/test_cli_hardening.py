@@ -166,20 +166,32 @@ def campaign_with_runs(results: Path, finished: int,
         yield proc
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+@pytest.mark.parametrize("sigs", [(signal.SIGINT,), (signal.SIGTERM,),
+                                  (signal.SIGINT, signal.SIGTERM)],
+                         ids=["ctrl-c", "sigterm", "ctrl-c-then-sigterm"])
 def test_ctrl_c_ends_a_campaign_in_seconds_and_keeps_what_finished(
-        tmp_path: Path, sig: signal.Signals) -> None:
+        tmp_path: Path, sigs: tuple[signal.Signals, ...]) -> None:
     """SIGTERM (``timeout``, a CI runner cancelling its job) ends it as Ctrl-C does: with
-    SIGTERM's default the campaign died at once and left its Spaces running."""
+    SIGTERM's default the campaign died at once and left its Spaces running. A SIGTERM
+    while it stops (a runner sends one after its Ctrl-C) does not cut the stop short."""
     results = tmp_path / "results"
     with campaign_with_runs(results, 2, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE) as proc:
-        proc.send_signal(sig)
+        assert proc.stderr is not None
+        proc.send_signal(sigs[0])
         sent = time.monotonic()
+        said = ""
+        for sig in sigs[1:]:  # once it is ending its runs
+            while "interrupted: ending" not in said:
+                line = proc.stderr.readline()
+                assert line, f"it ended before it said it was stopping: {said}"
+                said += line
+            proc.send_signal(sig)
         out, err = proc.communicate(timeout=300)  # only a hang takes minutes
+        err = said + err
         took = time.monotonic() - sent
     assert proc.returncode == 130, err
-    print(f"{sig.name} to exit: {took:.1f} s")
+    print(f"{'+'.join(s.name for s in sigs)} to exit: {took:.1f} s")
     assert "interrupted" in err
     summary = parse_summary(next(line for line in out.splitlines()
                                  if line.startswith("SUMMARY")))

@@ -212,6 +212,41 @@ def test_a_manifest_is_parsed_once_while_its_file_holds_the_same_bytes(tmp_path,
         restarted.close()
 
 
+def test_a_hardlink_group_whose_first_file_changed_after_the_scan_is_kept_whole(
+        tmp_path, monkeypatch) -> None:
+    """The first file of a hardlink group rewritten between the scan and its copy: the
+    later members take its new content and its extents, so the manifest is one every
+    later daemon reads (found by review: the members kept the sparse extents of the
+    scan, which a restarted daemon refused as damaged)."""
+    (tmp_path / "work").mkdir()
+    a = tmp_path / "work" / "a"
+    with open(a, "wb") as f:  # sparse: data, a hole, data
+        f.write(b"x" * 4096)
+        f.seek(1 << 20)
+        f.write(b"y" * 4096)
+    os.link(a, tmp_path / "work" / "b")
+    daemon = Daemon(str(tmp_path / "work"), str(tmp_path / "state"))
+    try:
+        scan = daemon.checkpoints._scanner.scan
+
+        def then_rewritten(*args, **kwargs):
+            seen = scan(*args, **kwargs)
+            a.write_bytes(b"z" * 100)  # the same inode: both names change
+            return seen
+
+        monkeypatch.setattr(daemon.checkpoints._scanner, "scan", then_rewritten)
+        daemon.checkpoints.create("c")
+    finally:
+        daemon.close()
+    restarted = Daemon(str(tmp_path / "work"), str(tmp_path / "state"))
+    try:
+        m = restarted.checkpoints.load("c")  # Damaged before the fix
+        assert {(f.path, f.size, f.extents) for f in m.files} == {("a", 100, None),
+                                                                  ("b", 100, None)}
+    finally:
+        restarted.close()
+
+
 def test_restore_keeps_every_shape_real_programs_make(client: HttpSpaceClient,
                                                        space: LocalSpace) -> None:
     """Empty directories (git's refs), FIFOs, absolute, dangling and looping links,
