@@ -113,13 +113,13 @@ def _held(args: argparse.Namespace) -> tuple[HeldAction, ...]:
         if args.mode == "stale" and (why := kind.stale_refusal(args.stale_kind)):
             raise BadArguments(why)
         durable = args.durable_mode or MODES[args.mode].durable
-        if kind.disk is not None and backend(args.backend).machines and \
+        if kind.in_machine and backend(args.backend).machines and \
                 durable != "transactional" and \
                 snapshot_kind(args.backend, args.snapshots) == "machine":
-            raise BadArguments(f"{kind.flag} fills a microVM's one disk, and a whole-machine "
-                               "checkpoint taken while it is full would bring the fill back "
-                               "after its end: add --snapshots workspace (or run the adapter "
-                               "transactional, which takes no checkpoints)")
+            raise BadArguments(f"{kind.flag} {kind.in_machine}, and a whole-machine checkpoint "
+                               "taken while it holds would bring it back after its end, with "
+                               "nothing left to undo it: add --snapshots workspace (or run the "
+                               "adapter transactional, which takes no checkpoints)")
         if kind.root and os.geteuid() != 0:
             raise BadArguments(f"{kind.flag} needs root ({kind.needs_why}); run the "
                                "campaign as root, or leave it out")

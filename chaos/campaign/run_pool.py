@@ -78,16 +78,20 @@ class LocalPool:
         done, _ = wait(list(self._running), timeout=timeout, return_when=FIRST_COMPLETED)
         records = []
         for fut in done:
-            del self._running[fut]
-            records.append(fut.result())
+            run = self._running.pop(fut)
+            records.append({"index": run.spec.index, "interrupted": True} if fut.cancelled()
+                           else fut.result())
         return records
 
     def run(self, spec: RunSpec) -> dict[str, Any]:
         return Run(spec, self._note).execute().to_json()
 
     def abort(self) -> None:
-        for run in self._running.values():
-            run.abort()
+        """A run still waiting for a thread never starts (it made a Space first, and a
+        microVM's boot held the Ctrl-C up for minutes); a running one is ended."""
+        for fut, run in self._running.items():
+            if not fut.cancel():
+                run.abort()
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)

@@ -110,6 +110,12 @@ class HeldKind:
     #: runner then mounts one of ``DISK_BYTES`` there): ``"tmpfs"`` to fill, ``"image"``
     #: (``chaos.faults.host_power``) to lose power under.
     log_disk: Literal["tmpfs", "image"] | None = None
+    #: What it leaves inside a microVM's own state while it holds (a frozen process, a full
+    #: disk: "freezes the daemon inside a microVM"), which a whole-machine checkpoint taken
+    #: meanwhile keeps and a restore brings back after its end, with nothing left to undo
+    #: it; empty: nothing (a frozen machine, a cut link and a stepped clock are the host's
+    #: to undo, or are set again at a restore).
+    in_machine: str = ""
     #: It holds for a while, then is undone (else it strikes once, and only at a driver's
     #: failpoint, where no commit is in flight: what it did is then exact).
     holds: bool = True
@@ -159,7 +165,9 @@ HELD_KINDS: dict[str, HeldKind] = {k.action: k for k in (
              "also freeze each run's daemon alone once or twice (SIGSTOP of spacesd; its "
              "commands run on and end while it is frozen) at seeded points for seeded times, "
              "most past the faulted drivers' request timeout, which drops to 2 s "
-             "(transactional, checkpoint, auto, stale and redrive modes)"),
+             "(transactional, checkpoint, auto, stale and redrive modes; a microVM's "
+             "checkpoints then workspace ones: --snapshots workspace)",
+             in_machine="freezes the daemon inside a microVM"),
     HeldKind("fill_state_disk", "--fill-state-disks", "state_disk_fills", "state_fills",
              lambda b: "state" in b.own_disks, "a local Space's daemon state gets a disk of "
              "its own (a tmpfs, mounted as root); docker and microvm Spaces keep it on their "
@@ -173,8 +181,10 @@ HELD_KINDS: dict[str, HeldKind] = {k.action: k for k in (
              "also freeze each run's running commands once or twice (SIGSTOP of every process "
              "of the daemon's commands, not the daemon: it answers on, their waits see them "
              "running) at seeded points for seeded times, then thaw them (transactional, "
-             "checkpoint, auto, stale and redrive modes)",
-             points=("spacesd.exec.spawned", "space.running", "spacesd.exec.exit_writing")),
+             "checkpoint, auto, stale and redrive modes; a microVM's checkpoints then "
+             "workspace ones: --snapshots workspace)",
+             points=("spacesd.exec.spawned", "space.running", "spacesd.exec.exit_writing"),
+             in_machine="freezes the commands inside a microVM"),
     HeldKind("fill_work_disk", "--fill-work-disks", "work_disk_fills", "work_fills",
              lambda b: "work" in b.own_disks, "a local or docker Space's workspace gets a disk "
              "of its own (a tmpfs on the host, mounted as root), as a volume would; a microVM's "
@@ -184,7 +194,7 @@ HELD_KINDS: dict[str, HeldKind] = {k.action: k for k in (
              "seeded points for seeded times, then free it: writes, edits, commands and "
              "restores meet ENOSPC (as root; transactional, checkpoint, auto, stale and "
              "redrive modes; a microVM's checkpoints then workspace ones: --snapshots "
-             "workspace)", root=True, disk="work"),
+             "workspace)", root=True, disk="work", in_machine="fills a microVM's one disk"),
     HeldKind("fill_log_disk", "--fill-log-disks", "log_disk_fills", "log_fills", None, "",
              False,
              "also fill the disk of each run's log (the drivers' SQLite or JSONL log, on a "

@@ -192,6 +192,14 @@ def test_bad_arguments_exit_254(tmp_path: Path, capsys: pytest.CaptureFixture[st
                      "--fill-work-disks"]) == 254
         assert "--fill-work-disks fills a microVM's one disk, and a whole-machine " \
             "checkpoint" in capsys.readouterr().err
+    # a frozen daemon or frozen commands kept by a machine checkpoint came back after the
+    # fault's end, frozen for good (found by a microvm auto campaign: every driver after
+    # the restore waited on a daemon that never answered)
+    for flag, what in (("--pause-daemons", "freezes the daemon"),
+                       ("--pause-commands", "freezes the commands")):
+        assert main(["run", "--mode", "auto", "--backend", "microvm", flag]) == 254
+        assert f"{flag} {what} inside a microVM, and a whole-machine checkpoint taken " \
+            "while it holds would bring it back" in capsys.readouterr().err
         assert main(["run", "--mode", "stale", "--stale-kind", "paused",
                      "--cut-host-power"]) == 254
         assert "--cut-host-power is for --stale-kind race or detached, not paused: it " \
