@@ -50,12 +50,15 @@ class ProviderOptions:
     their failpoints to (a unix socket); ``request_timeout``: how long its clients wait for
     a daemon's answer; ``via``: where their endpoints are routed (the run's link proxies);
     ``disks``: which directories of each Space get a disk of their own (``"state"``,
-    ``"work"``), and their size in bytes."""
+    ``"work"``), and their size in bytes; ``fork_daemons``: start the Spaces' daemons, from
+    any process, by a server this process owns that imported them once, where the backend
+    can (local: ``backends.local.daemon_start``)."""
 
     failpoints: str | None = None
     request_timeout: float = REQUEST_TIMEOUT_S
     via: Via | None = None
     disks: Mapping[DiskName, int] = field(default_factory=dict)
+    fork_daemons: bool = False
 
 
 @dataclass(frozen=True)

@@ -165,11 +165,11 @@ def backend(name: str) -> BackendDescriptor:
 
 def make_spaces(name: str, run_dir: Path, *, failpoints: str | None = None,
                 request_timeout: float = REQUEST_TIMEOUT_S,
-                via: Via | None = None, disks: Mapping[DiskName, int] | None = None
-                ) -> CampaignSpaces:
+                via: Via | None = None, disks: Mapping[DiskName, int] | None = None,
+                fork_daemons: bool = False) -> CampaignSpaces:
     """The run's Spaces provider of the backend ``name`` (``ProviderOptions`` says what the
-    options are; disks of their own are for backends that have them, and every process of
-    the run then makes Spaces with them)."""
+    options are; disks of their own, and daemons forked by this process's server, are for
+    backends that have them, and every process of the run then makes Spaces with them)."""
     chosen = backend(name)
     lacking = sorted(set(disks or ()) - chosen.own_disks)
     if lacking:
@@ -178,7 +178,7 @@ def make_spaces(name: str, run_dir: Path, *, failpoints: str | None = None,
                                  f"disk of their own; use a backend that can ({able})")
     try:
         spaces: CampaignSpaces = chosen.make(run_dir, ProviderOptions(
-            failpoints, request_timeout, via, dict(disks or {})))
+            failpoints, request_timeout, via, dict(disks or {}), fork_daemons))
     except BackendUnavailableHere as exc:
         raise BackendUnavailable(str(exc)) from None
     return spaces

@@ -45,7 +45,7 @@ from .daemon import Daemon
 from .epoch_fence import DamagedFloor
 from .failpoints import ENV_VAR as FAILPOINTS_ENV
 from .journal import DamagedJournal
-from .protocol import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_REQUESTS
+from .protocol import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_REQUESTS, STATE_DAEMON_LOCK
 from .server import SpacesServer
 from .space_identity import DamagedIdentity
 
@@ -112,7 +112,7 @@ def _lock_state(state: str) -> int:
     """Hold ``<state>/daemon.lock`` (see the module docstring); returns its descriptor,
     close-on-exec, kept open for the daemon's life."""
     os.makedirs(state, exist_ok=True)
-    fd = os.open(os.path.join(state, "daemon.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+    fd = os.open(os.path.join(state, STATE_DAEMON_LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
                  0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

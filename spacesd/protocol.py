@@ -303,6 +303,9 @@ STATE_FENCES = "fences.jsonl"
 STATE_EPOCH = "epoch"
 #: The Space's id, made when its daemon first started (``spacesd.space_identity``).
 STATE_SPACE_ID = "space_id"
+#: Held (``flock``) by the daemon for its whole life, and naming its pid: one daemon per
+#: state directory, and how the host finds it whatever its command line (``spacesd.__main__``).
+STATE_DAEMON_LOCK = "daemon.lock"
 #: The per-command files: ``<id>.claim`` (the shim's pid or ``lost``), ``<id>.exit`` (the
 #: exit status), ``<id>.out`` (the output, not needed by an audit).
 STATE_EXEC_DIR = "exec"

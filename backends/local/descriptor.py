@@ -9,12 +9,15 @@ from backends.descriptor import BackendDescriptor, ProviderOptions, delete_space
 
 
 def _make(run_dir: Path, options: ProviderOptions) -> Any:
-    from backends.local import LocalSpaces
+    from backends.local import LocalSpaces, daemon_start
 
-    return LocalSpaces(run_dir / "spaces", failpoints=options.failpoints,
-                       request_timeout=options.request_timeout, via=options.via,
-                       state_disk=options.disks.get("state"),
-                       work_disk=options.disks.get("work"))
+    spaces = LocalSpaces(run_dir / "spaces", failpoints=options.failpoints,
+                         request_timeout=options.request_timeout, via=options.via,
+                         state_disk=options.disks.get("state"),
+                         work_disk=options.disks.get("work"))
+    if options.fork_daemons and (server := daemon_start.fork_server()) is not None:
+        server.serve(spaces.base_dir)
+    return spaces
 
 
 def _clean(results: Path) -> int:

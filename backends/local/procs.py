@@ -1,7 +1,8 @@
 """Processes of a local Space, seen from the host: the daemon and what it started.
 
-The daemon is named by ``<pid> <start time>`` in its pid file, and is killed only if that
-pair still matches (a pid alone may belong to an unrelated process by now). The commands
+The daemon is named by ``<pid> <start time>`` in its pid file (or, without one, found as the
+holder of its state's lock), and is killed only if that pair still matches (a pid alone may
+belong to an unrelated process by now). The commands
 are found by the ``SPACESD_STATE=<state dir>`` variable the daemon puts in their
 environment: unlike a list kept by the daemon, that finds them even after the daemon died,
 and also their children that moved to a group of their own. A process that dropped the
@@ -14,13 +15,14 @@ from __future__ import annotations
 import os
 import signal
 import time
+from contextlib import suppress
 
 import psutil
 
 # spacesd.containment is standard library only, like all of spacesd: importable here.
 from spacesd import containment
 from spacesd.procfs import start_time
-from spacesd.protocol import ENV_SPACE_STATE
+from spacesd.protocol import ENV_SPACE_STATE, STATE_DAEMON_LOCK
 
 
 def kill_process(pid: int, started: int, *, timeout: float = 10.0) -> None:
@@ -40,38 +42,63 @@ def kill_process(pid: int, started: int, *, timeout: float = 10.0) -> None:
         time.sleep(0.005)
 
 
-def _read_proc(pid: str, name: str) -> bytes:
-    """``/proc/<pid>/<name>``, empty when the process is gone or not ours to read."""
+def _open_files(pid: int) -> set[str]:
+    """The paths of the files ``pid`` holds open (as the kernel names them, a removed one's
+    without its `` (deleted)``); empty when it is gone or not ours to read."""
+    paths: set[str] = set()
     try:
-        with open(f"/proc/{pid}/{name}", "rb") as f:
-            return f.read()
+        fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
-        return b""
+        return paths
+    for fd in fds:
+        try:
+            paths.add(os.readlink(f"/proc/{pid}/fd/{fd}").removesuffix(" (deleted)"))
+        except OSError:
+            continue
+    return paths
 
 
 def find_daemon(state_dir: str) -> tuple[int, int] | None:
     """``(pid, start time)`` of a live spacesd serving ``state_dir``, found without its pid
-    file: a process with the Space's marker whose command line is ``-m spacesd ... --state
-    <state_dir>`` (the provider starts it that way). Asked whenever no daemon runs (after
-    a kill, before a start, at a delete), so it reads every process's command line, and
-    the environment only of a spacesd's: reading both of every process, through psutil,
-    was a seventh of a campaign's own time."""
-    marker = os.path.realpath(state_dir)
-    want = os.fsencode(f"{ENV_SPACE_STATE}={marker}")
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        argv = _read_proc(pid, "cmdline").rstrip(b"\0").split(b"\0")
-        if argv[1:3] != [b"-m", b"spacesd"] or b"--state" not in argv[:-1]:
-            continue
-        state = os.fsdecode(argv[argv.index(b"--state") + 1])
-        if os.path.realpath(state) != marker or \
-                want not in _read_proc(pid, "environ").split(b"\0"):
-            continue
-        started = start_time(int(pid))
-        if started is not None:
-            return int(pid), started
-    return None
+    file: the process its state's lock names (``STATE_DAEMON_LOCK``: spacesd takes it before
+    anything else and writes its pid in it), if that process holds the lock open. Not by its
+    command line or environment, which a daemon forked by ``spacesd.fork_server`` has from
+    the server. Asked whenever no daemon runs (after a kill, before a start, at a delete),
+    so it reads one file and one process's descriptors."""
+    lock = os.path.join(os.path.realpath(state_dir), STATE_DAEMON_LOCK)
+    try:
+        with open(lock, "rb") as f:
+            pid = int(f.read(32).split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    if lock not in _open_files(pid):
+        return None
+    started = start_time(pid)
+    return None if started is None else (pid, started)
+
+
+def daemons_under(roots: list[str]) -> list[tuple[int, int]]:
+    """``(pid, start time)`` of every live spacesd whose state is under one of ``roots``,
+    even after its directory was removed: the processes that hold a state's lock (in
+    ``/proc/locks``) and have one under a root open."""
+    prefixes = tuple(os.path.join(os.path.realpath(r), "") for r in roots)
+    holders = set()
+    try:
+        with open("/proc/locks") as f:
+            for line in f:  # "1: FLOCK  ADVISORY  WRITE <pid> <dev>:<inode> 0 EOF"
+                fields = line.split()
+                if len(fields) > 4 and fields[1] == "FLOCK" and fields[4].isdigit():
+                    holders.add(int(fields[4]))
+    except OSError:
+        return []
+    found = []
+    for pid in sorted(holders):
+        if any(path.startswith(prefixes) and os.path.basename(path) == STATE_DAEMON_LOCK
+               for path in _open_files(pid)):
+            started = start_time(pid)
+            if started is not None:
+                found.append((pid, started))
+    return found
 
 
 def _running(proc: psutil.Process) -> bool:
@@ -82,10 +109,15 @@ def _running(proc: psutil.Process) -> bool:
 
 
 def space_processes(state_dir: str) -> list[psutil.Process]:
-    """Live processes started by the daemon of ``state_dir``: those with its marker, their
-    descendants, and the members of the Space's cgroup (see the module docstring)."""
+    """Live processes of the Space of ``state_dir``: its daemon, the processes with its
+    marker, their descendants, and the members of the Space's cgroup (see the module
+    docstring)."""
     marker = os.path.realpath(state_dir)
     found: dict[int, psutil.Process] = {}
+    daemon = find_daemon(state_dir)  # a forked one's environment is its server's
+    if daemon is not None:
+        with suppress(psutil.NoSuchProcess):
+            found[daemon[0]] = psutil.Process(daemon[0])
     for proc in psutil.process_iter(["environ"]):
         env = proc.info["environ"]
         if env and env.get(ENV_SPACE_STATE) == marker:

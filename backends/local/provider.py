@@ -24,16 +24,13 @@ import re
 import secrets
 import shutil
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-import spacesd.protocol
 from backends.descriptor import DiskName
-from backends.local import own_disks, procs
+from backends.local import daemon_start, own_disks, procs
 from backends.space_client import (
     REQUEST_TIMEOUT_S,
     Endpoint,
@@ -57,12 +54,6 @@ from spacesd.supervisor import signal_commands
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 #: What a token file holds (``_ensure_token`` writes a new one over anything else).
 _TOKEN = re.compile(r"[0-9a-f]{64}\n?")
-#: Where ``python -m spacesd`` is importable from (the parent of the spacesd package).
-_SPACESD_PATH = str(Path(spacesd.protocol.__file__).resolve().parent.parent)
-#: The variables of the creator's environment that a Space's daemon (and so its commands)
-#: gets; everything else stays out (a driver's own failpoint channel among them).
-_KEPT_ENV = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LC_ALL",
-                       "LC_CTYPE", "TZ", "TMPDIR", "TERM"})
 
 
 def _copy_present(src: Path, dest: Path) -> None:
@@ -404,29 +395,24 @@ class LocalSpaces:
             raise
 
     def _start_daemon(self, space: LocalSpace) -> None:
-        """Start spacesd detached and wait until it answers ``health``. It carries the
-        Space's environment marker, like its commands, so ``procs`` finds it by that too."""
+        """Start spacesd detached (spawned, or forked by the fork server this directory
+        names: ``daemon_start``) and wait until it answers ``health``. It carries the
+        Space's environment marker, like its commands, so ``procs`` finds them by that."""
         self._ensure_token(space)
         for stale in (space.port_file, space.pid_file):
             stale.unlink(missing_ok=True)
         # A Space's commands inherit the daemon's environment: give it the basics of a
         # login, not the creator's (a driver's failpoint channel must not leak into them).
-        env = {k: v for k, v in os.environ.items() if k in _KEPT_ENV}
-        env["PYTHONPATH"] = _SPACESD_PATH
+        env = daemon_start.daemon_env()
         env[ENV_SPACE_STATE] = os.path.realpath(space.state)
         if self.failpoints:
             env[FAILPOINTS_ENV] = self.failpoints
-        argv = [sys.executable, "-m", "spacesd", "--root", str(space.work),
-                "--state", str(space.state), "--token-file", str(space.token_file),
-                "--port-file", str(space.port_file), "--pid-file", str(space.pid_file),
-                "--daemonize", *self.daemon_args]
-        with open(space.log_file, "ab") as log:
-            # --daemonize forks: this returns once the daemon listens (or failed to), and
-            # the daemon itself is no child of ours (nothing to reap, ever).
-            started = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                     env=env, cwd=space.state, start_new_session=True,
-                                     timeout=self.start_timeout)
-        if started.returncode != 0 or not self._healthy(space):
+        argv = ["--root", str(space.work), "--state", str(space.state),
+                "--token-file", str(space.token_file), "--port-file", str(space.port_file),
+                "--pid-file", str(space.pid_file), "--daemonize", *self.daemon_args]
+        code = daemon_start.start(argv, env=env, cwd=space.state, log=space.log_file,
+                                  timeout=self.start_timeout, base_dir=self.base_dir)
+        if code != 0 or not self._healthy(space):
             tail = space.log_file.read_text(errors="replace")[-2000:]
             raise SpaceUnavailable(f"Space {space.name!r}: spacesd failed to start; its log "
                                    f"({space.log_file}) ends with:\n{tail}")

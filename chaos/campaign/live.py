@@ -119,10 +119,13 @@ def _under(path: str, roots: list[str]) -> bool:
 
 
 def _orphans_of(roots: list[str]) -> list[tuple[int, int]]:
-    """Daemons (``--state`` under a root) and commands (``SPACESD_STATE`` under a root) of
-    local Spaces, and QEMUs (a disk under a root) of microVM Spaces, whose directories may
-    be gone."""
-    found = []
+    """Daemons (``--state`` under a root, or a state's lock under a root held open: a forked
+    one's command line is its fork server's) and commands (``SPACESD_STATE`` under a root)
+    of local Spaces, and QEMUs (a disk under a root) of microVM Spaces, whose directories
+    may be gone."""
+    from backends.local.procs import daemons_under
+
+    found = daemons_under(roots)
     for pid in procfs.snapshot():
         try:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
@@ -137,7 +140,8 @@ def _orphans_of(roots: list[str]) -> list[tuple[int, int]]:
         states += [seg[len("file="):] for arg in argv for seg in os.fsdecode(arg).split(",")
                    if seg.startswith("file=")]
         started = procfs.start_time(pid)
-        if started is not None and any(_under(s, roots) for s in states):
+        if started is not None and any(_under(s, roots) for s in states) and \
+                (pid, started) not in found:
             found.append((pid, started))
     return found
 

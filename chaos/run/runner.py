@@ -333,7 +333,7 @@ class Run:
         held = [HELD_KINDS[f.action] for f in self.plan.faults if f.action in HELD_KINDS]
         disks = {k.disk: DISK_BYTES for k in held if k.disk is not None}
         self.spaces = make_spaces(self.spec.backend, self.dir, failpoints=rv.address,
-                                  disks=disks)
+                                  disks=disks, fork_daemons=True)
         if any(k.link for k in held):
             self.link = LinkProxy(self.spaces.endpoint(self.space))
             self.links.publish(self.space, self.link)

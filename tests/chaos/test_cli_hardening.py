@@ -114,7 +114,9 @@ def _campaign_pids_after_their_kills(marker: str) -> list[int]:
 
 
 def _campaign_pids(marker: str) -> list[int]:
-    """Live processes whose command line names ``marker`` (this test's own directory)."""
+    """Live processes whose command line names ``marker`` (this test's own directory), or
+    that hold a file under it open (a daemon forked by ``spacesd.fork_server`` has its
+    server's command line, and holds its state's lock)."""
     found = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -122,11 +124,20 @@ def _campaign_pids(marker: str) -> list[int]:
         try:
             cmdline = Path(f"/proc/{name}/cmdline").read_bytes().replace(b"\0", b" ")
             state = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            fds = os.listdir(f"/proc/{name}/fd")
         except OSError:
             continue
-        if marker.encode() in cmdline and state != "Z":
+        if state != "Z" and (marker.encode() in cmdline or any(
+                _opened(f"/proc/{name}/fd/{fd}").startswith(marker + os.sep) for fd in fds)):
             found.append(int(name))
     return found
+
+
+def _opened(fd_link: str) -> str:
+    try:
+        return os.readlink(fd_link)
+    except OSError:
+        return ""
 
 
 def interruptible(*args: str) -> list[str]:

@@ -1,0 +1,167 @@
+"""Daemons forked by ``spacesd.fork_server`` (``backends.local.daemon_start``): the same
+Space as a spawned daemon's, found, killed, frozen and cleaned up without the command line
+and environment a spawned one has, and spawned again once their server is gone."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from backends.local import LocalSpaces, daemon_start, procs
+from durable.errors import SpaceUnavailable
+from tests.backends.pause_contract import (
+    check_a_command_pause_freezes_the_commands_alone,
+    check_a_daemon_pause_freezes_the_daemon_alone,
+    check_a_pause_freezes_the_space,
+)
+
+ROOT = str(Path(__file__).resolve().parents[2])
+
+
+@pytest.fixture
+def server() -> Iterator[daemon_start.ForkServer]:
+    forks = daemon_start.ForkServer()
+    yield forks
+    forks.close()
+
+
+@pytest.fixture
+def forked(tmp_path: Path, server: daemon_start.ForkServer) -> Iterator[LocalSpaces]:
+    provider = LocalSpaces(tmp_path / "spaces")
+    server.serve(provider.base_dir)
+    yield provider
+    provider.delete_all()
+
+
+def _gone(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def cmdline(pid: int) -> list[str]:
+    return psutil.Process(pid).cmdline()
+
+
+def test_a_forked_daemon_serves_its_space_and_is_found_by_its_lock(
+        forked: LocalSpaces) -> None:
+    forked.create("a")
+    space = forked.get("a")
+    daemon = space.daemon()
+    assert daemon is not None
+    assert cmdline(daemon[0])[1:3] == ["-m", "spacesd.fork_server"]  # forked, not spawned
+    client = forked.connect("a", epoch=1)
+    client.exec_start("k@1", 'printf "%s %s" "$SPACESD_STATE" "$PWD"')
+    marker = os.path.realpath(space.state)
+    assert client.exec_wait("k@1", timeout=60).output == f"{marker} {space.work}"
+    space.pid_file.unlink()  # found without its pid file, by the lock it holds
+    assert space.daemon() == daemon == procs.find_daemon(str(space.state))
+    assert procs.daemons_under([str(forked.base_dir)]) == [daemon]
+    forked.create("a")  # idempotent: the live daemon is found and kept
+    assert space.daemon() == daemon
+    forked.restart("a")
+    assert not psutil.pid_exists(daemon[0]) or psutil.Process(daemon[0]).status() == "zombie"
+    after = space.daemon()
+    assert after is not None and after != daemon
+    forked.kill_daemon("a")
+    assert space.daemon() not in (None, after)
+    forked.delete("a")
+    assert procs.daemons_under([str(forked.base_dir)]) == []
+
+
+def test_a_forked_space_pauses_as_a_spawned_one(forked: LocalSpaces) -> None:
+    check_a_pause_freezes_the_space(forked, "s", late_requests_land=True)
+    check_a_daemon_pause_freezes_the_daemon_alone(forked, "sd")
+    check_a_command_pause_freezes_the_commands_alone(forked, "sc")
+
+
+def test_a_forked_daemon_whose_space_was_removed_is_still_found(forked: LocalSpaces) -> None:
+    """As ``chaos clean`` finds the daemons of a campaign that died: by the lock they hold
+    open, since neither their command line nor their first environment names the Space."""
+    forked.create("gone")
+    daemon = forked.get("gone").daemon()
+    assert daemon is not None
+    shutil.rmtree(forked.base_dir / "gone")
+    try:
+        assert procs.daemons_under([str(forked.base_dir)]) == [daemon]
+    finally:
+        procs.kill_process(*daemon)
+
+
+def test_a_forked_start_that_fails_says_why(tmp_path: Path,
+                                            server: daemon_start.ForkServer) -> None:
+    bad = LocalSpaces(tmp_path / "spaces", daemon_args=["--max-requests", "many"])
+    server.serve(bad.base_dir)
+    with pytest.raises(SpaceUnavailable, match="invalid int value: 'many'"):
+        bad.create("a")
+
+
+def test_without_its_server_a_directory_spawns_its_daemons(
+        tmp_path: Path, server: daemon_start.ForkServer) -> None:
+    provider = LocalSpaces(tmp_path / "spaces")
+    server.serve(provider.base_dir)
+    server.close()
+    try:
+        provider.create("a")
+        daemon = provider.get("a").daemon()
+        assert daemon is not None and cmdline(daemon[0])[1:3] == ["-m", "spacesd"]
+    finally:
+        provider.delete_all()
+
+
+def test_the_server_serves_only_starts_it_can_answer(
+        tmp_path: Path, server: daemon_start.ForkServer) -> None:
+    """A start without ``--daemonize`` would be answered only when the daemon ends; a
+    request that is not one JSON packet with the log is refused; both say what to do."""
+    log = tmp_path / "log"
+    with pytest.raises(SpaceUnavailable, match="only --daemonize starts are served"):
+        daemon_start.start(["--root", str(tmp_path)], env={}, cwd=tmp_path, log=log,
+                           timeout=60, base_dir=_served(tmp_path, server))
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
+        sock.connect(str(server.socket))
+        sock.send(b"{}")
+        answer = json.loads(sock.recv(65536))
+    assert "carries one descriptor (the log)" in answer["error"]
+
+
+def _served(tmp_path: Path, server: daemon_start.ForkServer) -> Path:
+    base = tmp_path / "base"
+    server.serve(base)
+    return base
+
+
+def test_the_server_ends_with_its_owner(tmp_path: Path) -> None:
+    """Its owner SIGKILLed, the server exits (its daemons live on, as spawned ones do)."""
+    owner = subprocess.Popen(
+        [sys.executable, "-c", "import sys\n"
+         "from backends.local.daemon_start import ForkServer\n"
+         "s = ForkServer()\nprint(s.pid, flush=True)\nsys.stdin.read()"],
+        env={**os.environ, "PYTHONPATH": ROOT}, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        text=True)
+    try:
+        assert owner.stdout is not None
+        server = psutil.Process(int(owner.stdout.readline()))
+        owner.send_signal(signal.SIGKILL)
+        owner.wait(60)
+        deadline = time.monotonic() + 120
+        while not _gone(server):
+            assert time.monotonic() < deadline, "the server outlived its owner by 120 s"
+            time.sleep(0.01)
+    finally:
+        owner.kill()
+        owner.wait()
+        for stream in (owner.stdin, owner.stdout):
+            assert stream is not None
+            stream.close()
