@@ -18,15 +18,20 @@ environment it was given, as before.
 
 Protocol, over the unix ``SOCK_SEQPACKET`` socket ``SOCKET`` (made 0600; only the server's
 own user is served): one packet ``{"argv": [...], "env": {...}, "cwd": DIR}`` carrying the
-log's descriptor (``SCM_RIGHTS``), answered by one packet ``{"code": N}`` or ``{"error":
-TEXT}``. A client that hangs up before its answer gets its start killed, as ``subprocess``
-kills a child whose wait timed out. It writes ``1`` to ``READY_FD`` once it listens, and
-exits when ``OWNER_FD`` (the read end of a pipe its owner holds) reaches its end: the
-daemons it started live on, as spawned ones do.
+log's descriptor (``SCM_RIGHTS``) and, if the client holds the Space's lock while it starts
+the daemon, that lock's (the server holds it until the start ended, so that the client's
+death frees it only then), answered by one packet ``{"code": N}`` or ``{"error": TEXT}``.
+A waiting client whose own timeout passed sends ``cancel``: its start is killed, as
+``subprocess.run`` kills a child whose wait timed out; one that merely hangs up (killed, as
+a campaign kills drivers) leaves its start to finish, as a spawned daemon would. The server
+writes ``1`` to ``READY_FD`` once it listens, and exits when ``OWNER_FD`` (the read end of a
+pipe its owner holds) reaches its end, removing its socket: the daemons it started live on,
+as spawned ones do.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -35,12 +40,16 @@ import socket
 import struct
 import sys
 import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from spacesd import __main__ as spacesd_main
 
 #: Largest request packet (argv and environment).
 MAX_REQUEST = 1 << 20
+#: What a waiting client sends when its own timeout passed: its start is killed.
+CANCEL = b"cancel"
 _PEERCRED = struct.Struct("3i")
 
 
@@ -56,6 +65,7 @@ def _become_daemon(request: dict[str, Any], log: int) -> None:
         os.dup2(log, 2)
         os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # the server's socket, pipe and pidfds
         os.chdir(request["cwd"])
+        sys.path[0] = os.getcwd()  # what ``python -m`` run there has first on its path
         os.environ.clear()
         os.environ.update(request["env"])
         sys.argv = ["spacesd", *request["argv"]]
@@ -78,33 +88,34 @@ def _become_daemon(request: dict[str, Any], log: int) -> None:
         os._exit(code if 0 <= code <= 255 else 1)
 
 
-def _request(conn: socket.socket) -> tuple[dict[str, Any], int]:
-    """The request of ``conn`` and its log's descriptor; ``ValueError`` saying what is wrong."""
+def _request(conn: socket.socket) -> tuple[dict[str, Any], int, int | None]:
+    """The request of ``conn``, its log's descriptor and the lock it hands over, if any;
+    ``ValueError`` saying what is wrong."""
     _pid, uid, _gid = _PEERCRED.unpack(
         conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
-    data, fds, flags, _ = socket.recv_fds(conn, MAX_REQUEST, 1)
-    if uid != os.getuid():
-        for fd in fds:
-            os.close(fd)
-        raise ValueError(f"user {uid} may not start daemons here; this server serves user "
-                         f"{os.getuid()} only")
-    if len(fds) != 1 or flags & socket.MSG_TRUNC:
-        for fd in fds:
-            os.close(fd)
-        raise ValueError("a request is one packet of at most "
-                         f"{MAX_REQUEST} bytes that carries one descriptor (the log)")
+    data, fds, flags, _ = socket.recv_fds(conn, MAX_REQUEST, 2)
     try:
+        if uid != os.getuid():
+            raise ValueError(f"user {uid} may not start daemons here; this server serves "
+                             f"user {os.getuid()} only")
+        if not 1 <= len(fds) <= 2 or flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+            raise ValueError(f"a request is one packet of at most {MAX_REQUEST} bytes that "
+                             "carries the log's descriptor, and a held lock's if any")
         request = json.loads(data)
-        if not (isinstance(request.get("argv"), list) and isinstance(request.get("env"), dict)
+        if not (isinstance(request, dict) and isinstance(request.get("argv"), list)
+                and all(isinstance(a, str) for a in request["argv"])
+                and isinstance(request.get("env"), dict)
                 and isinstance(request.get("cwd"), str)):
-            raise ValueError("the request needs argv (a list), env (an object) and cwd")
+            raise ValueError("a request is a JSON object with argv (strings), env (an object) "
+                             "and cwd (a directory)")
         if "--daemonize" not in request["argv"]:
             raise ValueError("only --daemonize starts are served: the answer is the start's "
                              "outcome, not the daemon's end")
     except ValueError:
-        os.close(fds[0])
+        for fd in fds:
+            os.close(fd)
         raise
-    return request, fds[0]
+    return request, fds[0], fds[1] if len(fds) == 2 else None
 
 
 def _answer(conn: socket.socket, message: dict[str, Any]) -> None:
@@ -115,7 +126,122 @@ def _answer(conn: socket.socket, message: dict[str, Any]) -> None:
     conn.close()
 
 
+@dataclass
+class _Start:
+    """A start under way: the forked child (whose exit is the answer) and its client."""
+
+    pid: int
+    pidfd: int
+    conn: socket.socket
+    #: The lock the client handed over, held until the start ended (``-1``: none).
+    held: int
+    #: Whether the client's connection is still watched (for a cancel, or its hang-up).
+    watched: bool = True
+
+
+class _Loop:
+    """One thread, no blocking call but ``poll``: every start is a child watched through its
+    pidfd, every client through its connection. A descriptor dropped while a batch of
+    events is handled has its later events in that batch ignored: its number may already
+    belong to a new connection or child."""
+
+    def __init__(self, path: str, listener: socket.socket, owner: int) -> None:
+        self.path = path
+        self.listener = listener
+        self.poller = select.poll()
+        self.handlers: dict[int, Callable[[], None]] = {}
+        self.dropped: set[int] = set()
+        self.done = False
+        self._watch(owner, self._owner_ended)
+        self._watch(listener.fileno(), self._accept)
+
+    def _watch(self, fd: int, handler: Callable[[], None]) -> None:
+        self.handlers[fd] = handler
+        self.poller.register(fd, select.POLLIN)
+
+    def _drop(self, fd: int) -> None:
+        del self.handlers[fd]
+        self.poller.unregister(fd)
+        self.dropped.add(fd)
+
+    def run(self) -> None:
+        while not self.done:
+            self.dropped = set()
+            for fd, _ in self.poller.poll():
+                handler = self.handlers.get(fd)
+                if handler is None or fd in self.dropped:
+                    continue
+                try:
+                    handler()
+                except Exception:  # noqa: BLE001 - one start's trouble never ends the server
+                    traceback.print_exc()
+
+    def _owner_ended(self) -> None:
+        """The owner is done (or gone): no new start; the daemons started live on."""
+        self.listener.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+            os.rmdir(os.path.dirname(self.path))  # its owner's temp directory, if now empty
+        self.done = True
+
+    def _accept(self) -> None:
+        conn, _ = self.listener.accept()
+        self._watch(conn.fileno(), lambda: self._requested(conn))
+
+    def _requested(self, conn: socket.socket) -> None:
+        self._drop(conn.fileno())
+        try:
+            request, log, held = _request(conn)
+        except (OSError, ValueError) as exc:
+            _answer(conn, {"error": f"spacesd.fork_server: {exc}"})
+            return
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            for fd in (log, held):
+                if fd is not None:
+                    os.close(fd)
+            _answer(conn, {"error": f"spacesd.fork_server: cannot fork: {exc}"})
+            return
+        if pid == 0:
+            _become_daemon(request, log)  # the held lock closed there, with the rest
+        os.close(log)
+        start = _Start(pid, os.pidfd_open(pid), conn, -1 if held is None else held)
+        self._watch(start.pidfd, lambda: self._ended(start))
+        self._watch(conn.fileno(), lambda: self._client_spoke(start))
+
+    def _client_spoke(self, start: _Start) -> None:
+        """A waiting client spoke: ``cancel`` (its own timeout: end the start, as
+        ``subprocess.run`` kills a child whose wait timed out) or a hang-up (it was killed:
+        the start goes on, as a spawned one would)."""
+        start.watched = False
+        self._drop(start.conn.fileno())
+        try:
+            said = start.conn.recv(64)
+        except OSError:
+            said = b""
+        if said == CANCEL:
+            os.kill(start.pid, signal.SIGKILL)  # reaped when its pidfd says so
+
+    def _ended(self, start: _Start) -> None:
+        self._drop(start.pidfd)
+        os.close(start.pidfd)
+        if start.held >= 0:
+            os.close(start.held)
+        _, status = os.waitpid(start.pid, 0)
+        if start.watched:
+            self._drop(start.conn.fileno())
+        _answer(start.conn, {"code": os.waitstatus_to_exitcode(status)})
+
+
 def serve(path: str, owner: int, ready: int) -> None:
+    try:  # each start is watched through its pidfd: refuse to serve where there are none
+        os.close(os.pidfd_open(os.getpid()))
+    except OSError as exc:
+        raise SystemExit(f"spacesd.fork_server: no pidfd here ({exc}); daemons are spawned "
+                         "instead") from None
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     old = os.umask(0o177)
     try:
@@ -125,58 +251,7 @@ def serve(path: str, owner: int, ready: int) -> None:
     listener.listen(64)
     os.write(ready, b"1")
     os.close(ready)
-    poller = select.poll()
-    poller.register(owner, select.POLLIN)
-    poller.register(listener, select.POLLIN)
-    waiting: dict[int, socket.socket] = {}  # fd -> a connection yet to send its request
-    starts: dict[int, tuple[int, socket.socket]] = {}  # pidfd -> (pid, its client)
-    clients: dict[int, int] = {}  # a client's fd, while it waits -> the pidfd of its start
-    while True:
-        for fd, _ in poller.poll():
-            if fd == owner:  # the owner is done (or gone)
-                listener.close()
-                os.unlink(path)
-                return
-            if fd == listener.fileno():
-                conn, _ = listener.accept()
-                waiting[conn.fileno()] = conn
-                poller.register(conn, select.POLLIN)
-            elif fd in starts:
-                pid, conn = starts.pop(fd)
-                poller.unregister(fd)
-                os.close(fd)
-                _, status = os.waitpid(pid, 0)
-                if clients.pop(conn.fileno(), None) is not None:
-                    poller.unregister(conn)
-                _answer(conn, {"code": os.waitstatus_to_exitcode(status)})
-            elif fd in clients:  # it hung up before its answer: end its start
-                pid = starts[clients.pop(fd)][0]
-                os.kill(pid, signal.SIGKILL)  # reaped when its pidfd says so
-                poller.unregister(fd)
-            elif fd in waiting:
-                conn = waiting.pop(fd)
-                poller.unregister(fd)
-                try:
-                    request, log = _request(conn)
-                except (OSError, ValueError) as exc:
-                    _answer(conn, {"error": f"spacesd.fork_server: {exc}"})
-                    continue
-                sys.stdout.flush()
-                sys.stderr.flush()
-                try:
-                    pid = os.fork()
-                except OSError as exc:
-                    os.close(log)
-                    _answer(conn, {"error": f"spacesd.fork_server: cannot fork: {exc}"})
-                    continue
-                if pid == 0:
-                    _become_daemon(request, log)
-                os.close(log)
-                pidfd = os.pidfd_open(pid)
-                starts[pidfd] = (pid, conn)
-                clients[conn.fileno()] = pidfd
-                poller.register(pidfd, select.POLLIN)
-                poller.register(conn, select.POLLIN)  # readable now means hung up
+    _Loop(path, listener, owner).run()
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ the same Space, and the same answer: the start's exit status.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import select
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import spacesd.protocol
 from durable.errors import SpaceUnavailable
+from spacesd.fork_server import CANCEL
 
 #: Where ``python -m spacesd`` is importable from (the parent of the spacesd package).
 SPACESD_PATH = str(Path(spacesd.protocol.__file__).resolve().parent.parent)
@@ -52,18 +54,23 @@ def marker(base_dir: Path) -> Path:
 
 
 def start(argv: list[str], *, env: dict[str, str], cwd: Path, log: Path, timeout: float,
-          base_dir: Path) -> int:
+          base_dir: Path, held: int | None = None) -> int:
     """Start ``python -m spacesd ARGV`` (``--daemonize`` among them) in a session of its own,
     in ``cwd`` with ``env``, its output appended to ``log``; returns once the daemon listens
     (0) or failed to start (not 0). Raises ``subprocess.TimeoutExpired`` after ``timeout``
-    (the start is killed), ``SpaceUnavailable`` if a fork server failed it."""
+    (the start is killed), ``SpaceUnavailable`` if a fork server failed it. ``held``: a
+    descriptor of a lock the caller holds, which a fork server holds too until the start
+    ended, should the caller die first."""
     with open(log, "ab") as out:
-        try:
-            server = marker(base_dir).read_text()
-        except FileNotFoundError:
-            server = ""
+        server = ""
+        if os.environ.get(FORK_ENV, "1") != "0":
+            try:
+                server = marker(base_dir).read_text()
+            except FileNotFoundError:
+                pass
         if server:
-            code = _forked(server, argv, env=env, cwd=cwd, log=out.fileno(), timeout=timeout)
+            fds = [out.fileno()] if held is None else [out.fileno(), held]
+            code = _forked(server, argv, env=env, cwd=cwd, fds=fds, timeout=timeout)
             if code is not None:
                 return code
         # --daemonize forks: this returns once the daemon listens (or failed to), and the
@@ -73,28 +80,32 @@ def start(argv: list[str], *, env: dict[str, str], cwd: Path, log: Path, timeout
                               cwd=cwd, start_new_session=True, timeout=timeout).returncode
 
 
-def _forked(server: str, argv: list[str], *, env: dict[str, str], cwd: Path, log: int,
+def _forked(server: str, argv: list[str], *, env: dict[str, str], cwd: Path, fds: list[int],
             timeout: float) -> int | None:
-    """The start, by the fork server listening at ``server``; None when none listens there."""
+    """The start, by the fork server listening at ``server``; None when it took no request
+    (none listens there: its owner ended), so that nothing started and spawning is safe."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
-        try:
-            sock.connect(server)
-        except (FileNotFoundError, ConnectionRefusedError):
-            return None  # its owner ended: spawn
         sock.settimeout(timeout)
         request = json.dumps({"argv": argv, "env": env, "cwd": str(cwd)}).encode()
         try:
-            socket.send_fds(sock, [request], [log])
+            sock.connect(server)
+            socket.send_fds(sock, [request], fds)
+        except (FileNotFoundError, ConnectionError):
+            return None
+        except TimeoutError:
+            raise subprocess.TimeoutExpired(["spacesd.fork_server", *argv], timeout) from None
+        try:
             answer = sock.recv(65536)
         except TimeoutError:
-            # Hanging up makes the server kill the start, as subprocess.run does on its timeout.
+            with contextlib.suppress(OSError):  # the server kills the start, as run() would
+                sock.send(CANCEL)
             raise subprocess.TimeoutExpired(["spacesd.fork_server", *argv], timeout) from None
-        except OSError as exc:
-            answer = f'{{"error": "the request failed: {exc}"}}'.encode()
+        except ConnectionError:
+            answer = b""
     if not answer:
-        raise SpaceUnavailable(f"the daemon fork server at {server} ended during a start; "
-                               f"its owner's stderr says why (or set {FORK_ENV}=0 to spawn "
-                               "daemons instead)")
+        raise SpaceUnavailable(f"the daemon fork server at {server} ended during a start (the "
+                               "daemon may be up: look again); its owner's stderr says why, "
+                               f"or set {FORK_ENV}=0 to spawn daemons instead")
     message = json.loads(answer)
     if "error" in message:
         raise SpaceUnavailable(f"the daemon fork server at {server} refused a start: "
@@ -115,8 +126,13 @@ class ForkServer:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "spacesd.fork_server", str(self.socket),
                  str(owner_read), str(ready_write)],
-                pass_fds=(owner_read, ready_write), env=daemon_env(), cwd=self.dir,
+                pass_fds=(owner_read, ready_write), env=daemon_env(), cwd="/",
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True)
+        except OSError:
+            for fd in (ready_read, self._owner):
+                os.close(fd)
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise
         finally:
             os.close(owner_read)
             os.close(ready_write)
@@ -130,8 +146,8 @@ class ForkServer:
         if not listening:
             self.close()
             raise OSError(f"the daemon fork server did not start listening within "
-                          f"{SERVER_START_TIMEOUT_S:.0f} s (its output is this process's "
-                          f"stderr); set {FORK_ENV}=0 to spawn daemons instead")
+                          f"{SERVER_START_TIMEOUT_S:.0f} s, or exited (its output is this "
+                          f"process's stderr); set {FORK_ENV}=0 to spawn daemons instead")
 
     def serve(self, base_dir: Path) -> None:
         """Fork the daemons of every Space made under ``base_dir`` from now on, by any

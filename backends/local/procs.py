@@ -42,36 +42,53 @@ def kill_process(pid: int, started: int, *, timeout: float = 10.0) -> None:
         time.sleep(0.005)
 
 
+def _fd_links(pid: int) -> list[str]:
+    """``/proc/<pid>/fd/<fd>`` of each descriptor ``pid`` holds; empty when it is gone or not
+    ours to read."""
+    try:
+        return [f"/proc/{pid}/fd/{fd}" for fd in os.listdir(f"/proc/{pid}/fd")]
+    except OSError:
+        return []
+
+
 def _open_files(pid: int) -> set[str]:
     """The paths of the files ``pid`` holds open (as the kernel names them, a removed one's
-    without its `` (deleted)``); empty when it is gone or not ours to read."""
+    without its `` (deleted)``)."""
     paths: set[str] = set()
-    try:
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return paths
-    for fd in fds:
+    for link in _fd_links(pid):
         try:
-            paths.add(os.readlink(f"/proc/{pid}/fd/{fd}").removesuffix(" (deleted)"))
+            paths.add(os.readlink(link).removesuffix(" (deleted)"))
         except OSError:
             continue
     return paths
 
 
+def _holds(pid: int, file: os.stat_result) -> bool:
+    """Whether ``pid`` holds ``file`` open (the same device and inode, whatever its path)."""
+    for link in _fd_links(pid):
+        try:
+            held = os.stat(link)
+        except OSError:
+            continue
+        if (held.st_dev, held.st_ino) == (file.st_dev, file.st_ino):
+            return True
+    return False
+
+
 def find_daemon(state_dir: str) -> tuple[int, int] | None:
     """``(pid, start time)`` of a live spacesd serving ``state_dir``, found without its pid
     file: the process its state's lock names (``STATE_DAEMON_LOCK``: spacesd takes it before
-    anything else and writes its pid in it), if that process holds the lock open. Not by its
-    command line or environment, which a daemon forked by ``spacesd.fork_server`` has from
-    the server. Asked whenever no daemon runs (after a kill, before a start, at a delete),
-    so it reads one file and one process's descriptors."""
-    lock = os.path.join(os.path.realpath(state_dir), STATE_DAEMON_LOCK)
+    anything else and writes its pid in it), if that process holds the lock file open. Not
+    by its command line or environment, which a daemon forked by ``spacesd.fork_server`` has
+    from the server. Asked whenever no daemon runs (after a kill, before a start, at a
+    delete), so it reads one file and one process's descriptors."""
     try:
-        with open(lock, "rb") as f:
+        with open(os.path.join(state_dir, STATE_DAEMON_LOCK), "rb") as f:
+            lock = os.fstat(f.fileno())
             pid = int(f.read(32).split()[0])
     except (OSError, ValueError, IndexError):
         return None
-    if lock not in _open_files(pid):
+    if not _holds(pid, lock):
         return None
     started = start_time(pid)
     return None if started is None else (pid, started)

@@ -102,8 +102,8 @@ class LocalSpace:
 
     def daemon(self) -> tuple[int, int] | None:
         """``(pid, start time)`` of the running daemon, or None. From its pid file; when
-        that is missing or damaged, found by its environment marker and command line, so
-        a damaged pid file never hides a live daemon (and a second one is never started
+        that is missing or damaged, found by the lock it holds on its state, so a damaged
+        pid file never hides a live daemon (and a second one is never started
         beside it: spacesd would refuse, see ``spacesd.__main__``)."""
         try:
             pid, started = map(int, self.pid_file.read_text().split())
@@ -171,18 +171,26 @@ class LocalSpaces:
         return LocalSpace(name, self.base_dir / name)
 
     @contextmanager
-    def _locked(self, name: str) -> Iterator[LocalSpace]:
+    def _held(self, name: str) -> Iterator[tuple[LocalSpace, int]]:
+        """The Space, its lock taken, and the lock's descriptor: a start hands it to the fork
+        server, which holds it until the start ended, so that a creator killed meanwhile
+        lets no other process act on the Space (and miss a daemon not yet findable)."""
         space = self._space(name)
         locks = self.base_dir / ".locks"
         locks.mkdir(exist_ok=True)
         with open(locks / f"{name}.lock", "a") as f:
             fcntl.flock(f, fcntl.LOCK_EX)
+            yield space, f.fileno()
+
+    @contextmanager
+    def _locked(self, name: str) -> Iterator[LocalSpace]:
+        with self._held(name) as (space, _):
             yield space
 
     # ---------------------------------------------------------------- the protocol
 
     def create(self, name: str) -> None:
-        with self._locked(name) as space:
+        with self._held(name) as (space, held):
             if space.daemon() and self._healthy(space):
                 return
             space.work.mkdir(parents=True, exist_ok=True)
@@ -190,7 +198,7 @@ class LocalSpaces:
             for disk in own_disks.DISKS:
                 own_disks.mount(self.base_dir, disk, space.disk(disk))
             self._kill_daemon(space)  # a hung one, if any
-            self._start_daemon(space)
+            self._start_daemon(space, held)
 
     def exists(self, name: str) -> bool:
         try:
@@ -235,11 +243,11 @@ class LocalSpaces:
         """As a machine restart: the daemon and every process it started die (found by the
         marker in their environment and by the Space's cgroup: ``procs``), the disk stays,
         a new daemon starts."""
-        with self._locked(name) as space:
+        with self._held(name) as (space, held):
             self.get(name)
             self._kill_daemon(space)
             procs.kill_space_processes(str(space.state))
-            self._start_daemon(space)
+            self._start_daemon(space, held)
 
     def kill_process(self, name: str, pid: int) -> None:
         """SIGKILL one process of the Space (a command's shim, say), by its pid as the Space
@@ -256,10 +264,10 @@ class LocalSpaces:
                 procs.kill_process(pid, started)
 
     def kill_daemon(self, name: str) -> None:
-        with self._locked(name) as space:
+        with self._held(name) as (space, held):
             self.get(name)
             self._kill_daemon(space)
-            self._start_daemon(space)
+            self._start_daemon(space, held)
 
     def pause(self, name: str) -> None:
         """Freeze the Space where it stands (as ``docker pause``): SIGSTOP to its daemon and
@@ -394,10 +402,10 @@ class LocalSpaces:
             tmp.unlink(missing_ok=True)
             raise
 
-    def _start_daemon(self, space: LocalSpace) -> None:
+    def _start_daemon(self, space: LocalSpace, held: int) -> None:
         """Start spacesd detached (spawned, or forked by the fork server this directory
-        names: ``daemon_start``) and wait until it answers ``health``. It carries the
-        Space's environment marker, like its commands, so ``procs`` finds them by that."""
+        names: ``daemon_start``) and wait until it answers ``health``. It gives its commands
+        the Space's environment marker, by which ``procs`` finds them."""
         self._ensure_token(space)
         for stale in (space.port_file, space.pid_file):
             stale.unlink(missing_ok=True)
@@ -411,7 +419,8 @@ class LocalSpaces:
                 "--token-file", str(space.token_file), "--port-file", str(space.port_file),
                 "--pid-file", str(space.pid_file), "--daemonize", *self.daemon_args]
         code = daemon_start.start(argv, env=env, cwd=space.state, log=space.log_file,
-                                  timeout=self.start_timeout, base_dir=self.base_dir)
+                                  held=held, timeout=self.start_timeout,
+                                  base_dir=self.base_dir)
         if code != 0 or not self._healthy(space):
             tail = space.log_file.read_text(errors="replace")[-2000:]
             raise SpaceUnavailable(f"Space {space.name!r}: spacesd failed to start; its log "

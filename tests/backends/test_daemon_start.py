@@ -4,6 +4,7 @@ and environment a spawned one has, and spawned again once their server is gone."
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
@@ -122,46 +124,120 @@ def test_without_its_server_a_directory_spawns_its_daemons(
 
 
 def test_the_server_serves_only_starts_it_can_answer(
-        tmp_path: Path, server: daemon_start.ForkServer) -> None:
+        tmp_path: Path, forked: LocalSpaces, server: daemon_start.ForkServer) -> None:
     """A start without ``--daemonize`` would be answered only when the daemon ends; a
-    request that is not one JSON packet with the log is refused; both say what to do."""
+    request that is not one JSON object with the log is refused; each says what to do, and
+    the server serves on."""
     log = tmp_path / "log"
     with pytest.raises(SpaceUnavailable, match="only --daemonize starts are served"):
         daemon_start.start(["--root", str(tmp_path)], env={}, cwd=tmp_path, log=log,
-                           timeout=60, base_dir=_served(tmp_path, server))
-    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
+                           timeout=60, base_dir=forked.base_dir)
+    for packet, fds in ((b"{}", []), (b"[]", [os.open(log, os.O_WRONLY)])):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
+            sock.connect(str(server.socket))
+            socket.send_fds(sock, [packet], fds)
+            answer = json.loads(sock.recv(65536))
+        for fd in fds:
+            os.close(fd)
+        assert answer["error"].startswith("spacesd.fork_server: a request is "), answer
+    forked.create("after")
+    daemon = forked.get("after").daemon()
+    assert daemon is not None and cmdline(daemon[0])[1:3] == ["-m", "spacesd.fork_server"]
+
+
+def test_a_start_whose_client_died_goes_on_and_holds_its_lock(
+        tmp_path: Path, server: daemon_start.ForkServer) -> None:
+    """A driver killed while the server starts its Space's daemon: the daemon comes up all
+    the same, as a spawned one would (only a client's own timeout cancels its start), and
+    the Space's lock the driver held stays held until it is up: whoever takes it next finds
+    the daemon, which it could not while it was starting (no pid file, no state lock yet)."""
+    state, work = tmp_path / "state", tmp_path / "work"
+    work.mkdir()
+    state.mkdir()
+    (state / "token").write_text("t" * 64)
+    argv = ["--root", str(work), "--state", str(state), "--token-file", str(state / "token"),
+            "--pid-file", str(state / "daemon.pid"), "--daemonize"]
+    lock = tmp_path / "space.lock"
+    with open(tmp_path / "log", "ab") as log, open(lock, "a") as held, \
+            socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
+        fcntl.flock(held, fcntl.LOCK_EX)
         sock.connect(str(server.socket))
-        sock.send(b"{}")
-        answer = json.loads(sock.recv(65536))
-    assert "carries one descriptor (the log)" in answer["error"]
+        socket.send_fds(sock, [json.dumps({"argv": argv, "env": daemon_start.daemon_env(),
+                                           "cwd": str(state)}).encode()],
+                        [log.fileno(), held.fileno()])
+    # The client is gone (its socket and its lock's descriptor closed): the server holds the
+    # lock now. Take it as the next process would, then look for the daemon.
+    with open(lock, "a") as after:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                fcntl.flock(after, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                assert time.monotonic() < deadline, "the lock was never given back"
+                time.sleep(0.01)
+        daemon = procs.find_daemon(str(state))
+        assert daemon is not None and (state / "daemon.pid").exists(), \
+            (tmp_path / "log").read_text()
+    procs.kill_process(*daemon)
 
 
-def _served(tmp_path: Path, server: daemon_start.ForkServer) -> Path:
-    base = tmp_path / "base"
-    server.serve(base)
-    return base
+def test_daemons_started_at_once_are_each_their_own(forked: LocalSpaces) -> None:
+    names = [f"s{i}" for i in range(4)]
+    with ThreadPoolExecutor(len(names)) as pool:
+        list(pool.map(forked.create, names))
+    daemons = {forked.get(n).daemon() for n in names}
+    assert None not in daemons and len(daemons) == len(names)
+    for name in names:
+        client = forked.connect(name, epoch=1)
+        client.exec_start("k@1", "printf %s \"$SPACESD_STATE\"")
+        assert client.exec_wait("k@1", timeout=60).output == \
+            os.path.realpath(forked.get(name).state)
 
 
-def test_the_server_ends_with_its_owner(tmp_path: Path) -> None:
-    """Its owner SIGKILLed, the server exits (its daemons live on, as spawned ones do)."""
-    owner = subprocess.Popen(
-        [sys.executable, "-c", "import sys\n"
-         "from backends.local.daemon_start import ForkServer\n"
-         "s = ForkServer()\nprint(s.pid, flush=True)\nsys.stdin.read()"],
-        env={**os.environ, "PYTHONPATH": ROOT}, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        text=True)
+def test_chaos_fork_daemons_0_spawns_them(forked: LocalSpaces,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(daemon_start.FORK_ENV, "0")
+    forked.create("a")
+    daemon = forked.get("a").daemon()
+    assert daemon is not None and cmdline(daemon[0])[1:3] == ["-m", "spacesd"]
+
+
+_OWNER = """import sys
+from backends.local import LocalSpaces
+from backends.local.daemon_start import ForkServer
+server = ForkServer()
+spaces = LocalSpaces(sys.argv[1])
+server.serve(spaces.base_dir)
+spaces.create("a")
+print(server.pid, server.dir, *spaces.get("a").daemon(), flush=True)
+sys.stdin.read()
+"""
+
+
+def test_the_server_ends_with_its_owner_and_its_daemons_live_on(tmp_path: Path) -> None:
+    """Its owner SIGKILLed, the server exits and removes its socket; the daemons it started
+    live on, as spawned ones do."""
+    owner = subprocess.Popen([sys.executable, "-c", _OWNER, str(tmp_path / "spaces")],
+                             env={**os.environ, "PYTHONPATH": ROOT}, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    daemon: tuple[int, int] | None = None
     try:
         assert owner.stdout is not None
-        server = psutil.Process(int(owner.stdout.readline()))
+        pid, directory, *started = owner.stdout.readline().split()
+        server, daemon = psutil.Process(int(pid)), (int(started[0]), int(started[1]))
         owner.send_signal(signal.SIGKILL)
         owner.wait(60)
         deadline = time.monotonic() + 120
         while not _gone(server):
             assert time.monotonic() < deadline, "the server outlived its owner by 120 s"
             time.sleep(0.01)
+        assert not Path(directory).exists()
+        assert LocalSpaces(tmp_path / "spaces").get("a").daemon() == daemon
     finally:
         owner.kill()
         owner.wait()
         for stream in (owner.stdin, owner.stdout):
             assert stream is not None
             stream.close()
+        LocalSpaces(tmp_path / "spaces").delete_all()
