@@ -9,7 +9,7 @@ the same run (these machines are shared and noisy: the ratio is what to read).
 | a checkpoint-mode write with a CheckpointStore, 1000 files | the same without a store | <= 2x the floor |
 | the store's growth per such write | the bytes the write changed | = the floor |
 | a campaign of ``--campaign-runs`` runs x 10 calls, local, checkpoint mode | - | < 90 s for 250 runs |
-| a kill -> the next driver's first step, p50 (from that campaign) | a Python start-up that imports the driver's modules | <= 40 ms |
+| a kill -> the next driver's first step, p50 (from that campaign), less the relaunch backoff its plan drew (0 or 50 ms) | a Python start-up that imports the driver's modules | <= 40 ms |
 
 The calls are measured by the cost benchmark (``reports.cost_bench``: interleaved rounds,
 from the intent's commit to the result's), the exec pair by the Space benchmark
@@ -129,8 +129,11 @@ def campaign_metrics(runs: int, results: Path) -> list[Metric]:
     run_campaign(CampaignConfig(mode="checkpoint", runs=runs, steps=10, seed_base=1,
                                 jobs=2 * (os.cpu_count() or 1), results_root=results), out)
     seconds = time.perf_counter() - start
+    # Less the plan's relaunch backoff (0 or 50 ms, drawn per run): a pause the fault plan
+    # asks for between a driver's death and the next, as a supervisor's would be, not time
+    # the harness or the runtime spends.
     with (results / "latest" / "runs.jsonl").open() as f:
-        resumes = [1000 * (lat["t_next_step"] - lat["t_fault"])
+        resumes = [1000 * (lat["t_next_step"] - lat["t_fault"] - r["plan"]["backoff"])
                    for r in map(json.loads, f) for lat in r["latencies"]
                    if lat["killed"] and lat["t_next_step"] is not None]
     resume = statistics.median(resumes) if resumes else None
@@ -138,7 +141,8 @@ def campaign_metrics(runs: int, results: Path) -> list[Metric]:
     scaled = seconds * 250 / runs
     return [Metric(f"campaign, {runs} runs x 10 calls, local, checkpoint (scaled to 250)",
                    scaled, None, "< 90 s for 250 runs", scaled < 90, unit="s"),
-            Metric("kill -> next driver's first step, p50", resume, floor,
+            Metric("kill -> next driver's first step, p50, less the plan's backoff", resume,
+                   floor,
                    "<= 40 ms", resume is not None and resume <= 40)]
 
 

@@ -26,7 +26,7 @@ def test_perf_prints_every_metric_beside_its_floor(tmp_path: Path) -> None:
     assert any(m.startswith("checkpoint write with a CheckpointStore") for m in metrics)
     assert any(m.startswith("store growth per call") for m in metrics)
     assert any(m.startswith("campaign, 2 runs") for m in metrics)
-    assert metrics[-1] == "kill -> next driver's first step, p50"
+    assert metrics[-1] == "kill -> next driver's first step, p50, less the plan's backoff"
     assert len(metrics) == 8
     for row in rows[1:]:
         cells = [c.strip() for c in row.split("|")[1:-1]]
