@@ -42,9 +42,10 @@ import sys
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from spacesd import __main__ as spacesd_main
+from spacesd.forked_main import exit_as_main
 
 #: Largest request packet (argv and environment).
 MAX_REQUEST = 1 << 20
@@ -53,11 +54,11 @@ CANCEL = b"cancel"
 _PEERCRED = struct.Struct("3i")
 
 
-def _become_daemon(request: dict[str, Any], log: int) -> None:
+def _become_daemon(request: dict[str, Any], log: int) -> NoReturn:
     """In the forked child: run ``python -m spacesd ARGV`` as the request says; never
     returns. ``--daemonize`` makes the child exit 0 once its own child (the daemon) serves."""
-    code = 1
-    try:
+
+    def main() -> int:
         os.setsid()
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
@@ -69,23 +70,9 @@ def _become_daemon(request: dict[str, Any], log: int) -> None:
         os.environ.clear()
         os.environ.update(request["env"])
         sys.argv = ["spacesd", *request["argv"]]
-        code = spacesd_main.main(request["argv"])
-    except SystemExit as exc:  # what ``sys.exit`` in a fresh interpreter would give
-        if exc.code is None or isinstance(exc.code, int):
-            code = exc.code or 0
-        else:
-            print(exc.code, file=sys.stderr)
-            code = 1
-    except BaseException:  # noqa: BLE001 - a fresh interpreter prints it and exits 1
-        traceback.print_exc()
-        code = 1
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        os._exit(code if 0 <= code <= 255 else 1)
+        return spacesd_main.main(request["argv"])
+
+    exit_as_main(main)
 
 
 def _request(conn: socket.socket) -> tuple[dict[str, Any], int, int | None]:

@@ -36,20 +36,20 @@ import os
 import select
 import signal
 import sys
-import traceback
-from typing import Any
+from typing import Any, NoReturn
 
 import chaos.driver  # noqa: F401 - imported once here, for every driver forked
 from backends import space_client
 from chaos.campaign import live
 from durable import failpoints
+from spacesd.forked_main import exit_as_main
 
 
-def _become_driver(request: dict[str, Any], log: int, server_fds: list[int]) -> None:
+def _become_driver(request: dict[str, Any], log: int, server_fds: list[int]) -> NoReturn:
     """In the forked child: become the driver the request describes, its output to ``log``
     (``server_fds``: the server's own descriptors, closed first); never returns."""
-    code = 1
-    try:
+
+    def main() -> int:
         for fd in server_fds:
             os.close(fd)
         os.setsid()
@@ -66,23 +66,9 @@ def _become_driver(request: dict[str, Any], log: int, server_fds: list[int]) -> 
         failpoints.reopen()
         space_client.new_process_owner()
         sys.argv = [request["module"], *request["argv"]]
-        code = importlib.import_module(request["module"]).main(request["argv"])
-    except SystemExit as exc:  # what ``sys.exit`` in a fresh interpreter would give
-        if exc.code is None or isinstance(exc.code, int):
-            code = exc.code or 0
-        else:
-            print(exc.code, file=sys.stderr)
-            code = 1
-    except BaseException:  # noqa: BLE001 - a fresh interpreter prints it and exits 1
-        traceback.print_exc()
-        code = 1
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        os._exit(code if 0 <= code <= 255 else 1)
+        return int(importlib.import_module(request["module"]).main(request["argv"]) or 0)
+
+    exit_as_main(main)
 
 
 def _send(channel: int, message: dict[str, Any]) -> None:
