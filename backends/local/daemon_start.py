@@ -26,7 +26,6 @@ from pathlib import Path
 
 import spacesd.protocol
 from durable.errors import SpaceUnavailable
-from spacesd.fork_server import CANCEL
 
 #: Where ``python -m spacesd`` is importable from (the parent of the spacesd package).
 SPACESD_PATH = str(Path(spacesd.protocol.__file__).resolve().parent.parent)
@@ -97,6 +96,9 @@ def _forked(server: str, argv: list[str], *, env: dict[str, str], cwd: Path, fds
         try:
             answer = sock.recv(65536)
         except TimeoutError:
+            # Here, not at the top: the server's module imports the whole daemon.
+            from spacesd.fork_server import CANCEL
+
             with contextlib.suppress(OSError):  # the server kills the start, as run() would
                 sock.send(CANCEL)
             raise subprocess.TimeoutExpired(["spacesd.fork_server", *argv], timeout) from None

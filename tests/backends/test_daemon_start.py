@@ -182,6 +182,23 @@ def test_a_start_whose_client_died_goes_on_and_holds_its_lock(
     procs.kill_process(*daemon)
 
 
+def test_a_start_past_its_timeout_is_cancelled(forked: LocalSpaces,
+                                               server: daemon_start.ForkServer) -> None:
+    """As ``subprocess.run`` kills a child whose wait timed out: a token file that is a FIFO
+    nobody writes holds the start forever; the client's timeout ends it."""
+    fifo = forked.base_dir / "token"
+    os.mkfifo(fifo)
+    argv = ["--root", str(forked.base_dir), "--state", str(forked.base_dir / "state"),
+            "--token-file", str(fifo), "--daemonize"]
+    with pytest.raises(subprocess.TimeoutExpired):
+        daemon_start.start(argv, env=daemon_start.daemon_env(), cwd=forked.base_dir,
+                           log=forked.base_dir / "log", timeout=1.0, base_dir=forked.base_dir)
+    deadline = time.monotonic() + 120
+    while psutil.Process(server.pid).children():
+        assert time.monotonic() < deadline, "the cancelled start still runs"
+        time.sleep(0.01)
+
+
 def test_daemons_started_at_once_are_each_their_own(forked: LocalSpaces) -> None:
     names = [f"s{i}" for i in range(4)]
     with ThreadPoolExecutor(len(names)) as pool:
