@@ -167,19 +167,25 @@ def test_a_start_whose_client_died_goes_on_and_holds_its_lock(
                         [log.fileno(), held.fileno()])
     # The client is gone (its socket and its lock's descriptor closed): the server holds the
     # lock now. Take it as the next process would, then look for the daemon.
-    with open(lock, "a") as after:
+    try:
+        with open(lock, "a") as after:
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    fcntl.flock(after, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    assert time.monotonic() < deadline, "the lock was never given back"
+                    time.sleep(0.01)
+            daemon = procs.find_daemon(str(state))
+            assert daemon is not None and (state / "daemon.pid").exists(), \
+                (tmp_path / "log").read_text()
+    finally:  # the daemon comes up in any case: end it, found by its lock
         deadline = time.monotonic() + 120
-        while True:
-            try:
-                fcntl.flock(after, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                assert time.monotonic() < deadline, "the lock was never given back"
-                time.sleep(0.01)
-        daemon = procs.find_daemon(str(state))
-        assert daemon is not None and (state / "daemon.pid").exists(), \
-            (tmp_path / "log").read_text()
-    procs.kill_process(*daemon)
+        while (up := procs.find_daemon(str(state))) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if up is not None:
+            procs.kill_process(*up)
 
 
 def test_a_start_past_its_timeout_is_cancelled(forked: LocalSpaces,
