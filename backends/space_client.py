@@ -48,7 +48,7 @@ from urllib.parse import urlencode
 
 from durable.errors import EpochTaken, SpaceError, SpaceFull, SpaceUnavailable, StaleEpochError
 from spacesd import protocol
-from spacesd.protocol import CheckpointInfo, ExecInfo, ScanEntry, ScanResult
+from spacesd.protocol import CheckpointInfo, ExecInfo, ScanEntry, ScanResult, applied_scan
 
 _CHUNK = 1024 * 1024
 #: A kept connection idle longer than this is not reused (the daemon drops idle ones after
@@ -509,14 +509,12 @@ class HttpSpaceClient:
         if last is not None:
             fields["since"] = last[0]
         raw = self._call("scan", timeout=self.long_timeout, **fields)
-        got = (ScanEntry.from_json(e) for e in raw["entries"])
-        if last is None or raw.get("full", True):
-            state = {e.path: e for e in got}
-        else:
-            state = dict(last[1])
-            for path in raw["removed"]:
-                state.pop(path, None)
-            state.update((e.path, e) for e in got)
+        try:
+            state = applied_scan(None if last is None else last[1], raw.get("full", True),
+                                 (ScanEntry.from_json(e) for e in raw["entries"]),
+                                 raw.get("removed", []))
+        except ValueError as exc:
+            raise SpaceError(f"Space {self.name!r}: {exc}") from None
         token = raw.get("token")
         self._scanned = None if token is None else (token, state)
         return ScanResult(sorted(state.values(), key=lambda e: e.path),

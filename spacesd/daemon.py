@@ -101,7 +101,7 @@ class Daemon:
         self.workspace = Workspace(root, self.writer)
         self.scanner = Scanner(root)
         self.watched = WatchedScan(self.scanner)
-        self.checkpoints = Checkpoints(self.state_dir, self.workspace, self.scanner,
+        self.checkpoints = Checkpoints(self.state_dir, self.workspace, self.watched,
                                        failpoints=self.failpoints)
         # A daemon that crashed inside advance_epoch persisted the floor but may not have
         # killed every older process: finish that before serving anyone.

@@ -164,6 +164,24 @@ class ScanResult:
         )
 
 
+def applied_scan(held: dict[str, ScanEntry] | None, full: bool, entries: Iterable[ScanEntry],
+                 removed: Iterable[str]) -> dict[str, ScanEntry]:
+    """The workspace state a scan answer (``spacesd.watched_scan``) makes of the state
+    ``held`` before it, by path: ``entries`` alone when the answer is ``full``, else the
+    difference applied to a copy of ``held``. A difference with no state held is a
+    protocol error: send ``since`` only with the state of its answer."""
+    if full:
+        return {e.path: e for e in entries}
+    if held is None:
+        raise ValueError("a scan answered a difference, but this client held no state to "
+                         "apply it to: it sent 'since' without keeping that answer's state")
+    state = dict(held)
+    for path in removed:
+        state.pop(path, None)
+    state.update((e.path, e) for e in entries)
+    return state
+
+
 @dataclass(frozen=True)
 class CheckpointInfo:
     id: str

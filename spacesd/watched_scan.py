@@ -132,7 +132,7 @@ class WatchedScan:
     serialises scans; ``close`` ends the inotify instance."""
 
     def __init__(self, scanner: Scanner) -> None:
-        self._scanner = scanner
+        self.scanner = scanner
         self._root = scanner.root
         self._lock = threading.Lock()
         self._boot = secrets.token_hex(8)
@@ -181,7 +181,7 @@ class WatchedScan:
             patterns = tuple(exclude or ())
             asked, self._asked = self._asked, patterns
             if self._gen and patterns != self._exclude and patterns != asked:
-                entries, refused = self._scanner.scan(list(patterns))
+                entries, refused = self.scanner.scan(list(patterns))
                 self.last_walk = "another exclude list, once"
                 return ScanAnswer(None, True, entries, [], refused)
             if self._watching and patterns == self._exclude:
@@ -254,7 +254,7 @@ class WatchedScan:
                     self._unwatch()
                     self._entries, self._refused = {}, {}
             if not self._watching:
-                entries, refused = self._scanner.scan(list(patterns))
+                entries, refused = self.scanner.scan(list(patterns))
                 self._entries = {e.path: e for e in entries}
                 self._refused = {r: r for r in refused}
         except BaseException:
@@ -384,7 +384,7 @@ class WatchedScan:
             self._put(top, st, start_ns, None)
             self._children[top] = set()
         unreadable: list[str] = []
-        for rel, cst in self._scanner.walk(self._exclude, unreadable, top=top,
+        for rel, cst in self.scanner.walk(self._exclude, unreadable, top=top,
                                            entering=self._entering):
             if stat.S_ISDIR(cst.st_mode):
                 self._put(rel, cst, start_ns, None)
@@ -444,7 +444,7 @@ class WatchedScan:
         self._nodes[p] = node
         parent = p.rpartition("/")[0]
         self._children[parent].add(p)
-        entry, why = self._scanner.entry_of(p, st, start_ns)
+        entry, why = self.scanner.entry_of(p, st, start_ns)
         if entry is None:
             self._entries.pop(p, None)
         else:
@@ -477,7 +477,7 @@ class WatchedScan:
                 self._unlink_node(p, node, keep_wd=None)
                 self._entries.pop(p, None)
                 self._refused.pop(p, None)
-                self._scanner.forget(p)
+                self.scanner.forget(p)
 
     def _unlink_node(self, p: str, node: _Node, keep_wd: int | None) -> None:
         """Take ``p``'s old node out of the watch maps and hardlink groups."""

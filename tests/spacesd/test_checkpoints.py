@@ -12,14 +12,17 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies
 
 from backends.local import LocalSpace, LocalSpaces
 from backends.space_client import HttpSpaceClient
 from durable.errors import SpaceError
 from spacesd.daemon import Daemon
 from spacesd.protocol import workspace_hash
+from spacesd.workspace_scan import Scanner
 from tests.odd_shapes import MUTATE, ODD_SHAPES
 from tests.spacesd.conftest import run_command
+from tests.spacesd.workspace_changes import OPS, change, dirs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -227,14 +230,14 @@ def test_a_hardlink_group_whose_first_file_changed_after_the_scan_is_kept_whole(
     os.link(a, tmp_path / "work" / "b")
     daemon = Daemon(str(tmp_path / "work"), str(tmp_path / "state"))
     try:
-        scan = daemon.checkpoints._scanner.scan
+        scan = daemon.checkpoints._workspace
 
-        def then_rewritten(*args, **kwargs):
-            seen = scan(*args, **kwargs)
+        def then_rewritten():
+            seen = scan()
             a.write_bytes(b"z" * 100)  # the same inode: both names change
             return seen
 
-        monkeypatch.setattr(daemon.checkpoints._scanner, "scan", then_rewritten)
+        monkeypatch.setattr(daemon.checkpoints, "_workspace", then_rewritten)
         daemon.checkpoints.create("c")
     finally:
         daemon.close()
@@ -338,3 +341,57 @@ def test_a_daemon_that_is_not_root_restores_read_only_and_closed_directories() -
     finally:
         subprocess.run(["chmod", "-R", "u+rwx", str(top)], check=False)
         shutil.rmtree(top, ignore_errors=True)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=strategies.lists(OPS | strategies.tuples(strategies.just("restore"),
+                                                     strategies.integers(0, 10)), max_size=10))
+def test_every_checkpoint_records_what_a_full_scan_sees(ops: list[tuple]) -> None:
+    """A checkpoint is made from the daemon's watched state and from the parts of the
+    manifest before it that did not change (``ManifestEncoder``): after any mix of
+    changes, restores and daemon restarts, its manifest must list exactly what a new full
+    scan sees, and read back the same from its file (checksum and all)."""
+    with dirs() as (root, outside), tempfile.TemporaryDirectory() as state:
+        daemon = Daemon(root, state)
+        made: list[str] = []
+        try:
+            for n, op in enumerate([("scan",), *ops]):
+                if op[0] == "restart":
+                    daemon.close()
+                    daemon = Daemon(root, state)
+                elif op[0] == "restore":
+                    if made:
+                        daemon.checkpoints.restore(made[op[1] % len(made)])
+                elif op[0] != "scan":
+                    change(root, outside, op)
+                cps = daemon.checkpoints
+                cps.create(f"c{n}")
+                made.append(f"c{n}")
+                m = cps.load(f"c{n}")
+                assert m.entries() == Scanner(root).scan()[0], op
+                cps._parsed.drop(f"c{n}")  # read from its file, as a restarted daemon would
+                assert cps.load(f"c{n}") == m
+        finally:
+            daemon.close()
+
+
+def test_an_object_collected_is_stored_again_when_its_content_comes_back(tmp_path) -> None:
+    """``create`` skips the store for content it knows is there; the garbage collector's
+    deletions must make it forget, or a checkpoint would name an object that is gone."""
+    (tmp_path / "work").mkdir()
+    f = tmp_path / "work" / "f"
+    daemon = Daemon(str(tmp_path / "work"), str(tmp_path / "state"))
+    try:
+        cps = daemon.checkpoints
+        f.write_text("one")
+        cps.create("a")
+        f.write_text("two")
+        cps.create("b")
+        assert cps.delete("a")  # "one" is no longer used: collected
+        f.write_text("one")
+        cps.create("c")
+        f.write_text("three")
+        cps.restore("c")
+        assert f.read_text() == "one"
+    finally:
+        daemon.close()
