@@ -62,6 +62,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
+from operator import attrgetter
 from typing import IO, Any, Protocol, cast
 
 from . import paths
@@ -127,7 +128,7 @@ class Manifest:
         return sorted(out, key=lambda e: e.path)
 
     def info(self) -> CheckpointInfo:
-        return CheckpointInfo(self.id, len(self.files), sum(map(_size_of, self.files)),
+        return CheckpointInfo(self.id, len(self.files), sum(map(_SIZE, self.files)),
                               self.created_ms)
 
     def to_json(self) -> dict[str, Any]:
@@ -285,6 +286,8 @@ class _Part:
 
 
 _TABLES = ("files", "symlinks", "dirs", "fifos")
+_PATH = attrgetter("path")
+_SIZE = attrgetter("size")
 
 
 def _part(e: ScanEntry) -> _Part:
@@ -485,7 +488,7 @@ class Checkpoints:
         answer = self._watched.scan(None, since=self._token)
         self._state = applied_scan(self._state, answer.full, answer.entries, answer.removed)
         self._token = answer.token
-        return sorted(self._state.values(), key=_path_of), answer.refused
+        return sorted(self._state.values(), key=_PATH), answer.refused
 
     # ---------------------------------------------------------------- operations
 
@@ -805,14 +808,6 @@ def _checksum(body: dict[str, Any]) -> str:
     """The SHA-256 of a manifest's JSON, keys sorted, without its ``checksum``."""
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":"))
                           .encode()).hexdigest()
-
-
-def _size_of(f: FileRec) -> int:
-    return f.size
-
-
-def _path_of(e: ScanEntry) -> str:
-    return e.path
 
 
 def _parent(rel: str) -> str:

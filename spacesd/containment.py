@@ -68,6 +68,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from . import procfs
+from .mount_table import Mount, read_mounts
 from .shim import SUBREAPER
 
 #: The values of ``--containment``.
@@ -176,10 +177,10 @@ def find_cgroup(name: str) -> str | None:
     ``_FIND_DEPTH`` levels down), or None. Names made by ``space_cgroup_name`` hold a hash
     of the state directory's path, so another Space's cgroup never matches."""
     try:
-        mounts = _mounts()
+        mounts = read_mounts()
     except OSError:
         return None
-    level = [m.point for m in mounts if m.cgroup_version is not None]
+    level = [m.point for m in mounts if _cgroup_version(m) is not None]
     seen = 0
     for _ in range(_FIND_DEPTH + 1):
         below: list[str] = []
@@ -312,33 +313,14 @@ def _sigkill(pids: Iterable[int]) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-@dataclass(frozen=True)
-class _Mount:
-    point: str
-    fstype: str
-    options: frozenset[str]
-
-    @property
-    def cgroup_version(self) -> int | None:
-        """2, 1 (a v1 hierarchy with the freezer) or None (no usable cgroup hierarchy)."""
-        if self.fstype == "cgroup2":
-            return 2
-        return 1 if self.fstype == "cgroup" and "freezer" in self.options else None
+def _cgroup_version(m: Mount) -> int | None:
+    """2, 1 (a v1 hierarchy with the freezer) or None (no usable cgroup hierarchy)."""
+    if m.fstype == "cgroup2":
+        return 2
+    return 1 if m.fstype == "cgroup" and "freezer" in m.options else None
 
 
-def _mounts() -> list[_Mount]:
-    """The mounts of ``/proc/self/mountinfo`` (mount points unescaped)."""
-    found = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            before, after = line.split(" - ", 1)
-            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), before.split()[4])
-            fstype, _, options = after.split()[:3]
-            found.append(_Mount(point, fstype, frozenset(options.split(","))))
-    return found
-
-
-def _mount_of(path: str, mounts: list[_Mount]) -> _Mount:
+def _mount_of(path: str, mounts: list[Mount]) -> Mount:
     """The mount ``path`` is on: the one with the longest mount point above it."""
     under = [m for m in mounts if path == m.point or path.startswith(m.point.rstrip("/") + "/")]
     return max(under, key=lambda m: len(m.point))
@@ -522,13 +504,13 @@ class Cgroup(_AdoptingHere):
     def open(cls, state_dir: str, root: str | None) -> Cgroup:
         """The Space's cgroup under ``root`` (default: the first writable hierarchy), this
         process a child subreaper if it can be one; raises ``Unavailable``."""
-        mounts = _mounts()
+        mounts = read_mounts()
         roots = [os.path.realpath(root)] if root else \
-            [m.point for m in mounts if m.cgroup_version == 2] + \
-            [m.point for m in mounts if m.cgroup_version == 1]
+            [m.point for m in mounts if _cgroup_version(m) == 2] + \
+            [m.point for m in mounts if _cgroup_version(m) == 1]
         problems = [] if roots else ["no cgroup v2 or v1 freezer hierarchy is mounted"]
         for candidate in roots:
-            if _mount_of(candidate, mounts).cgroup_version is None:
+            if _cgroup_version(_mount_of(candidate, mounts)) is None:
                 problems.append(f"{candidate} is not in a cgroup v2 or v1 freezer hierarchy")
                 continue
             if not os.path.isdir(candidate):

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 import secrets
 import stat
 import threading
@@ -43,6 +42,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from . import inotify
+from .mount_table import MountWatch
 from .protocol import ScanEntry
 from .workspace_scan import UNREADABLE, Scanner, excluded
 
@@ -108,21 +108,6 @@ def _ancestors(p: str) -> Iterator[str]:
         yield p
 
 
-def _marks(root: str) -> tuple[tuple[int, int], tuple[str, ...]]:
-    """(the root's (device, inode), the mount points strictly inside it, sorted)."""
-    st = os.stat(root)
-    inside = []
-    with open("/proc/self/mountinfo", "rb") as f:
-        for line in f:
-            point = line.split(b" ", 5)[4]
-            # mountinfo escapes space, tab, newline and backslash as octal (\040)
-            path = os.fsdecode(re.sub(rb"\\([0-7]{3})",
-                                      lambda m: bytes([int(m.group(1), 8)]), point))
-            if path.startswith(root + "/"):
-                inside.append(path)
-    return (st.st_dev, st.st_ino), tuple(sorted(inside))
-
-
 class _Unwatchable(Exception):
     """A path of the workspace cannot be watched: full scans until a rebuild succeeds."""
 
@@ -167,6 +152,7 @@ class WatchedScan:
         self._asked: tuple[str, ...] | None = None
         #: The root's identity and the mounts inside it, as of the last full walk.
         self._marks: tuple[tuple[int, int], tuple[str, ...]] = ((0, 0), ())
+        self._mount_watch = MountWatch()
 
     # ------------------------------------------------------------------ the answer
 
@@ -200,6 +186,7 @@ class WatchedScan:
     def close(self) -> None:
         with self._lock:
             self._unwatch()
+            self._mount_watch.close()
             self._entries, self._refused = {}, {}
 
     def _answer(self, since: str | None) -> ScanAnswer:
@@ -270,7 +257,7 @@ class WatchedScan:
                 if old_entries.get(p) != self._entries.get(p)}
 
     def _walk_watched(self, patterns: tuple[str, ...], start_ns: int) -> None:
-        self._marks = _marks(self._root)
+        self._marks = self._read_marks()
         if self._marks[1]:
             raise _Unwatchable(f"a mount inside the workspace, at {self._marks[1][0]!r}: "
                                "its changes make no events here")
@@ -555,11 +542,18 @@ class WatchedScan:
         assert self._ino is not None
         self._ino.rm_watch(wd)
 
+    def _read_marks(self) -> tuple[tuple[int, int], tuple[str, ...]]:
+        """(the root's (device, inode), the mount points strictly inside it, sorted)."""
+        st = os.stat(self._root)
+        inside = sorted(m.point for m in self._mount_watch.mounts()
+                        if m.point.startswith(self._root + "/"))
+        return (st.st_dev, st.st_ino), tuple(inside)
+
     def _marks_changed(self) -> str:
         """Why the watched state cannot be trusted any more ("" when it can): the root is
         another directory now, or mounts inside it came or went (a mount makes no event)."""
         try:
-            marks = _marks(self._root)
+            marks = self._read_marks()
         except OSError as exc:
             return f"cannot read the mounts: {exc}"
         if marks != self._marks:
