@@ -393,10 +393,10 @@ MUTANTS: tuple[Mutant, ...] = (
         "shapes-transactional", "G1", "reverted file file_cut after an empty_dir step"),
     Mutant(
         "restore-splits-hardlinks", "spacesd/checkpoints.py",
-        (("                m.files.append(FileRec(e.path, e.sha256 or \"\", e.size, e.mode, "
-          "e.link,",
-          "                m.files.append(FileRec(e.path, e.sha256 or \"\", e.size, e.mode, "
-          "None,"),),
+        (("            value = FileRec(e.path, e.sha256 or \"\", e.size, e.mode, e.link, "
+          "e.extents)",
+          "            value = FileRec(e.path, e.sha256 or \"\", e.size, e.mode, None, "
+          "e.extents)"),),
         "a checkpoint forgets hardlink groups, so a restore writes each name as a file of its "
         "own (a clone's objects, cp -al) and a later write through one no longer shows in "
         "the other",
@@ -412,11 +412,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "shapes-transactional", "run", "reimaged space space_lost after an abs_symlink step"),
     Mutant(
         "manifest-skips-a-name", "spacesd/checkpoints.py",
-        (("            for e in entries:\n"
-          "                if e.kind == \"file\" and e.link is not None",
-          "            for e in entries:\n                if \"\\n\" in e.path:\n"
-          "                    continue\n"
-          "                if e.kind == \"file\" and e.link is not None"),),
+        (("            have = self._have\n            for e in entries:\n",
+          "            have = self._have\n            for e in entries:\n"
+          "                if \"\\n\" in e.path:\n                    continue\n"),),
         "a checkpoint leaves out a name with a newline (what used to wedge restores), so a "
         "restore removes that file",
         "shapes-checkpoint", "G1", "restored file file_cut after an odd_name step"),
