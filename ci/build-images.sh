@@ -12,8 +12,9 @@
 #   4. debian:bookworm-slim pulled from a registry (up to $PULL_TIMEOUT seconds);
 #   5. ci/build-rootfs.sh (debootstrap --variant=minbase, cached as a tarball) then
 #      `docker import` as durable-base:bookworm.
-# Then `docker build --build-arg BASE=...`: with the same base image id and an unchanged
-# spacesd/, every layer comes from the cache, so a rebuild with nothing changed takes seconds.
+# Then `docker build --build-arg BASE=... --label durable.spacesd=<digest of spacesd/>`: with
+# the same base image id and an unchanged spacesd/, every layer comes from the cache, so a
+# rebuild with nothing changed takes seconds.
 # Package installs inside the build use Debian's mirror.
 #
 # Environment: IMAGE (default durable-space), BASE, PULL_TIMEOUT (default 20), and
@@ -67,8 +68,11 @@ fi
 if ! docker buildx version >/dev/null 2>&1; then
     export DOCKER_BUILDKIT=0
 fi
-say "docker build -t $IMAGE --build-arg BASE=$base ."
-docker build -t "$IMAGE" --build-arg "BASE=$base" . >&2
+# The digest of the spacesd it copies: a provider refuses an image whose label is not its
+# own tree's (backends/sources.py), so a campaign never attacks an older spacesd.
+digest=$(python3 -m backends.sources)
+say "docker build -t $IMAGE --build-arg BASE=$base --label durable.spacesd=$digest ."
+docker build -t "$IMAGE" --build-arg "BASE=$base" --label "durable.spacesd=$digest" . >&2
 ms=$(( ($(date +%s%N) - t0) / 1000000 ))
 say "built $IMAGE ($(docker image inspect "$IMAGE" --format '{{.Id}}' | cut -c8-19)) \
 in $((ms / 1000)).$(printf '%03d' $((ms % 1000)) | cut -c1)s"

@@ -66,6 +66,7 @@ from backends.docker.errors import DockerUnavailable
 from backends.docker.exec_stream import exec_output
 from backends.local import own_disks
 from backends.local.provider import _NAME  # one rule for Space names on every backend
+from backends.sources import IMAGE_LABEL, spacesd_digest
 from backends.space_client import (
     REQUEST_TIMEOUT_S,
     Endpoint,
@@ -242,13 +243,21 @@ class DockerSpaces:
         self._docker = _connect_engine(api_timeout)
         self._api = self._docker.api
         try:
-            self._api.inspect_image(image)  # type: ignore[no-untyped-call]  # unannotated in types-docker
+            found = self._api.inspect_image(image)  # type: ignore[no-untyped-call]  # unannotated in types-docker
         except docker.errors.ImageNotFound:
             self.close()
             raise _no_image(image) from None
         except _ENGINE_ERRORS as exc:
             self.close()
             raise DockerUnavailable(f"the Docker engine did not answer ({exc})") from None
+        built_from = ((found.get("Config") or {}).get("Labels") or {}).get(IMAGE_LABEL)
+        if built_from != spacesd_digest():
+            self.close()
+            raise DockerUnavailable(
+                f"the Space image {image!r} holds spacesd built from other sources than "
+                f"this tree's ({IMAGE_LABEL} {built_from or 'missing'}, this tree "
+                f"{spacesd_digest()}): its Spaces would run other code than the code under "
+                "test. Rebuild it: `python -m chaos image build` (or ci/build-images.sh)")
 
     # ---------------------------------------------------------------- lifetime
 

@@ -32,12 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from backends.sources import SPACESD, tree_hash
 from durable.errors import SpaceError
 
 GUEST = Path(__file__).with_name("guest")
 ROOT = Path(__file__).resolve().parents[2]
 ROOTFS_SCRIPT = ROOT / "ci" / "build-rootfs.sh"
-SPACESD = ROOT / "spacesd"
 KERNEL_META = "linux-image-cloud-amd64"
 MODULES = ("kernel/drivers/virtio/virtio_ring.ko", "kernel/drivers/virtio/virtio.ko",
            "kernel/drivers/virtio/virtio_mmio.ko", "kernel/drivers/block/virtio_blk.ko",
@@ -90,23 +90,13 @@ def kernel_package() -> str:
                                "update, or set up Debian's package sources")
 
 
-def _tree_hash(paths: list[Path]) -> str:
-    h = hashlib.sha256()
-    for base in paths:
-        files = [base] if base.is_file() else sorted(
-            p for p in base.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
-        for p in files:
-            h.update(str(p.relative_to(base.parent)).encode() + b"\0" + p.read_bytes())
-    return h.hexdigest()
-
-
 def recipe(kernel: str) -> str:
     """The hash of everything a build puts in: the kernel, this file, the guest's scripts,
     spacesd, the root filesystem's recipe and its packages."""
     rootfs = _run(["bash", str(ROOTFS_SCRIPT), "--recipe"],
                   env={**os.environ, "EXTRA_PACKAGES": GUEST_PACKAGES}).strip()
     h = hashlib.sha256("\0".join([kernel, rootfs, GUEST_PACKAGES, DISK_SIZE]).encode())
-    h.update(_tree_hash([Path(__file__), GUEST, SPACESD]).encode())
+    h.update(tree_hash([Path(__file__), GUEST, SPACESD]).encode())
     return h.hexdigest()[:16]
 
 

@@ -434,3 +434,29 @@ def test_a_freeze_the_runtime_gave_up_on_is_tried_again() -> None:
     stuck = Api(["unable to freeze"] * 5)
     with pytest.raises(docker.errors.APIError, match="unable to freeze"):
         DockerSpaces._pause(SimpleNamespace(_api=stuck, FREEZE_TRIES=5), "c")
+
+
+def test_an_image_built_from_other_spacesd_sources_is_refused_with_the_rebuild(
+        spaces, tmp_path: Path) -> None:
+    """An image whose spacesd is not this tree's (built before a change, or from another
+    checkout) would make every campaign attack other code and say nothing: the provider
+    refuses it and says how to rebuild. Found building the fork of this check: a stress
+    run's docker tests used the image a branch had just built."""
+    import docker
+
+    from backends.docker import DockerSpaces, DockerUnavailable
+    from backends.sources import IMAGE_LABEL
+
+    (tmp_path / "Dockerfile").write_text(f"FROM {spaces.image}\nLABEL {IMAGE_LABEL}=0000\n")
+    engine = docker.from_env()
+    try:
+        image, _logs = engine.images.build(path=str(tmp_path), rm=True)
+        try:
+            with pytest.raises(DockerUnavailable) as refused:
+                DockerSpaces(label_scope="stale-probe", image=image.id)
+            assert "other sources than this tree's" in str(refused.value)
+            assert "python -m chaos image build" in str(refused.value)
+        finally:
+            engine.images.remove(image.id, force=True)
+    finally:
+        engine.close()
