@@ -195,7 +195,19 @@ class _Loop:
         if pid == 0:
             _become_daemon(request, log)  # the held lock closed there, with the rest
         os.close(log)
-        start = _Start(pid, os.pidfd_open(pid), conn, -1 if held is None else held)
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            # No descriptor to watch it by (the server's limit reached, no memory): wait for
+            # this start here. The loop stands still meanwhile and hears no cancel, but the
+            # start ends by itself (once its daemon listens, or at its own timeout), and
+            # its client, its lock and the child are each seen to.
+            _, status = os.waitpid(pid, 0)
+            if held is not None:
+                os.close(held)
+            _answer(conn, {"code": os.waitstatus_to_exitcode(status)})
+            return
+        start = _Start(pid, pidfd, conn, -1 if held is None else held)
         self._watch(start.pidfd, lambda: self._ended(start))
         self._watch(conn.fileno(), lambda: self._client_spoke(start))
 

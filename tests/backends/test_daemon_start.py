@@ -264,3 +264,46 @@ def test_the_server_ends_with_its_owner_and_its_daemons_live_on(tmp_path: Path) 
             assert stream is not None
             stream.close()
         LocalSpaces(tmp_path / "spaces").delete_all()
+
+
+NO_PIDFDS = """\
+import errno, os, runpy, sys
+server, real = os.getpid(), os.pidfd_open
+def no_descriptor(pid, flags=0):  # the server's own probe passes; its starts find no room
+    if os.getpid() == server and pid != server:
+        raise OSError(errno.EMFILE, "Too many open files")
+    return real(pid, flags)
+os.pidfd_open = no_descriptor
+assert sys.argv[1] == "-m", sys.argv
+sys.argv = [sys.argv[2], *sys.argv[3:]]
+runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+"""
+
+
+def test_a_start_the_server_cannot_watch_is_waited_for_in_place(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No pidfd for a start (the server's descriptors at their limit): the server waits
+    for that start where it is, answers it and lets the Space's lock go. It used to leave
+    the client unanswered until its timeout, the child unreaped and the lock held for as
+    long as the server lived."""
+    (tmp_path / "no_pidfds.py").write_text(NO_PIDFDS)
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} {tmp_path / "no_pidfds.py"} "$@"\n')
+    python.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(python))
+    server = daemon_start.ForkServer()
+    provider = LocalSpaces(tmp_path / "spaces")
+    try:
+        server.serve(provider.base_dir)
+        provider.create("a")
+        daemon = provider.get("a").daemon()
+        assert daemon is not None and "spacesd.fork_server" in cmdline(daemon[0])  # forked
+        client = provider.connect("a", epoch=1)
+        client.exec_start("k@1", "echo up")
+        assert client.exec_wait("k@1", timeout=60).output == "up\n"
+        provider.restart("a")  # takes the Space's lock: the server let it go
+        provider.create("b")  # and serves on
+        assert provider.get("b").daemon() is not None
+    finally:
+        provider.delete_all()
+        server.close()
