@@ -37,6 +37,21 @@ KEPT_ENV = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LC_AL
 FORK_ENV = "CHAOS_FORK_DAEMONS"
 #: How long the server may take to listen (its imports) before its owner gives up on it.
 SERVER_START_TIMEOUT_S = 60.0
+#: The longest path a unix socket may have (``sun_path``: 108 bytes with its NUL).
+SOCKET_PATH_MAX = 107
+
+
+def _socket_dir() -> Path:
+    """A new private directory for a server's socket: in the temp directory, or in /tmp
+    when that one's path would make the socket's too long to bind (a deep ``TMPDIR``)."""
+    for where in (None, "/tmp"):
+        made = Path(tempfile.mkdtemp(prefix="spacesd-forks-", dir=where))
+        if len(os.fsencode(made / "socket")) <= SOCKET_PATH_MAX:
+            return made
+        made.rmdir()
+    raise OSError(f"no directory for the daemon fork server's socket: {made}/socket is over "
+                  f"the {SOCKET_PATH_MAX} bytes a unix socket's path may have; set TMPDIR to "
+                  "a shorter path")
 
 
 def daemon_env() -> dict[str, str]:
@@ -120,7 +135,7 @@ class ForkServer:
     ends (the pipe it watches closes with it)."""
 
     def __init__(self) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="spacesd-forks-"))
+        self.dir = _socket_dir()
         self.socket = self.dir / "socket"
         owner_read, self._owner = os.pipe()
         ready_read, ready_write = os.pipe()

@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -307,3 +308,24 @@ def test_a_start_the_server_cannot_watch_is_waited_for_in_place(
     finally:
         provider.delete_all()
         server.close()
+
+
+def test_a_temp_directory_too_deep_for_a_socket_puts_the_server_in_tmp(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A unix socket's path has at most 107 bytes: under a deep ``TMPDIR`` the server
+    could not bind, and daemons were spawned with a warning whose reason was elsewhere."""
+    deep = tmp_path / ("d" * 100)
+    deep.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    server = daemon_start.ForkServer()
+    provider = LocalSpaces(tmp_path / "spaces")
+    try:
+        assert server.socket.parent.parent == Path("/tmp")
+        server.serve(provider.base_dir)
+        provider.create("a")
+        daemon = provider.get("a").daemon()
+        assert daemon is not None and "spacesd.fork_server" in cmdline(daemon[0])
+    finally:
+        provider.delete_all()
+        server.close()
+    assert not server.dir.exists()
