@@ -12,7 +12,9 @@ looked at again), reuses each unchanged entry's record, JSON and checks from the
 before (``ManifestEncoder``), and does not look for objects this process stored or saw in
 the store (the store is this daemon's alone, and the garbage collector forgets what it
 deletes; an object removed behind its back is found by the restore that needs it, as a
-damaged one is).
+damaged one is, and looked for again from then on). It also inherits the watched scan's
+one blind spot: a write through a shared memory map after its file's every descriptor was
+closed makes no event (see ``watched_scan``).
 
 Damage: a manifest carries a SHA-256 of its own content (``checksum``; manifests of older
 daemons have none and are read as they are), and restore checks each object it copies back
@@ -358,6 +360,15 @@ class ManifestEncoder:
         return m, body, ok
 
 
+class Vanished(OSError):
+    """A workspace file went away, or is something else now, between a scan and its copy."""
+
+
+#: What opening a workspace file that vanished (or was replaced: by a symlink, a socket)
+#: fails with.
+_GONE = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.ENXIO)
+
+
 def check_id(checkpoint_id: str) -> str:
     if not _ID.fullmatch(checkpoint_id):
         raise BadRequest(f"checkpoint id {checkpoint_id!r} is not valid: use 1-200 of "
@@ -425,13 +436,21 @@ class Checkpoints:
         return sha, size
 
     def _read_entry(self, rel: str) -> Iterator[bytes]:
-        """The content of the regular file ``rel`` of the workspace, reached by its fd."""
-        with self._ws.walk(rel, follow=False) as w:
-            fd = os.open(w.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                         dir_fd=w.fd)
+        """The content of the regular file ``rel`` of the workspace, reached by its fd;
+        ``Vanished`` when it is gone or something else now."""
+        try:
+            with self._ws.walk(rel, follow=False) as w:
+                fd = os.open(w.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+                             | os.O_CLOEXEC, dir_fd=w.fd)
+        except OutsideRoot as exc:  # a directory on its way is a link now
+            raise Vanished(errno.ENOENT, f"{rel}: {exc}") from None
+        except OSError as exc:
+            if exc.errno in _GONE:
+                raise Vanished(exc.errno, f"{rel}: {exc.strerror}") from None
+            raise
         with open(fd, "rb") as f:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise FileNotFoundError(errno.ENOENT, "not a regular file any more", rel)
+                raise Vanished(errno.ENOENT, f"{rel}: not a regular file any more")
             os.set_blocking(fd, True)
             yield from _chunks_of(f)
 
@@ -485,7 +504,7 @@ class Checkpoints:
     def _workspace(self) -> tuple[list[ScanEntry], list[str]]:
         """What ``Scanner.scan`` answers, from the watched state (``WatchedScan``): the
         entries that changed since this object last asked, applied to what it kept."""
-        answer = self._watched.scan(None, since=self._token)
+        answer = self._watched.scan(None, since=self._token, passing=True)
         self._state = applied_scan(self._state, answer.full, answer.entries, answer.removed)
         self._token = answer.token
         return sorted(self._state.values(), key=_PATH), answer.refused
@@ -520,8 +539,11 @@ class Checkpoints:
                                 not self._has_object(e.sha256):
                             try:
                                 sha, size = self._store(self._read_entry(e.path))
-                            except (OSError, OutsideRoot):
-                                continue  # removed or changed meanwhile
+                            except Vanished:
+                                continue  # removed or replaced meanwhile
+                            # Any other error (the store's disk full, a read error) fails
+                            # the checkpoint: one that left the file out would delete it
+                            # at its restore.
                             if sha != e.sha256:  # changed between the scan and the copy
                                 e = replace(e, sha256=sha, size=size, extents=None)
                         if promoted or e.path in named:
@@ -686,6 +708,7 @@ class Checkpoints:
             if h.hexdigest() == f.sha256 and size == f.size:
                 return
             problem = f"holds {size} bytes of digest {h.hexdigest()}"
+        self._have.discard(f.sha256)  # the next checkpoint of this content looks again
         raise Damaged(f"checkpoint {checkpoint_id!r}: the object of {f.path!r} "
                       f"({self._object(f.sha256)}, {f.size} bytes) {problem}; the restore "
                       "stopped before copying it back. Delete the checkpoint "
@@ -726,18 +749,21 @@ class Checkpoints:
                 continue
             except Damaged:
                 return  # its objects are unknown: keep them all
+        kept: set[str] = set()
         for prefix in os.listdir(self._objects):
             for sha in os.listdir(os.path.join(self._objects, prefix)):
-                if sha not in used:
-                    self._have.discard(sha)
+                if sha in used:
+                    kept.add(sha)
+                else:
                     _unlink(os.path.join(self._objects, prefix, sha))
+        self._have &= kept  # and forget any object removed behind this daemon's back
 
     def _take_from_workspace(self, shas: set[str]) -> None:
         """Store, from the workspace's files, the contents of ``shas`` it holds now (each
         copy checked against its digest: a file changed meanwhile is no copy)."""
         for e in self._workspace()[0]:
             if e.kind == "file" and e.sha256 in shas:
-                with contextlib.suppress(OSError, OutsideRoot, BadRequest):
+                with contextlib.suppress(Vanished, BadRequest):  # gone, or changed
                     self._store(self._read_entry(e.path), expect=e.sha256)
                     shas.discard(e.sha256)
 

@@ -51,6 +51,8 @@ from spacesd.forked_main import exit_as_main
 MAX_REQUEST = 1 << 20
 #: What a waiting client sends when its own timeout passed: its start is killed.
 CANCEL = b"cancel"
+#: How long a poll waits at most while a start without a pidfd runs (then it is looked at).
+UNWATCHED_POLL_MS = 20
 _PEERCRED = struct.Struct("3i")
 
 
@@ -118,6 +120,7 @@ class _Start:
     """A start under way: the forked child (whose exit is the answer) and its client."""
 
     pid: int
+    #: Its pidfd, -1 when none could be opened (``_Loop.unwatched``).
     pidfd: int
     conn: socket.socket
     #: The lock the client handed over, held until the start ended (``-1``: none).
@@ -128,9 +131,10 @@ class _Start:
 
 class _Loop:
     """One thread, no blocking call but ``poll``: every start is a child watched through its
-    pidfd, every client through its connection. A descriptor dropped while a batch of
-    events is handled has its later events in that batch ignored: its number may already
-    belong to a new connection or child."""
+    pidfd (or, when none could be opened, looked at after each poll, which then waits at
+    most ``UNWATCHED_POLL_MS``), every client through its connection. A descriptor dropped
+    while a batch of events is handled has its later events in that batch ignored: its
+    number may already belong to a new connection or child."""
 
     def __init__(self, path: str, listener: socket.socket, owner: int) -> None:
         self.path = path
@@ -138,6 +142,8 @@ class _Loop:
         self.poller = select.poll()
         self.handlers: dict[int, Callable[[], None]] = {}
         self.dropped: set[int] = set()
+        #: Starts no pidfd could be opened for: looked at after every poll.
+        self.unwatched: list[_Start] = []
         self.done = False
         self._watch(owner, self._owner_ended)
         self._watch(listener.fileno(), self._accept)
@@ -154,7 +160,7 @@ class _Loop:
     def run(self) -> None:
         while not self.done:
             self.dropped = set()
-            for fd, _ in self.poller.poll():
+            for fd, _ in self.poller.poll(UNWATCHED_POLL_MS if self.unwatched else None):
                 handler = self.handlers.get(fd)
                 if handler is None or fd in self.dropped:
                     continue
@@ -162,6 +168,8 @@ class _Loop:
                     handler()
                 except Exception:  # noqa: BLE001 - one start's trouble never ends the server
                     traceback.print_exc()
+            if self.unwatched:
+                self._look_at_unwatched()
 
     def _owner_ended(self) -> None:
         """The owner is done (or gone): no new start; the daemons started live on."""
@@ -197,18 +205,13 @@ class _Loop:
         os.close(log)
         try:
             pidfd = os.pidfd_open(pid)
-        except OSError:
-            # No descriptor to watch it by (the server's limit reached, no memory): wait for
-            # this start here. The loop stands still meanwhile and hears no cancel, but the
-            # start ends by itself (once its daemon listens, or at its own timeout), and
-            # its client, its lock and the child are each seen to.
-            _, status = os.waitpid(pid, 0)
-            if held is not None:
-                os.close(held)
-            _answer(conn, {"code": os.waitstatus_to_exitcode(status)})
-            return
+        except OSError:  # no descriptor for it (the server's limit, no memory): looked at
+            pidfd = -1   # after each poll, which then waits at most UNWATCHED_POLL_MS
         start = _Start(pid, pidfd, conn, -1 if held is None else held)
-        self._watch(start.pidfd, lambda: self._ended(start))
+        if pidfd < 0:
+            self.unwatched.append(start)
+        else:
+            self._watch(start.pidfd, lambda: self._ended(start))
         self._watch(conn.fileno(), lambda: self._client_spoke(start))
 
     def _client_spoke(self, start: _Start) -> None:
@@ -227,9 +230,18 @@ class _Loop:
     def _ended(self, start: _Start) -> None:
         self._drop(start.pidfd)
         os.close(start.pidfd)
+        self._answer_end(start, os.waitpid(start.pid, 0)[1])
+
+    def _look_at_unwatched(self) -> None:
+        for start in list(self.unwatched):
+            pid, status = os.waitpid(start.pid, os.WNOHANG)
+            if pid:
+                self.unwatched.remove(start)
+                self._answer_end(start, status)
+
+    def _answer_end(self, start: _Start, status: int) -> None:
         if start.held >= 0:
             os.close(start.held)
-        _, status = os.waitpid(start.pid, 0)
         if start.watched:
             self._drop(start.conn.fileno())
         _answer(start.conn, {"code": os.waitstatus_to_exitcode(status)})

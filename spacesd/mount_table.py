@@ -30,11 +30,19 @@ class Mount:
 
 
 def _parse(data: bytes) -> list[Mount]:
+    """The mounts of mountinfo's text; ``OSError`` for a line it cannot read. Lines end at
+    ``\n`` alone: a carriage return in a mount point is not escaped, so ``splitlines``
+    would cut its line in two."""
     found = []
-    for line in data.splitlines():
-        before, after = line.split(b" - ", 1)
-        point = _ESCAPED.sub(lambda m: bytes([int(m.group(1), 8)]), before.split(b" ")[4])
-        fstype, _, options = after.split(b" ")[:3]
+    for line in data.split(b"\n"):
+        if not line:
+            continue
+        try:
+            before, after = line.split(b" - ", 1)
+            point = _ESCAPED.sub(lambda m: bytes([int(m.group(1), 8)]), before.split(b" ")[4])
+            fstype, _, options = after.split(b" ")[:3]
+        except ValueError:
+            raise OSError(f"{PATH}: a line that is no mount: {line!r}") from None
         found.append(Mount(os.fsdecode(point), os.fsdecode(fstype),
                            frozenset(os.fsdecode(options).split(","))))
     return found
@@ -49,7 +57,8 @@ def read_mounts() -> list[Mount]:
 class MountWatch:
     """``mounts()`` parses the table on its first call and again only after a ``POLLPRI``
     on the descriptor it keeps open (polled before the read, so a change during the read is
-    seen next time). ``close`` lets the descriptor go; a later call opens it again."""
+    seen next time). ``close`` lets the descriptor go; a later call opens it again. Not
+    thread-safe: its owner serialises calls (``WatchedScan`` holds its lock)."""
 
     def __init__(self) -> None:
         self._fd: int | None = None
@@ -57,12 +66,18 @@ class MountWatch:
         self._mounts: list[Mount] = []
 
     def mounts(self) -> list[Mount]:
-        if self._fd is None:
-            self._fd = os.open(PATH, os.O_RDONLY | os.O_CLOEXEC)
-            self._poll.register(self._fd, select.POLLPRI)
-            self._mounts = read_mounts()
-        elif self._poll.poll(0):  # POLLPRI (with POLLERR): the table changed since
-            self._mounts = read_mounts()
+        """The mounts as of now. A read that fails lets the descriptor go, so that the next
+        call reads the table again: the change its poll reported is not lost."""
+        try:
+            if self._fd is None:
+                self._fd = os.open(PATH, os.O_RDONLY | os.O_CLOEXEC)
+                self._poll.register(self._fd, select.POLLPRI)
+                self._mounts = read_mounts()
+            elif self._poll.poll(0):  # POLLPRI (with POLLERR): the table changed since
+                self._mounts = read_mounts()
+        except OSError:
+            self.close()
+            raise
         return self._mounts
 
     def close(self) -> None:

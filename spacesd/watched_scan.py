@@ -156,17 +156,21 @@ class WatchedScan:
 
     # ------------------------------------------------------------------ the answer
 
-    def scan(self, exclude: Sequence[str] | None = None, since: str | None = None
-             ) -> ScanAnswer:
+    def scan(self, exclude: Sequence[str] | None = None, since: str | None = None, *,
+             passing: bool = False) -> ScanAnswer:
         """The state, whole or as its difference since ``since``. The state is kept for one
         exclude list: another list gets a full walk of its own, with no token, unless it is
         asked for twice in a row (the adapter scans before and after each call with its
-        list; a checker's scan in between does not take the state away)."""
+        list; a checker's scan in between does not take the state away). ``passing``: this
+        request never takes the state to its list, nor counts as asked (a checkpoint's
+        scan, which excludes nothing, between the adapter's with its list)."""
         with self._lock:
             start_ns = time.time_ns()
             patterns = tuple(exclude or ())
-            asked, self._asked = self._asked, patterns
-            if self._gen and patterns != self._exclude and patterns != asked:
+            asked = self._asked
+            if not passing:
+                self._asked = patterns
+            if self._gen and patterns != self._exclude and (patterns != asked or passing):
                 entries, refused = self.scanner.scan(list(patterns))
                 self.last_walk = "another exclude list, once"
                 return ScanAnswer(None, True, entries, [], refused)

@@ -281,21 +281,28 @@ runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
 """
 
 
-def test_a_start_the_server_cannot_watch_is_waited_for_in_place(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No pidfd for a start (the server's descriptors at their limit): the server waits
-    for that start where it is, answers it and lets the Space's lock go. It used to leave
-    the client unanswered until its timeout, the child unreaped and the lock held for as
-    long as the server lived."""
+@pytest.fixture
+def blind_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                 ) -> Iterator[daemon_start.ForkServer]:
+    """A fork server that can open no pidfd for its starts (as one at its descriptor limit)."""
     (tmp_path / "no_pidfds.py").write_text(NO_PIDFDS)
     python = tmp_path / "python"
     python.write_text(f'#!/bin/sh\nexec {sys.executable} {tmp_path / "no_pidfds.py"} "$@"\n')
     python.chmod(0o755)
     monkeypatch.setattr(sys, "executable", str(python))
-    server = daemon_start.ForkServer()
+    forks = daemon_start.ForkServer()
+    yield forks
+    forks.close()
+
+
+def test_a_start_the_server_cannot_watch_is_answered_and_lets_its_lock_go(
+        tmp_path: Path, blind_server: daemon_start.ForkServer) -> None:
+    """No pidfd for a start: the server looks at it after each poll, answers it once it
+    ended and lets the Space's lock go. It used to leave the client unanswered until its
+    timeout, the child unreaped and the lock held for as long as the server lived."""
     provider = LocalSpaces(tmp_path / "spaces")
     try:
-        server.serve(provider.base_dir)
+        blind_server.serve(provider.base_dir)
         provider.create("a")
         daemon = provider.get("a").daemon()
         assert daemon is not None and "spacesd.fork_server" in cmdline(daemon[0])  # forked
@@ -307,7 +314,32 @@ def test_a_start_the_server_cannot_watch_is_waited_for_in_place(
         assert provider.get("b").daemon() is not None
     finally:
         provider.delete_all()
-        server.close()
+
+
+def test_a_start_the_server_cannot_watch_is_still_cancelled(
+        tmp_path: Path, blind_server: daemon_start.ForkServer) -> None:
+    """A start that hangs (a token FIFO nobody writes) and has no pidfd: the client's
+    cancel still ends it, and the server goes on serving (a blocking wait for it, the
+    first fix, would have stood the server still for good)."""
+    provider = LocalSpaces(tmp_path / "spaces")
+    try:
+        blind_server.serve(provider.base_dir)
+        fifo = provider.base_dir / "token"
+        os.mkfifo(fifo)
+        argv = ["--root", str(provider.base_dir), "--state", str(provider.base_dir / "state"),
+                "--token-file", str(fifo), "--daemonize"]
+        with pytest.raises(subprocess.TimeoutExpired):
+            daemon_start.start(argv, env=daemon_start.daemon_env(), cwd=provider.base_dir,
+                               log=provider.base_dir / "log", timeout=1.0,
+                               base_dir=provider.base_dir)
+        deadline = time.monotonic() + 120
+        while psutil.Process(blind_server.pid).children():
+            assert time.monotonic() < deadline, "the cancelled start still runs"
+            time.sleep(0.01)
+        provider.create("after")
+        assert provider.get("after").daemon() is not None
+    finally:
+        provider.delete_all()
 
 
 def test_a_temp_directory_too_deep_for_a_socket_puts_the_server_in_tmp(

@@ -230,6 +230,29 @@ def test_another_exclude_list_once_leaves_the_kept_state_alone(tmp_path) -> None
         watched.close()
 
 
+def test_a_passing_scan_never_takes_the_kept_state(tmp_path) -> None:
+    """A checkpoint's scan (no exclude list) between the adapter's (with one), followed by
+    a checker's without one: neither takes the state from the adapter's list, which the
+    checker's alone would have done had the checkpoint's counted as asked (found by
+    review)."""
+    root = str(tmp_path)
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "x").write_bytes(b"x")
+    watched, adapter = WatchedScan(Scanner(root)), Client()
+    try:
+        adapter.apply(watched.scan(("cache/**",)))
+        checkpoint = watched.scan(passing=True)
+        assert checkpoint.token is None and [e.path for e in checkpoint.entries] == \
+            ["cache", "cache/x"]
+        assert watched.scan().token is None  # the checker's: once, on its own
+        (tmp_path / "f").write_bytes(b"f")
+        diff = watched.scan(("cache/**",), adapter.token)
+        assert not diff.full and [e.path for e in diff.entries] == ["f"]
+        assert watched.last_walk == ""
+    finally:
+        watched.close()
+
+
 def test_a_mount_inside_the_workspace_makes_scans_full_walks(tmp_path) -> None:
     """A mount makes no inotify event, and changes under it none that reach the watches
     here: while one is inside the workspace, every scan walks. Found by review."""
