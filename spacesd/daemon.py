@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from . import protocol
-from .checkpoints import Checkpoints, Manifest, Readable, check_id
+from .checkpoints import Checkpoints, Readable, check_id
 from .containment import STATE_FILE as CONTAINMENT_FILE
 from .containment import Containment, Subreaper
 from .epoch_fence import EpochFence, check_owner
@@ -34,6 +34,7 @@ from .failpoints import ENV_VAR, POINTS, Channel
 from .fence_journal import Advance, FenceJournal, Restore, Sweep
 from .file_ops import Workspace
 from .fsio import AtomicWriter
+from .manifest import Manifest
 from .params import BOOL, INT, NUM, STR, STR_LIST, STR_MAP, Field, check
 from .shim import SHIM_ENV_VAR, SYNC_ENV
 from .space_identity import load_space_id

@@ -392,7 +392,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "empty ones committed calls made (git's refs/heads) and loses their modes",
         "shapes-transactional", "G1", "reverted file file_cut after an empty_dir step"),
     Mutant(
-        "restore-splits-hardlinks", "spacesd/checkpoints.py",
+        "restore-splits-hardlinks", "spacesd/manifest.py",
         (("            value = FileRec(e.path, e.sha256 or \"\", e.size, e.mode, e.link, "
           "e.extents)",
           "            value = FileRec(e.path, e.sha256 or \"\", e.size, e.mode, None, "
