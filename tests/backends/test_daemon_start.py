@@ -47,6 +47,34 @@ def forked(tmp_path: Path, server: daemon_start.ForkServer) -> Iterator[LocalSpa
     provider.delete_all()
 
 
+NO_PIDFDS = """\
+import errno, os, runpy, sys
+server, real = os.getpid(), os.pidfd_open
+def no_descriptor(pid, flags=0):  # the server's own probe passes; its starts find no room
+    if os.getpid() == server and pid != server:
+        raise OSError(errno.EMFILE, "Too many open files")
+    return real(pid, flags)
+os.pidfd_open = no_descriptor
+assert sys.argv[1] == "-m", sys.argv
+sys.argv = [sys.argv[2], *sys.argv[3:]]
+runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.fixture
+def blind_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                 ) -> Iterator[daemon_start.ForkServer]:
+    """A fork server that can open no pidfd for its starts (as one at its descriptor limit)."""
+    (tmp_path / "no_pidfds.py").write_text(NO_PIDFDS)
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} {tmp_path / "no_pidfds.py"} "$@"\n')
+    python.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(python))
+    forks = daemon_start.ForkServer()
+    yield forks
+    forks.close()
+
+
 def _gone(proc: psutil.Process) -> bool:
     try:
         return proc.status() == psutil.STATUS_ZOMBIE
@@ -189,21 +217,33 @@ def test_a_start_whose_client_died_goes_on_and_holds_its_lock(
             procs.kill_process(*up)
 
 
-def test_a_start_past_its_timeout_is_cancelled(forked: LocalSpaces,
-                                               server: daemon_start.ForkServer) -> None:
+@pytest.mark.parametrize("which", ["server", "blind_server"])
+def test_a_start_past_its_timeout_is_cancelled(tmp_path: Path, which: str,
+                                               request: pytest.FixtureRequest) -> None:
     """As ``subprocess.run`` kills a child whose wait timed out: a token file that is a FIFO
-    nobody writes holds the start forever; the client's timeout ends it."""
-    fifo = forked.base_dir / "token"
-    os.mkfifo(fifo)
-    argv = ["--root", str(forked.base_dir), "--state", str(forked.base_dir / "state"),
-            "--token-file", str(fifo), "--daemonize"]
-    with pytest.raises(subprocess.TimeoutExpired):
-        daemon_start.start(argv, env=daemon_start.daemon_env(), cwd=forked.base_dir,
-                           log=forked.base_dir / "log", timeout=1.0, base_dir=forked.base_dir)
-    deadline = time.monotonic() + 120
-    while psutil.Process(server.pid).children():
-        assert time.monotonic() < deadline, "the cancelled start still runs"
-        time.sleep(0.01)
+    nobody writes holds the start forever; the client's timeout ends it, and the server
+    serves on. Also when the server has no pidfd for the start (``blind_server``): a
+    blocking wait for it, the first fix of that case, stood the server still for good."""
+    server: daemon_start.ForkServer = request.getfixturevalue(which)
+    provider = LocalSpaces(tmp_path / "spaces")
+    try:
+        server.serve(provider.base_dir)
+        fifo = provider.base_dir / "token"
+        os.mkfifo(fifo)
+        argv = ["--root", str(provider.base_dir), "--state", str(provider.base_dir / "state"),
+                "--token-file", str(fifo), "--daemonize"]
+        with pytest.raises(subprocess.TimeoutExpired):
+            daemon_start.start(argv, env=daemon_start.daemon_env(), cwd=provider.base_dir,
+                               log=provider.base_dir / "log", timeout=1.0,
+                               base_dir=provider.base_dir)
+        deadline = time.monotonic() + 120
+        while psutil.Process(server.pid).children():
+            assert time.monotonic() < deadline, "the cancelled start still runs"
+            time.sleep(0.01)
+        provider.create("after")
+        assert provider.get("after").daemon() is not None
+    finally:
+        provider.delete_all()
 
 
 def test_daemons_started_at_once_are_each_their_own(forked: LocalSpaces) -> None:
@@ -267,34 +307,6 @@ def test_the_server_ends_with_its_owner_and_its_daemons_live_on(tmp_path: Path) 
         LocalSpaces(tmp_path / "spaces").delete_all()
 
 
-NO_PIDFDS = """\
-import errno, os, runpy, sys
-server, real = os.getpid(), os.pidfd_open
-def no_descriptor(pid, flags=0):  # the server's own probe passes; its starts find no room
-    if os.getpid() == server and pid != server:
-        raise OSError(errno.EMFILE, "Too many open files")
-    return real(pid, flags)
-os.pidfd_open = no_descriptor
-assert sys.argv[1] == "-m", sys.argv
-sys.argv = [sys.argv[2], *sys.argv[3:]]
-runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
-"""
-
-
-@pytest.fixture
-def blind_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-                 ) -> Iterator[daemon_start.ForkServer]:
-    """A fork server that can open no pidfd for its starts (as one at its descriptor limit)."""
-    (tmp_path / "no_pidfds.py").write_text(NO_PIDFDS)
-    python = tmp_path / "python"
-    python.write_text(f'#!/bin/sh\nexec {sys.executable} {tmp_path / "no_pidfds.py"} "$@"\n')
-    python.chmod(0o755)
-    monkeypatch.setattr(sys, "executable", str(python))
-    forks = daemon_start.ForkServer()
-    yield forks
-    forks.close()
-
-
 def test_a_start_the_server_cannot_watch_is_answered_and_lets_its_lock_go(
         tmp_path: Path, blind_server: daemon_start.ForkServer) -> None:
     """No pidfd for a start: the server looks at it after each poll, answers it once it
@@ -312,32 +324,6 @@ def test_a_start_the_server_cannot_watch_is_answered_and_lets_its_lock_go(
         provider.restart("a")  # takes the Space's lock: the server let it go
         provider.create("b")  # and serves on
         assert provider.get("b").daemon() is not None
-    finally:
-        provider.delete_all()
-
-
-def test_a_start_the_server_cannot_watch_is_still_cancelled(
-        tmp_path: Path, blind_server: daemon_start.ForkServer) -> None:
-    """A start that hangs (a token FIFO nobody writes) and has no pidfd: the client's
-    cancel still ends it, and the server goes on serving (a blocking wait for it, the
-    first fix, would have stood the server still for good)."""
-    provider = LocalSpaces(tmp_path / "spaces")
-    try:
-        blind_server.serve(provider.base_dir)
-        fifo = provider.base_dir / "token"
-        os.mkfifo(fifo)
-        argv = ["--root", str(provider.base_dir), "--state", str(provider.base_dir / "state"),
-                "--token-file", str(fifo), "--daemonize"]
-        with pytest.raises(subprocess.TimeoutExpired):
-            daemon_start.start(argv, env=daemon_start.daemon_env(), cwd=provider.base_dir,
-                               log=provider.base_dir / "log", timeout=1.0,
-                               base_dir=provider.base_dir)
-        deadline = time.monotonic() + 120
-        while psutil.Process(blind_server.pid).children():
-            assert time.monotonic() < deadline, "the cancelled start still runs"
-            time.sleep(0.01)
-        provider.create("after")
-        assert provider.get("after").daemon() is not None
     finally:
         provider.delete_all()
 

@@ -206,17 +206,22 @@ def test_a_hardlinked_symlink_touched_through_its_other_name(tmp_path) -> None:
         watched.close()
 
 
+def _with_a_cache(tmp_path) -> tuple[str, WatchedScan, Client]:
+    """A workspace with ``cache/x``, scanned once by an adapter that excludes ``cache``."""
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "x").write_bytes(b"x")
+    watched, adapter = WatchedScan(Scanner(str(tmp_path))), Client()
+    adapter.apply(watched.scan(("cache/**",)))
+    return str(tmp_path), watched, adapter
+
+
 def test_another_exclude_list_once_leaves_the_kept_state_alone(tmp_path) -> None:
     """A checker's scan without the adapter's exclude list, between two of the adapter's,
     is a full walk of its own with no token; the adapter's next scan is still a
     difference. Asked twice in a row, the other list gets the kept state. Found by review
     (every scan rebuilt when two callers alternated)."""
-    root = str(tmp_path)
-    (tmp_path / "cache").mkdir()
-    (tmp_path / "cache" / "x").write_bytes(b"x")
-    watched, adapter = WatchedScan(Scanner(root)), Client()
+    root, watched, adapter = _with_a_cache(tmp_path)
     try:
-        adapter.apply(watched.scan(("cache/**",)))
         other = watched.scan()
         assert other.token is None and [e.path for e in other.entries] == ["cache", "cache/x"]
         (tmp_path / "f").write_bytes(b"f")
@@ -235,12 +240,8 @@ def test_a_passing_scan_never_takes_the_kept_state(tmp_path) -> None:
     a checker's without one: neither takes the state from the adapter's list, which the
     checker's alone would have done had the checkpoint's counted as asked (found by
     review)."""
-    root = str(tmp_path)
-    (tmp_path / "cache").mkdir()
-    (tmp_path / "cache" / "x").write_bytes(b"x")
-    watched, adapter = WatchedScan(Scanner(root)), Client()
+    _, watched, adapter = _with_a_cache(tmp_path)
     try:
-        adapter.apply(watched.scan(("cache/**",)))
         checkpoint = watched.scan(passing=True)
         assert checkpoint.token is None and [e.path for e in checkpoint.entries] == \
             ["cache", "cache/x"]
