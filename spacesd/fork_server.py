@@ -230,21 +230,28 @@ class _Loop:
     def _ended(self, start: _Start) -> None:
         self._drop(start.pidfd)
         os.close(start.pidfd)
-        self._answer_end(start, os.waitpid(start.pid, 0)[1])
+        status = os.waitpid(start.pid, 0)[1]
+        self._answer_end(start, {"code": os.waitstatus_to_exitcode(status)})
 
     def _look_at_unwatched(self) -> None:
         for start in list(self.unwatched):
-            pid, status = os.waitpid(start.pid, os.WNOHANG)
+            try:
+                pid, status = os.waitpid(start.pid, os.WNOHANG)
+            except ChildProcessError:  # gone without a status: its outcome is unknown
+                self.unwatched.remove(start)
+                self._answer_end(start, {"error": f"spacesd.fork_server: start {start.pid} "
+                                                  "ended unseen; its outcome is unknown"})
+                continue
             if pid:
                 self.unwatched.remove(start)
-                self._answer_end(start, status)
+                self._answer_end(start, {"code": os.waitstatus_to_exitcode(status)})
 
-    def _answer_end(self, start: _Start, status: int) -> None:
+    def _answer_end(self, start: _Start, answer: dict[str, Any]) -> None:
         if start.held >= 0:
             os.close(start.held)
         if start.watched:
             self._drop(start.conn.fileno())
-        _answer(start.conn, {"code": os.waitstatus_to_exitcode(status)})
+        _answer(start.conn, answer)
 
 
 def serve(path: str, owner: int, ready: int) -> None:
