@@ -143,7 +143,13 @@ class Scanner:
                  ) -> tuple[str, tuple[tuple[int, int], ...] | None] | None:
         """(sha256, data extents) of the regular file ``rel``, both read through one fd (a
         hole punched between two reads would pair a digest with the wrong extents); from
-        the cache when the file did not change; None if it vanished."""
+        the cache when the file did not change; None if it vanished.
+
+        The extents are sought after the whole file was read: a range allocated but never
+        written (``fallocate`` past a hole) is a hole to ``SEEK_DATA`` on ext4 only while
+        none of its pages is cached, so sought first it was a hole at the first scan and
+        data at every later one (the reading had cached it), and states that were equal
+        compared unequal (found driving the watched scan with real programs)."""
         key = _stat_key(st)
         cached = self._cache.get(rel)
         if cached is not None and cached.key == key:
@@ -161,9 +167,8 @@ class Scanner:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 return None  # replaced meanwhile (by a FIFO, say): not this file
             os.set_blocking(fd, True)
-            extents = data_extents(fd, st.st_size) if st.st_blocks * 512 < st.st_size else None
-            f.seek(0)  # the extents' seeks moved the offset
             sha = hashlib.file_digest(f, "sha256").hexdigest()
+            extents = data_extents(fd, st.st_size) if st.st_blocks * 512 < st.st_size else None
             after = os.fstat(fd)
         if _stat_key(after) != key:
             extents = None  # it changed while read: its holes are unknown, say none

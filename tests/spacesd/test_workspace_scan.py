@@ -156,3 +156,29 @@ def test_a_client_rebuilds_the_state_from_differences_across_calls_commands_and_
     for step in steps:
         step()
         assert client.scan(exclude=["cache/**"]) == fresh()
+
+
+def test_a_range_allocated_but_never_written_reads_the_same_at_every_scan(tmp_path) -> None:
+    """``fallocate`` past a hole leaves a range allocated and unwritten, which ext4's
+    ``SEEK_DATA`` calls a hole only while none of its pages is cached: sought before the
+    file was read, the first scan said hole and every later one data (the hash had cached
+    it), and after the cache let it go, hole again. Found by a helper driving the watched
+    scan with real programs. Every fresh scan must say the same."""
+    f = tmp_path / "f"
+    fd = os.open(f, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.posix_fallocate(fd, 1 << 20, 64 * 1024)
+    finally:
+        os.close(fd)
+    seen = []
+    for evict in (False, False, True, False):
+        if evict:  # the page cache lets the file go, as memory pressure would
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+        [entry], _ = Scanner(str(tmp_path)).scan()
+        seen.append(entry.extents)
+    assert seen == [seen[0]] * len(seen), seen
