@@ -73,7 +73,7 @@ from .file_ops import Workspace
 from .manifest import SHA256_HEX, FileRec, Manifest, ManifestEncoder, ParsedManifests, checksum_of
 from .protocol import CheckpointInfo, ScanEntry, applied_scan
 from .watched_scan import WatchedScan
-from .workspace_scan import UNREADABLE
+from .workspace_scan import CANNOT_READ
 
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,199}")
 _MANIFEST_MEMBER = "manifest.json"
@@ -249,7 +249,7 @@ class Checkpoints:
         check_id(checkpoint_id)
         with self._lock:
             entries, refused = self._workspace()
-            unreadable = [r for r in refused if r.endswith(UNREADABLE)]
+            unreadable = [r for r in refused if r.endswith(CANNOT_READ)]
             if unreadable:  # a socket is no state; a file it cannot read is, and is lost
                 raise Conflict(f"checkpoint {checkpoint_id!r} cannot keep {unreadable[0]}")
             kept: list[ScanEntry] = []

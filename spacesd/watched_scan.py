@@ -374,16 +374,16 @@ class WatchedScan:
         if st is not None:
             self._put(top, st, start_ns, None)
             self._children[top] = set()
-        unreadable: list[str] = []
-        for rel, cst in self.scanner.walk(self._exclude, unreadable, top=top,
+        unreachable: list[str] = []
+        for rel, cst in self.scanner.walk(self._exclude, unreachable, top=top,
                                            entering=self._entering):
             if stat.S_ISDIR(cst.st_mode):
                 self._put(rel, cst, start_ns, None)
                 self._children[rel] = set()
             else:
                 self._put_leaf(rel, cst, start_ns)
-        if unreadable:
-            raise _Unwatchable(f"{unreadable[0]}: {UNREADABLE}")
+        if unreachable:
+            raise _Unwatchable(unreachable[0])
 
     def _entering(self, rel: str) -> None:
         """Watch the directory ``rel`` before it is listed, then take its lstat again:

@@ -32,6 +32,15 @@ RACY_NS = 50_000_000
 UNREADABLE = ("the daemon's user may not read it (mode 000 on a Space whose daemon is not "
               "root), so its content cannot be kept; give its owner read access (chmod u+r, "
               "u+rx for a directory)")
+#: Why an entry whose path is longer than the kernel takes is no state the daemon can keep.
+TOO_LONG = ("its path is longer than the kernel takes (PATH_MAX, 4096 bytes with the "
+            "workspace's own), so the daemon cannot reach it and its content cannot be kept; "
+            "give it a shorter path (shorter names, fewer levels)")
+#: The refusals whose entries hold content the state would lose (a socket or a device holds
+#: none): a checkpoint refuses to be made without them.
+CANNOT_READ = (UNREADABLE, TOO_LONG)
+_CANNOT_READ = {errno.EACCES: UNREADABLE, errno.EPERM: UNREADABLE,
+                errno.ENAMETOOLONG: TOO_LONG}
 
 
 def _stat_key(st: os.stat_result) -> tuple[int, int, int, int]:
@@ -94,14 +103,16 @@ class Scanner:
         self._cache: dict[str, _Cached] = {}
         self._lock = threading.Lock()
 
-    def walk(self, exclude: Sequence[str] | None = None, unreadable: list[str] | None = None, *,
+    def walk(self, exclude: Sequence[str] | None = None, refused: list[str] | None = None, *,
              top: str = "", entering: Callable[[str], None] | None = None
              ) -> Iterator[tuple[str, os.stat_result]]:
         """(relative path, lstat) of every entry under ``top`` (the root by default),
         parents before children; an excluded directory is not entered. Entries vanishing
-        meanwhile are skipped; a directory the daemon's user may not read (mode 000 on a
-        Space whose daemon is not root) is added to ``unreadable``. ``entering`` is called
-        with each directory before it is listed."""
+        meanwhile are skipped; one the walk cannot reach, whose content it therefore cannot
+        know, is added to ``refused`` as ``"<path>: <why>"`` (``CANNOT_READ``): a directory
+        the daemon's user may not read (mode 000 on a Space whose daemon is not root), a
+        path longer than the kernel takes. ``entering`` is called with each directory
+        before it is listed."""
         patterns = exclude or []
         stack = [top]
         while stack:
@@ -112,9 +123,11 @@ class Scanner:
                 it = os.scandir(os.path.join(self.root, rel_dir) if rel_dir else self.root)
             except (FileNotFoundError, NotADirectoryError):
                 continue
-            except PermissionError:
-                if unreadable is not None:
-                    unreadable.append(rel_dir)
+            except OSError as exc:
+                if exc.errno not in _CANNOT_READ:
+                    raise
+                if refused is not None:
+                    refused.append(f"{rel_dir}: {_CANNOT_READ[exc.errno]}")
                 continue
             with it:
                 for de in it:
@@ -126,9 +139,15 @@ class Scanner:
                     except FileNotFoundError:
                         continue
                     except PermissionError:  # a directory without search permission
-                        if unreadable is not None:
-                            unreadable.append(rel_dir)
+                        if refused is not None:
+                            refused.append(f"{rel_dir}: {UNREADABLE}")
                         break
+                    except OSError as exc:
+                        if exc.errno != errno.ENAMETOOLONG:
+                            raise
+                        if refused is not None:
+                            refused.append(f"{rel}: {TOO_LONG}")
+                        continue
                     yield rel, st
                     if stat.S_ISDIR(st.st_mode):
                         stack.append(rel)
@@ -228,8 +247,7 @@ class Scanner:
         entries: list[ScanEntry] = []
         refused: list[str] = []
         inodes: dict[tuple[int, int], list[int]] = {}  # hardlink groups: entry indices
-        unreadable: list[str] = []
-        for rel, st in self.walk(exclude, unreadable):
+        for rel, st in self.walk(exclude, refused):
             entry, why = self.entry_of(rel, st, start_ns)
             if why is not None:
                 refused.append(why)
@@ -244,7 +262,6 @@ class Scanner:
                 for i in group:
                     if entries[i].path != first:
                         entries[i] = replace(entries[i], link=first)
-        refused.extend(f"{rel}: {UNREADABLE}" for rel in unreadable)
         self._prune({e.path for e in entries}, exclude or [])
         entries.sort(key=lambda e: e.path)
         refused.sort()

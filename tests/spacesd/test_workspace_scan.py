@@ -182,3 +182,42 @@ def test_a_range_allocated_but_never_written_reads_the_same_at_every_scan(tmp_pa
         [entry], _ = Scanner(str(tmp_path)).scan()
         seen.append(entry.extents)
     assert seen == [seen[0]] * len(seen), seen
+
+
+def test_a_path_longer_than_the_kernel_takes_is_refused_and_the_rest_kept(tmp_path) -> None:
+    """A tree deeper than PATH_MAX (4096 bytes, a program's nesting can make one) made
+    every scan raise, so the Space could neither be scanned nor checkpointed until it was
+    removed (found by a helper driving the watched scan with real programs). It is now a
+    refused entry saying why, the rest of the workspace is scanned, and a checkpoint, which
+    would lose its content, refuses to be made."""
+    from spacesd.daemon import Daemon
+    from spacesd.errors import Conflict
+    from spacesd.watched_scan import WatchedScan
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "kept").write_text("k")
+    fd = os.open(work, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(25):  # 25 levels of 200-byte names: past 4096 bytes
+            os.mkdir("d" * 200, dir_fd=fd)
+            deeper = os.open("d" * 200, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = deeper
+    finally:
+        os.close(fd)
+    entries, refused = Scanner(str(work)).scan()
+    assert "kept" in [e.path for e in entries]
+    assert len(refused) == 1 and refused[0].endswith(workspace_scan.TOO_LONG), refused
+    watched = WatchedScan(Scanner(str(work)))
+    try:
+        answer = watched.scan()
+        assert (answer.entries, answer.refused) == (entries, refused)
+    finally:
+        watched.close()
+    daemon = Daemon(str(work), str(tmp_path / "state"))
+    try:
+        with pytest.raises(Conflict, match="path is longer than the kernel takes"):
+            daemon.checkpoints.create("c")
+    finally:
+        daemon.close()
