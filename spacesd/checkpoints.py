@@ -278,7 +278,7 @@ class Checkpoints:
                             # Any other error (the store's disk full, a read error) fails
                             # the checkpoint: one that left the file out would delete it
                             # at its restore.
-                            if sha != e.sha256:  # changed between the scan and the copy
+                            if (sha, size) != (e.sha256, e.size):  # changed since the scan
                                 e = replace(e, sha256=sha, size=size, extents=None)
                         if promoted or e.path in named:
                             stored[e.path] = e
@@ -305,6 +305,7 @@ class Checkpoints:
 
     def _restore(self, m: Manifest, exclude: list[str]) -> None:
         ws = self._ws
+        self._check_objects(m)
         want = {e.path: e for e in m.entries()}
         # 0. Every directory writable and searchable by its owner while the restore works
         # in it (a daemon that is not root could neither remove from a read-only one nor
@@ -426,6 +427,34 @@ class Checkpoints:
             os.link(a.name, b.name, src_dir_fd=a.fd, dst_dir_fd=b.fd, follow_symlinks=False)
             return True
 
+    def _check_objects(self, m: Manifest) -> None:
+        """``Damaged`` before the restore changes anything when an object ``m`` names is
+        missing or of another size than it says: found only when its file's turn came, the
+        restore had already removed and rewritten other entries (found by review). One
+        of the right size but other content is still found as it is copied back
+        (``_verified``), before its file is replaced; reading every object twice to find
+        it first would double what a restore reads."""
+        seen: set[str] = set()
+        for f in m.files:
+            if f.link is not None or f.sha256 in seen:
+                continue
+            seen.add(f.sha256)
+            try:
+                size = os.stat(self._object(f.sha256)).st_size
+            except FileNotFoundError:
+                problem = "is missing"
+            else:
+                if size == f.size:
+                    continue
+                problem = f"holds {size} bytes"
+            raise self._damaged(m.id, f, problem, "the restore changed nothing")
+
+    def _damaged(self, checkpoint_id: str, f: FileRec, problem: str, done: str) -> Damaged:
+        self._have.discard(f.sha256)  # the next checkpoint of this content looks again
+        return Damaged(f"checkpoint {checkpoint_id!r}: the object of {f.path!r} "
+                       f"({self._object(f.sha256)}, {f.size} bytes) {problem}; {done}. "
+                       "Delete the checkpoint (checkpoint_delete) and make a new one")
+
     def _verified(self, checkpoint_id: str, f: FileRec) -> Iterator[bytes]:
         """The chunks of ``f``'s object; ``Damaged`` after the last one (so before the
         writer replaces anything) when the object is missing or not what ``f`` says."""
@@ -442,11 +471,8 @@ class Checkpoints:
             if h.hexdigest() == f.sha256 and size == f.size:
                 return
             problem = f"holds {size} bytes of digest {h.hexdigest()}"
-        self._have.discard(f.sha256)  # the next checkpoint of this content looks again
-        raise Damaged(f"checkpoint {checkpoint_id!r}: the object of {f.path!r} "
-                      f"({self._object(f.sha256)}, {f.size} bytes) {problem}; the restore "
-                      "stopped before copying it back. Delete the checkpoint "
-                      "(checkpoint_delete) and make a new one")
+        raise self._damaged(checkpoint_id, f, problem,
+                            "the restore stopped before copying it back")
 
     def _ids(self) -> list[str]:
         """The ids of the stored manifests (names that are not ids are not ours)."""

@@ -20,10 +20,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
+from io import BufferedReader
 
 from . import paths
 from .protocol import ScanEntry
 
+#: How much of a file one read takes while it is hashed (as ``hashlib.file_digest``).
+_READ_CHUNK = 1 << 18
 #: What opening a file that was replaced meanwhile (by a symlink, a socket) fails with.
 _REPLACED = (errno.ELOOP, errno.ENXIO)
 #: Several ticks of the coarsest kernel clock in use (HZ=100 is 10 ms per tick).
@@ -62,6 +65,18 @@ class _Cached:
 
 def _encode(entry: ScanEntry) -> bytes:
     return json.dumps(entry.to_json(), separators=(",", ":")).encode()
+
+
+def _digest_of(f: BufferedReader) -> tuple[str, int]:
+    """(sha256, size) of what ``f`` holds from where it is to its end, as read."""
+    h = hashlib.sha256()
+    size = 0
+    buf = bytearray(_READ_CHUNK)
+    view = memoryview(buf)
+    while got := f.readinto(view):
+        h.update(view[:got])
+        size += got
+    return h.hexdigest(), size
 
 
 def data_extents(fd: int, size: int) -> tuple[tuple[int, int], ...] | None:
@@ -152,17 +167,15 @@ class Scanner:
                     if stat.S_ISDIR(st.st_mode):
                         stack.append(rel)
 
-    def digest(self, rel: str, st: os.stat_result, scan_start_ns: int) -> str | None:
-        """sha256 of the regular file ``rel`` (``st`` is its lstat), from the cache when it
-        did not change; None if it vanished."""
-        content = self._content(rel, st, scan_start_ns)
-        return None if content is None else content[0]
-
     def _content(self, rel: str, st: os.stat_result, scan_start_ns: int
-                 ) -> tuple[str, tuple[tuple[int, int], ...] | None] | None:
-        """(sha256, data extents) of the regular file ``rel``, both read through one fd (a
-        hole punched between two reads would pair a digest with the wrong extents); from
-        the cache when the file did not change; None if it vanished.
+                 ) -> tuple[str, int, tuple[tuple[int, int], ...] | None] | None:
+        """(sha256, size, data extents) of the regular file ``rel``, all read through one fd
+        (a hole punched between two reads would pair a digest with the wrong extents); from
+        the cache when the file did not change; None if it vanished. The size is what was
+        read, not ``st``'s: a file written to while read (a log appended to) has a digest
+        of more or fewer bytes than its lstat said, and an entry pairing that digest with
+        the lstat's size was a checkpoint no restore could take (its object's size is not
+        the manifest's).
 
         The extents are sought after the whole file was read: a range allocated but never
         written (``fallocate`` past a hole) is a hole to ``SEEK_DATA`` on ext4 only while
@@ -172,7 +185,7 @@ class Scanner:
         key = _stat_key(st)
         cached = self._cache.get(rel)
         if cached is not None and cached.key == key:
-            return cached.sha256, cached.extents
+            return cached.sha256, st.st_size, cached.extents
         full = os.path.join(self.root, rel)
         try:
             fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -186,16 +199,16 @@ class Scanner:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 return None  # replaced meanwhile (by a FIFO, say): not this file
             os.set_blocking(fd, True)
-            sha = hashlib.file_digest(f, "sha256").hexdigest()
-            extents = data_extents(fd, st.st_size) if st.st_blocks * 512 < st.st_size else None
+            sha, size = _digest_of(f)
+            extents = data_extents(fd, size) if st.st_blocks * 512 < size else None
             after = os.fstat(fd)
-        if _stat_key(after) != key:
+        if _stat_key(after) != key or size != st.st_size:
             extents = None  # it changed while read: its holes are unknown, say none
         # Cached only if it did not change while being read, and is out of the racy window.
         elif after.st_ctime_ns < scan_start_ns - RACY_NS:
             with self._lock:
                 self._cache[rel] = _Cached(key, sha, extents)
-        return sha, extents
+        return sha, size, extents
 
     def _file_entry(self, rel: str, st: os.stat_result, scan_start_ns: int) -> ScanEntry | None:
         cached = self._cache.get(rel)
@@ -207,8 +220,8 @@ class Scanner:
             return None
         if content is None:
             return None
-        sha, extents = content
-        entry = ScanEntry(rel, "file", paths.is_exec(st.st_mode), st.st_size, sha256=sha,
+        sha, size, extents = content
+        entry = ScanEntry(rel, "file", paths.is_exec(st.st_mode), size, sha256=sha,
                           mode=stat.S_IMODE(st.st_mode), mtime_ns=st.st_mtime_ns,
                           extents=extents)
         cached = self._cache.get(rel)

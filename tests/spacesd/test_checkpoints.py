@@ -476,3 +476,73 @@ def test_a_store_that_fails_fails_the_checkpoint_and_a_file_that_vanished_is_lef
         assert [f.path for f in cps.load("c").files] == ["big"]
     finally:
         daemon.close()
+
+
+def test_a_file_appended_to_while_read_is_kept_as_read(tmp_path, monkeypatch) -> None:
+    """A file that grows while the scan reads it (a log, a build's output): its entry has
+    the size of the bytes its digest is of, so the checkpoint restores (found by review:
+    the entry took the lstat's size from before the read, and every restore, by this
+    daemon or a restarted one, refused the checkpoint as damaged)."""
+    from spacesd import workspace_scan
+
+    (tmp_path / "work").mkdir()
+    log = tmp_path / "work" / "build.log"
+    log.write_bytes(b"line 1\n")
+    real = workspace_scan._digest_of
+
+    def appended_first(f):
+        with open(log, "ab") as w:
+            w.write(b"line 2\n")
+        return real(f)
+
+    daemon = Daemon(str(tmp_path / "work"), str(tmp_path / "state"))
+    try:
+        monkeypatch.setattr(workspace_scan, "_digest_of", appended_first)
+        daemon.checkpoints.create("c")
+        monkeypatch.setattr(workspace_scan, "_digest_of", real)
+        [kept] = daemon.checkpoints.load("c").files
+        assert kept.size == len(log.read_bytes()) == 14
+        log.write_bytes(b"other\n")
+        daemon.checkpoints.restore("c")
+        assert log.read_bytes() == b"line 1\nline 2\n"
+    finally:
+        daemon.close()
+    restarted = Daemon(str(tmp_path / "work"), str(tmp_path / "state"))
+    try:
+        log.write_bytes(b"other\n")
+        restarted.checkpoints.restore("c")
+        assert log.read_bytes() == b"line 1\nline 2\n"
+    finally:
+        restarted.close()
+
+
+@pytest.mark.parametrize("damage", ["removed", "truncated"])
+def test_a_restore_that_would_need_a_damaged_object_changes_nothing(tmp_path, damage) -> None:
+    """A restore checks every object it names before it touches the workspace (found by
+    review: it removed what the checkpoint lacked and rewrote the files before the
+    damaged one, then stopped, the workspace half one state and half the other)."""
+    from spacesd.errors import Damaged
+
+    ws = tmp_path / "work"
+    ws.mkdir()
+    for n in range(5):
+        (ws / f"f{n}").write_text(f"v1 {n}")
+    daemon = Daemon(str(ws), str(tmp_path / "state"))
+    try:
+        daemon.checkpoints.create("c")
+        [obj] = [o for o in (tmp_path / "state" / "checkpoints" / "objects").rglob("*")
+                 if o.is_file() and o.read_bytes() == b"v1 4"]
+        if damage == "removed":
+            obj.unlink()
+        else:
+            obj.chmod(0o600)
+            obj.write_bytes(b"v1")
+        for n in range(5):
+            (ws / f"f{n}").write_text(f"v2 {n}")
+        (ws / "extra").write_text("x")
+        before, _ = daemon.scanner.scan()
+        with pytest.raises(Damaged, match="the restore changed nothing"):
+            daemon.checkpoints.restore("c")
+        assert daemon.scanner.scan()[0] == before
+    finally:
+        daemon.close()

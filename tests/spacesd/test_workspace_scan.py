@@ -94,13 +94,13 @@ def test_scan_sees_every_change(client: HttpSpaceClient, space: LocalSpace) -> N
 @pytest.fixture
 def counted_hashing(monkeypatch) -> list[int]:
     calls = [0]
-    real = workspace_scan.hashlib.file_digest
+    real = workspace_scan._digest_of
 
-    def counting(*args, **kwargs):
+    def counting(f):
         calls[0] += 1
-        return real(*args, **kwargs)
+        return real(f)
 
-    monkeypatch.setattr(workspace_scan.hashlib, "file_digest", counting)
+    monkeypatch.setattr(workspace_scan, "_digest_of", counting)
     return calls
 
 
@@ -221,3 +221,26 @@ def test_a_path_longer_than_the_kernel_takes_is_refused_and_the_rest_kept(tmp_pa
             daemon.checkpoints.create("c")
     finally:
         daemon.close()
+
+
+def test_a_file_written_to_while_read_has_the_size_its_digest_is_of(tmp_path, monkeypatch
+                                                                    ) -> None:
+    """Appended to, or truncated, between the lstat and the read: the entry pairs the
+    digest with the bytes read (found by review: it paired them with the lstat's size)."""
+    grows, shrinks = tmp_path / "grows", tmp_path / "shrinks"
+    grows.write_bytes(b"a" * 10)
+    shrinks.write_bytes(b"b" * 10)
+    real = workspace_scan._digest_of
+
+    def changed_first(f):
+        with open(grows, "ab") as w:
+            w.write(b"a" * 5)
+        os.truncate(shrinks, 3)
+        return real(f)
+
+    monkeypatch.setattr(workspace_scan, "_digest_of", changed_first)
+    entries, _ = Scanner(str(tmp_path)).scan()
+    sizes = {e.path: (e.size, e.sha256) for e in entries}
+    assert sizes["grows"][0] >= 15 and sizes["shrinks"] == (
+        3, hashlib.sha256(b"bbb").hexdigest())
+    assert sizes["grows"][1] == hashlib.sha256(b"a" * sizes["grows"][0]).hexdigest()
