@@ -25,7 +25,8 @@ Environment (all required unless a default is given):
 
 Exit codes: ``0`` finished, ``78`` permanent failure (``PermanentFailure``, a bad
 environment, a missing capability, an unanswered submission), ``75`` fenced (a newer epoch
-exists; exits as soon as the log's fence refuses, even if the run never settles), anything
+exists; exits as soon as the log's fence refuses, even if the run never settles, and a run
+that settled reports its verdict only after a fresh read of the floor), anything
 else crashed (the coordinator retries with backoff).
 
 While it runs it prints ``CUA-HEARTBEAT <epoch> <unix_ms>`` (the epoch it actually runs at)
@@ -313,6 +314,11 @@ def _attempt(senv: SessionEnv, durable: Callable[[Fence, SessionEnv], Workspaces
         run.ensure_space()
         if outcome.done:
             failpoint("session.end", epoch=senv.epoch)
+        # A driver overtaken after its last commit (paused past it) has nothing left that a
+        # fence refuses, yet a newer epoch owns the session now: its verdict is not this
+        # driver's to report. The floor, read fresh, says (StaleEpochError: fenced, 75).
+        fence.check()
+        if outcome.done:
             return exit_line(EXIT_OK, "finished")
         return exit_line(EXIT_PERMANENT, f"unanswered: {outcome.reason}")
     except EpochTaken as exc:

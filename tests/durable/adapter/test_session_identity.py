@@ -31,7 +31,7 @@ from durable.session_driver import (
     Started,
     run_durable_session,
 )
-from durable.session_log import open_for_audit
+from durable.session_log import open_for_audit, session_log
 from durable.storage_fences import open_fenced_sqlite
 from durable.tools import ToolRegistry
 from spacesd.procfs import start_time
@@ -417,3 +417,50 @@ def test_start_returns_wait_ensure_space_and_close_and_the_driver_calls_them_in_
     assert wrong == EXIT_PERMANENT
     assert "start returned NoneType, not something to run: return the Submission" in \
         out.getvalue()
+
+
+def test_a_driver_overtaken_after_its_last_commit_exits_fenced_not_finished(
+        tmp_path: Path, local_spaces: LocalSpaces) -> None:
+    """A driver whose run settled, but that a newer epoch overtook before it reported (the
+    stale-paused race: SIGSTOPped after its last commit, woken once a newer driver had
+    finished the session), has nothing left a fence refuses; it must still exit fenced
+    (75), not report the session finished (0) for its epoch. Found by a stale campaign
+    with --stale-kind paused (seed 304: the older driver paused 12 ms after its last
+    command's space.exited exited 0)."""
+    log = tmp_path / "state"
+
+    def build(fence: Fence, senv: SessionEnv) -> DurableSpaces:
+        return durable_spaces(session=senv.name, spaces=local_spaces,
+                              snapshots=WorkspaceSnapshots(local_spaces, "", None),
+                              mode="checkpoint", fence=fence, epoch=senv.epoch)
+
+    class Overtaken:
+        """The standard ``Started``, with a newer driver opening the log once it settled."""
+
+        def __init__(self, inner: Started) -> None:
+            self.inner = inner
+
+        def wait(self) -> Outcome:
+            outcome = self.inner.wait()
+            newer, _fence = open_fenced_sqlite(session_log(log), 2)
+            newer.close()
+            return outcome
+
+        def ensure_space(self) -> None:
+            self.inner.ensure_space()
+
+        def close(self) -> None:
+            self.inner.close()
+
+    def start(session: Session) -> Started:
+        harness = session.open_harness(models=ScriptedModel(PLAN),
+                                       registry=ToolRegistry(coding_tools()))
+        return Overtaken(session.started(harness.root("a").submit(content="go",
+                                                                  request_id="r1")))
+
+    out = io.StringIO()
+    with redirect_stdout(out), redirect_stderr(out):
+        code = run_durable_session(durable=build, start=start, environ={
+            **_driver_env(tmp_path, "1", log), "CUA_SESSION_HEARTBEAT_SECS": "3600"})
+    assert code == EXIT_FENCED, out.getvalue()
+    assert "CUA-EXIT 75 fenced: epoch 1 is below the log's floor 2" in out.getvalue()
