@@ -266,11 +266,12 @@ class ManifestEncoder:
         tables: dict[str, list[_Part]] = {t: [] for t in _TABLES}
         for p in parts:
             tables[p.table].append(p)
+        # Each table's values are of its kind (``_part``: FileRecs, targets, modes, modes).
         m = Manifest(checkpoint_id, created_ms,
-                     [p.value for p in tables["files"]],  # type: ignore[misc]
-                     {p.path: p.value for p in tables["symlinks"]},  # type: ignore[misc]
-                     {p.path: p.value for p in tables["dirs"]},  # type: ignore[misc]
-                     {p.path: p.value for p in tables["fifos"]},  # type: ignore[misc]
+                     [p.value for p in tables["files"]],  # type: ignore[misc]  # FileRecs
+                     {p.path: p.value for p in tables["symlinks"]},  # type: ignore[misc]  # str
+                     {p.path: p.value for p in tables["dirs"]},  # type: ignore[misc]  # int
+                     {p.path: p.value for p in tables["fifos"]},  # type: ignore[misc]  # int
                      {p.path: p.mtime_ns for p in parts if p.mtime_ns is not None})
         members = {t: b",".join([p.json for p in tables[t]]) for t in _TABLES}
         body = b'{"created_ms":%d,"dirs":{%s},"fifos":{%s},"files":[%s],"id":%s,' \
