@@ -189,12 +189,13 @@ class Run:
         argv = driver_argv(self.spec, self.dir, other,
                            request_timeout=self.request_timeout(faulted=faulted),
                            links=self.links.directory if self.link and faulted else None)
-        driver = self.scope.launch(argv, env,
-                                   run_dir / f"driver-{attempt:02d}-e{epoch}.log")
-        if other is None:
-            self.epoch = epoch
-            self.state.count("attempts")
-            self.state.begin_attempt(attempt, driver)
+        with self.state.launching():  # its failpoints wait until it is the current one
+            driver = self.scope.launch(argv, env,
+                                       run_dir / f"driver-{attempt:02d}-e{epoch}.log")
+            if other is None:
+                self.epoch = epoch
+                self.state.count("attempts")
+                self.state.begin_attempt(attempt, driver)
         self.state.op("other" if other else "driver", "invoke", "attempt",
                       {"attempt": attempt, "epoch": epoch})
         return driver

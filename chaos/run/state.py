@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from chaos.faults.plans import KIND_COUNTS, Fault
@@ -40,6 +42,10 @@ COUNTS = tuple(dict.fromkeys((
     "kills", "daemon_kills", "space_restarts", "lost_spaces", "process_kills", "fenced",
     "timeouts", "attempts", "foreign", "drives", "refused_tokens", "coordinator_kills",
     "power_losses", "machine_checks", "pauses", *KIND_COUNTS.values())))
+#: How long a failpoint report waits for the driver being launched to be registered: the
+#: launch itself gives up far sooner (``driver_forks.LAUNCH_TIMEOUT_S``); only a hang
+#: gets here.
+LAUNCH_WAIT_S = 600.0
 
 
 class RunState:
@@ -65,6 +71,9 @@ class RunState:
         self._generations = 0
         self._attempt = 0
         self._driver: Driver | None = None
+        self._launches = 0  # drivers being launched, not yet registered
+        self._settled = threading.Event()  # set while no driver is being launched
+        self._settled.set()
 
     # ------------------------------------------------------------------ history
 
@@ -176,3 +185,34 @@ class RunState:
     def current(self) -> tuple[int, Driver | None]:
         with self._lock:
             return self._attempt, self._driver
+
+    @contextmanager
+    def launching(self) -> Iterator[None]:
+        """A driver is being launched (and registered with ``begin_attempt``) inside the
+        block: ``driver_for`` waits for the block's end."""
+        with self._lock:
+            self._launches += 1
+            self._settled.clear()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._launches -= 1
+                if not self._launches:
+                    self._settled.set()
+
+    def driver_for(self, pid: int) -> tuple[int, Driver | None]:
+        """``current()``, for a failpoint the driver ``pid`` reported. A forked driver can
+        reach its first failpoints before its launcher heard its pid and registered it: a
+        fault due there was then aimed at the driver before (dead: skipped), so whether a
+        recovery's fault fired depended on the machine's load (found by a stress run: an
+        exhaustive campaign's kill at ``recovery.decided`` fired in one run of the same plan
+        and not in the other). Such a report waits until the launch ended."""
+        deadline = time.monotonic() + LAUNCH_WAIT_S
+        while True:
+            with self._lock:
+                if not self._launches or (self._driver is not None and
+                                          self._driver.pid == pid):
+                    return self._attempt, self._driver
+            if not self._settled.wait(max(0.0, deadline - time.monotonic())):
+                return self.current()

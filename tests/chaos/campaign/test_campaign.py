@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -225,6 +226,33 @@ def test_same_seeds_same_plans_and_fault_counts(tmp_path: Path) -> None:
         runs.append(({k: summary[k] for k in keys}, plans))
     assert runs[0] == runs[1]
     assert int(runs[0][0]["kills"]) >= 3
+
+
+def test_fault_counts_do_not_depend_on_how_soon_a_driver_is_known(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A driver can reach its first failpoints before its launcher registered it (forked,
+    it runs while the launcher waits for its pid; on a loaded machine, long enough to
+    reach a recovery's points). A fault due there must still kill it, not be aimed at the
+    driver before it and skipped (found by a stress run: the same exhaustive plan's kill
+    at ``recovery.decided`` fired in one campaign and not in another). Here every launch
+    is registered half a second late."""
+    from chaos.run.attempts import AttemptScope
+
+    keys = ("kills", "daemon_kills", "space_restarts", "lost_spaces", "runs", "ok", "covered")
+    exhaustive: dict[str, Any] = {"mode": "exhaustive", "durable_mode": "checkpoint",
+                                  "points": ("space.file_op", "call.result")}
+    prompt = campaign(tmp_path / "prompt", **exhaustive)[1]
+    launch = AttemptScope.launch
+
+    def late(self: AttemptScope, *args: Any, **kwargs: Any) -> Any:
+        driver = launch(self, *args, **kwargs)
+        time.sleep(0.5)
+        return driver
+
+    monkeypatch.setattr(AttemptScope, "launch", late)
+    slow = campaign(tmp_path / "slow", **exhaustive)[1]
+    assert {k: slow[k] for k in keys} == {k: prompt[k] for k in keys}
+    assert int(prompt["kills"]) >= 5
 
 
 def test_clean_removes_local_spaces_left_behind(tmp_path: Path,
