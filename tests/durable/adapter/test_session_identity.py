@@ -58,6 +58,41 @@ def open_harness(log_dir: Path, spaces: LocalSpaces, session: str, epoch: int,
     return harness, adapter
 
 
+def _checkpoint_spaces(local_spaces: LocalSpaces) -> Callable[[Fence, SessionEnv], DurableSpaces]:
+    """The ``durable`` of a driver on ``local_spaces`` in checkpoint mode, without a store."""
+    def build(fence: Fence, senv: SessionEnv) -> DurableSpaces:
+        return durable_spaces(session=senv.name, spaces=local_spaces,
+                              snapshots=WorkspaceSnapshots(local_spaces, "", None),
+                              mode="checkpoint", fence=fence, epoch=senv.epoch)
+    return build
+
+
+def _starting(wrap: Callable[[Started], Started]) -> Callable[[Session], Started]:
+    """A ``start`` that submits PLAN's task and hands its ``Started`` to ``wrap``."""
+    def start(session: Session) -> Started:
+        harness = session.open_harness(models=ScriptedModel(PLAN),
+                                       registry=ToolRegistry(coding_tools()))
+        return wrap(session.started(harness.root("a").submit(content="go",
+                                                             request_id="r1")))
+    return start
+
+
+class _Handing:
+    """A ``Started`` that hands every call to the standard one; a test overrides some."""
+
+    def __init__(self, inner: Started) -> None:
+        self.inner = inner
+
+    def wait(self) -> Outcome:
+        return self.inner.wait()
+
+    def ensure_space(self) -> None:
+        self.inner.ensure_space()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
 def test_session_tokens_are_safe_bounded_and_distinct() -> None:
     names = ["run-1", "a/b", "a_b", "a b", "x" * 200, "x" * 201, "é", ":@", "-lead"]
     tokens = [session_token(n) for n in names]
@@ -316,10 +351,7 @@ def test_the_driver_raises_the_spaces_epoch_before_start(
     old.exec_start("s:1:0.0:1@1", "sleep 300")
     seen: list[tuple[int, str]] = []
 
-    def build(fence: Fence, senv: SessionEnv) -> DurableSpaces:
-        return durable_spaces(session=senv.name, spaces=local_spaces,
-                              snapshots=WorkspaceSnapshots(local_spaces, "", None),
-                              mode="checkpoint", fence=fence, epoch=senv.epoch)
+    build = _checkpoint_spaces(local_spaces)
 
     def start(session: Session) -> Submission:
         probe = local_spaces.connect(name, epoch=2)
@@ -344,10 +376,7 @@ def test_start_gets_the_session_its_log_fence_and_on_stale(
     once and ends the attempt fenced (75), whatever ``start`` returns."""
     got: list[tuple[str, int, str, bool]] = []
 
-    def build(fence: Fence, senv: SessionEnv) -> DurableSpaces:
-        return durable_spaces(session=senv.name, spaces=local_spaces,
-                              snapshots=WorkspaceSnapshots(local_spaces, "", None),
-                              mode="checkpoint", fence=fence, epoch=senv.epoch)
+    build = _checkpoint_spaces(local_spaces)
 
     def start(session: Session) -> Submission:
         got.append((session.env.name, session.env.epoch, session.env.input,
@@ -379,15 +408,9 @@ def test_start_returns_wait_ensure_space_and_close_and_the_driver_calls_them_in_
     and anything else ends the attempt permanently (78), saying what to return."""
     calls: list[str] = []
 
-    def build(fence: Fence, senv: SessionEnv) -> DurableSpaces:
-        return durable_spaces(session=senv.name, spaces=local_spaces,
-                              snapshots=WorkspaceSnapshots(local_spaces, "", None),
-                              mode="checkpoint", fence=fence, epoch=senv.epoch)
+    build = _checkpoint_spaces(local_spaces)
 
-    class Recorded:
-        def __init__(self, inner: Started) -> None:
-            self.inner = inner
-
+    class Recorded(_Handing):
         def wait(self) -> Outcome:
             calls.append("wait")
             return self.inner.wait()
@@ -400,11 +423,7 @@ def test_start_returns_wait_ensure_space_and_close_and_the_driver_calls_them_in_
             calls.append("close")
             self.inner.close()
 
-    def start(session: Session) -> Started:
-        harness = session.open_harness(models=ScriptedModel(PLAN),
-                                       registry=ToolRegistry(coding_tools()))
-        return Recorded(session.started(harness.root("a").submit(content="go",
-                                                                 request_id="r1")))
+    start = _starting(Recorded)
 
     out = io.StringIO()
     with redirect_stdout(out), redirect_stderr(out):
@@ -429,16 +448,10 @@ def test_a_driver_overtaken_after_its_last_commit_exits_fenced_not_finished(
     command's space.exited exited 0)."""
     log = tmp_path / "state"
 
-    def build(fence: Fence, senv: SessionEnv) -> DurableSpaces:
-        return durable_spaces(session=senv.name, spaces=local_spaces,
-                              snapshots=WorkspaceSnapshots(local_spaces, "", None),
-                              mode="checkpoint", fence=fence, epoch=senv.epoch)
+    build = _checkpoint_spaces(local_spaces)
 
-    class Overtaken:
+    class Overtaken(_Handing):
         """The standard ``Started``, with a newer driver opening the log once it settled."""
-
-        def __init__(self, inner: Started) -> None:
-            self.inner = inner
 
         def wait(self) -> Outcome:
             outcome = self.inner.wait()
@@ -446,17 +459,7 @@ def test_a_driver_overtaken_after_its_last_commit_exits_fenced_not_finished(
             newer.close()
             return outcome
 
-        def ensure_space(self) -> None:
-            self.inner.ensure_space()
-
-        def close(self) -> None:
-            self.inner.close()
-
-    def start(session: Session) -> Started:
-        harness = session.open_harness(models=ScriptedModel(PLAN),
-                                       registry=ToolRegistry(coding_tools()))
-        return Overtaken(session.started(harness.root("a").submit(content="go",
-                                                                  request_id="r1")))
+    start = _starting(Overtaken)
 
     out = io.StringIO()
     with redirect_stdout(out), redirect_stderr(out):
