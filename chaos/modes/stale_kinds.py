@@ -50,13 +50,14 @@ import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from chaos.faults.host_power import hosting, wait_dead
 from chaos.faults.plans import HELD_KINDS, in_effect_at, park_points
 from chaos.faults.rendezvous import Rendezvous
 from chaos.modes.holds import Hold, Holds, wait_parked
-from chaos.run.launch import OtherSession
+from chaos.run.launch import OtherSession, driver_log
 from chaos.run.observe import save_ledger
 from chaos.run.spaces import seed_space
 from durable.session_driver import EXIT_FENCED, EXIT_OK
@@ -280,6 +281,10 @@ def _paused(run: RunContext, rv: Rendezvous, rng: random.Random) -> int | None:
     run.state.count("pauses")
     run.state.op("nemesis", "info", "pause", f"older driver (epoch {old_epoch}) paused "
                  f"{after_s * 1000:.1f} ms after {at[0]}#{at[1]}")
+    decided = _exit_line(driver_log(run.dir, 1, old_epoch))
+    if decided is not None:  # paused on its way out: it ended while its epoch was the newest
+        run.state.op("nemesis", "info", "pause", f"the older driver had printed {decided!r} "
+                     "before its pause: its verdict came before any newer driver")
     run.settle_at = max(run.settle_at, time.time())
     try:
         new = run.launch(2, _newer_failpoints(run, rv))
@@ -297,12 +302,22 @@ def _paused(run: RunContext, rv: Rendezvous, rng: random.Random) -> int | None:
     old_code = run.await_driver(old, 1, epoch=old_epoch)
     if old_code == EXIT_FENCED:
         run.state.count("fenced")
-    elif code == EXIT_OK and not woken_early and not _stopped_by_a_fault(run, old, old_code,
-                                                                         released):
+    elif code == EXIT_OK and not woken_early and decided is None and \
+            not _stopped_by_a_fault(run, old, old_code, released):
         run.stale_error = (f"the older driver (epoch {old_epoch}), paused after {at[0]}#"
                            f"{at[1]}, exited {old_code} when woken after a newer one had "
                            f"finished the session; it must be fenced ({EXIT_FENCED})")
     return code
+
+
+def _exit_line(log: Path) -> str | None:
+    """The ``CUA-EXIT`` line a driver printed to ``log``, or None (it has not printed it:
+    a driver prints it once its verdict is decided, then closes its log and Spaces)."""
+    try:
+        text = log.read_text(errors="replace")
+    except FileNotFoundError:
+        return None
+    return next((line for line in text.splitlines() if line.startswith("CUA-EXIT ")), None)
 
 
 def _detached(run: RunContext, rv: Rendezvous) -> int | None:

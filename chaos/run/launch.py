@@ -31,6 +31,11 @@ class OtherSession:
     epoch: int = 1
 
 
+def driver_log(run_dir: Path, attempt: int, epoch: int) -> Path:
+    """Where a driver's output (stdout and stderr, its ``CUA-EXIT`` line last) goes."""
+    return run_dir / f"driver-{attempt:02d}-e{epoch}.log"
+
+
 def driver_argv(spec: RunSpec, run_dir: Path, other: OtherSession | None, *,
                 request_timeout: float | None = None, links: Path | None = None) -> list[str]:
     """argv of a driver of the run in ``run_dir`` (``spec``'s session, or ``other``);

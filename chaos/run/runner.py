@@ -54,7 +54,7 @@ from chaos.modes.redrive import keys_of, observe_second
 from chaos.modes.registry import MODES
 from chaos.run.attempts import EXIT_TIMED_OUT, AttemptScope
 from chaos.run.forked_run import forks_of
-from chaos.run.launch import OtherSession, driver_argv, driver_env
+from chaos.run.launch import OtherSession, driver_argv, driver_env, driver_log
 from chaos.run.observe import agent_history, observe, observe_virtual
 from chaos.run.processes import Owned
 from chaos.run.record import RunRecord
@@ -190,8 +190,7 @@ class Run:
                            request_timeout=self.request_timeout(faulted=faulted),
                            links=self.links.directory if self.link and faulted else None)
         with self.state.launching():  # its failpoints wait until it is the current one
-            driver = self.scope.launch(argv, env,
-                                       run_dir / f"driver-{attempt:02d}-e{epoch}.log")
+            driver = self.scope.launch(argv, env, driver_log(run_dir, attempt, epoch))
             if other is None:
                 self.epoch = epoch
                 self.state.count("attempts")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -253,6 +254,27 @@ def test_fault_counts_do_not_depend_on_how_soon_a_driver_is_known(
     slow = campaign(tmp_path / "slow", **exhaustive)[1]
     assert {k: slow[k] for k in keys} == {k: prompt[k] for k in keys}
     assert int(prompt["kills"]) >= 5
+
+
+def test_a_drivers_exit_line_is_read_from_its_log(tmp_path: Path) -> None:
+    """A paused older driver that had printed its ``CUA-EXIT`` line before the pause ended
+    while its epoch was the newest (the pause caught it closing its log): ``stale-paused``
+    reads that line from the log the runner gives it (``driver_log``) and does not call its
+    exit 0 a stale finish, as G4 did when the pause landed there (found reviewing the
+    driver's fix that reads the floor before it reports)."""
+    from contextlib import redirect_stderr
+
+    from chaos.modes.stale_kinds import _exit_line
+    from chaos.run.launch import driver_log
+    from durable.session_driver import EXIT_OK, exit_line
+
+    log = driver_log(tmp_path, 1, 3)
+    with open(log, "w") as out, redirect_stderr(out):
+        print("CUA-HEARTBEAT 3 1", file=sys.stderr, flush=True)
+        assert _exit_line(log) is None  # running: its verdict is not decided yet
+        exit_line(EXIT_OK, "finished")
+    assert _exit_line(log) == "CUA-EXIT 0 finished"
+    assert _exit_line(driver_log(tmp_path, 2, 4)) is None  # no such driver
 
 
 def test_clean_removes_local_spaces_left_behind(tmp_path: Path,
