@@ -450,10 +450,17 @@ class Checkpoints:
             raise self._damaged(m.id, f, problem, "the restore changed nothing")
 
     def _damaged(self, checkpoint_id: str, f: FileRec, problem: str, done: str) -> Damaged:
-        self._have.discard(f.sha256)  # the next checkpoint of this content looks again
+        """The error of an object found missing or damaged. A damaged one is removed and
+        forgotten, so that the next checkpoint of its content stores it again (kept, it was
+        taken as stored, and the new checkpoint the error advises was as damaged; found by
+        review)."""
+        self._have.discard(f.sha256)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._object(f.sha256))
         return Damaged(f"checkpoint {checkpoint_id!r}: the object of {f.path!r} "
                        f"({self._object(f.sha256)}, {f.size} bytes) {problem}; {done}. "
-                       "Delete the checkpoint (checkpoint_delete) and make a new one")
+                       "Delete the checkpoint (checkpoint_delete) and make a new one "
+                       "(its object is stored again)")
 
     def _verified(self, checkpoint_id: str, f: FileRec) -> Iterator[bytes]:
         """The chunks of ``f``'s object; ``Damaged`` after the last one (so before the

@@ -86,8 +86,7 @@ class FaultSchedule:
         if base is None:
             return "continue"  # gated, not open yet: nothing fires
         occurrence = hit.occurrence - base.get(hit.point, 0)
-        attempt, driver = self.state.current() if hit.info.get("process") is not None \
-            else self.state.driver_for(hit.pid)
+        attempt, driver = self.state.driver_for(hit.pid)
         reporter_gone = False
         for index, fault in enumerate(self.plan.faults):
             due = (fault.trigger == "failpoint" and fault.point == hit.point

@@ -11,10 +11,10 @@ The lock discipline, followed by every module of ``chaos``:
    mutable field with it. It exposes methods that are atomic on their own (``claim`` tests
    and sets, ``op`` appends, reads return copies), never the fields themselves.
 2. A lock is held only to read or update the fields it guards, and for system calls that
-   return at once (a signal, an append to a file): never while waiting for anything (a
-   thread, a process, a Space, an ``Event``) and never while calling another object that
-   locks. So no thread ever holds two of these locks, and no order of taking them can
-   deadlock.
+   return at once (a signal, an append to a file, an ``Event``'s ``set`` or ``clear``):
+   never while waiting for anything (a thread, a process, a Space, an ``Event``) and never
+   while calling another object that locks. So no thread ever holds two of these locks,
+   and no order of taking them can deadlock.
 3. Threads signal each other with ``threading.Event`` (armed, parked, released, closing).
 4. Fields written before the threads that read them start (a run's configuration), and
    fields only one thread ever touches, need no lock.
@@ -202,12 +202,15 @@ class RunState:
                     self._settled.set()
 
     def driver_for(self, pid: int) -> tuple[int, Driver | None]:
-        """``current()``, for a failpoint the driver ``pid`` reported. A forked driver can
-        reach its first failpoints before its launcher heard its pid and registered it: a
-        fault due there was then aimed at the driver before (dead: skipped), so whether a
-        recovery's fault fired depended on the machine's load (found by a stress run: an
-        exhaustive campaign's kill at ``recovery.decided`` fired in one run of the same plan
-        and not in the other). Such a report waits until the launch ended."""
+        """``current()``, for a failpoint ``pid`` reported (a driver, or a daemon or shim of
+        its Space). A forked driver can reach its first failpoints, and make its Space's
+        daemon reach some (``spacesd.advance.persisted``), before its launcher heard its pid
+        and registered it: a fault due there was then aimed at the driver before (dead:
+        skipped), so whether a recovery's fault fired depended on the machine's load (found
+        by a stress run: an exhaustive campaign's kill at ``recovery.decided`` fired in one
+        run of the same plan and not in the other). A report from any process but the
+        driver being launched waits until the launch ended (the launch needs no failpoint
+        answered)."""
         deadline = time.monotonic() + LAUNCH_WAIT_S
         while True:
             with self._lock:

@@ -544,5 +544,12 @@ def test_a_restore_that_would_need_a_damaged_object_changes_nothing(tmp_path, da
         with pytest.raises(Damaged, match="the restore changed nothing"):
             daemon.checkpoints.restore("c")
         assert daemon.scanner.scan()[0] == before
+        # The error's advice works: a new checkpoint of that content stores it again (a
+        # damaged object was kept and taken as stored, and the new checkpoint as damaged).
+        (ws / "f4").write_text("v1 4")
+        daemon.checkpoints.create("again")
+        (ws / "f4").write_text("v3 4")
+        daemon.checkpoints.restore("again")
+        assert (ws / "f4").read_text() == "v1 4"
     finally:
         daemon.close()

@@ -11,7 +11,13 @@ from typing import Any
 
 import pytest
 
-from chaos.campaign.campaign import LEAD_TRIES, CampaignConfig, lead_retry, run_campaign
+from chaos.campaign.campaign import (
+    LEAD_TRIES,
+    CampaignConfig,
+    ScriptedRun,
+    lead_retry,
+    run_campaign,
+)
 from chaos.campaign.ci_subset import BY_NAME, SLICES, run_slices
 from chaos.campaign.records import ResultsDir
 from chaos.campaign.summary import parse_summary
@@ -250,10 +256,19 @@ def test_fault_counts_do_not_depend_on_how_soon_a_driver_is_known(
         time.sleep(0.5)
         return driver
 
+    # The second driver's first failpoint is its Space's: the daemon's, as it raises the
+    # Space's epoch to the driver's (a driver killed there is the second one).
+    at_the_daemon: dict[str, Any] = {"mode": "checkpoint", "plans": (ScriptedRun(FaultPlan(
+        1, (Fault("kill_driver", "failpoint", "call.result", 1),
+            Fault("kill_driver", "failpoint", "spacesd.advance.persisted", 2)), 0.0,
+        max_attempts=5)),)}
+    prompt_daemon = campaign(tmp_path / "prompt-daemon", **at_the_daemon)[1]
     monkeypatch.setattr(AttemptScope, "launch", late)
     slow = campaign(tmp_path / "slow", **exhaustive)[1]
+    slow_daemon = campaign(tmp_path / "slow-daemon", **at_the_daemon)[1]
     assert {k: slow[k] for k in keys} == {k: prompt[k] for k in keys}
     assert int(prompt["kills"]) >= 5
+    assert slow_daemon["kills"] == prompt_daemon["kills"] == "2"
 
 
 def test_a_drivers_exit_line_is_read_from_its_log(tmp_path: Path) -> None:
