@@ -27,7 +27,9 @@ import json
 import os
 import tarfile
 import tempfile
-from collections.abc import Iterator
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any, Protocol, runtime_checkable
 
@@ -43,6 +45,11 @@ DELTA_FRACTION = 8
 _TABLES = ("files", "symlinks", "dirs", "fifos", "times")
 #: Bytes of a rebuilt tar kept in memory before it spills to a temporary file.
 SPOOL_BYTES = 8 * 1024 * 1024
+#: A listing of an object directory is reused while the directory's mtime stays the one it
+#: had, and only if that mtime was older than this when the listing was read: a change in
+#: the same tick of the filesystem's clock as an earlier one leaves the mtime as it was
+#: (git's "racily clean" entries).
+RACY_NS = 2_000_000_000
 #: A manifest, a table of one, or a difference between two: JSON objects.
 Json = dict[str, Any]
 
@@ -89,6 +96,8 @@ class DirectoryCheckpointStore:
         #: Object directories whose entry in ``objects`` this object has fsynced (once per
         #: process and each time one is made, not once per checkpoint).
         self._durable_dirs: set[Path] = set()
+        #: Per object directory (its two hex digits): its mtime and the names it held then.
+        self._listings: dict[str, tuple[int, frozenset[str]]] = {}
 
     def _name(self, checkpoint_id: str, suffix: str) -> Path:
         if "/" in checkpoint_id or checkpoint_id.startswith("."):
@@ -98,12 +107,37 @@ class DirectoryCheckpointStore:
     def _object(self, sha: str) -> Path:
         return self._objects / sha[:2] / sha
 
-    def _stored(self, sha: str) -> bool:
-        """Whether object ``sha`` is in the store: asked of every object of every checkpoint,
-        so a string path (a ``Path`` per object cost more than the stat). One that cannot
-        be looked at (EACCES, EIO) counts as missing: the checkpoint is then copied whole,
-        and reading it back checks every object."""
-        return os.path.exists(f"{self._objects}/{sha[:2]}/{sha}")
+    def _stored(self, shas: Iterable[str]) -> set[str]:
+        """Which of ``shas`` are in the store: asked of every object of every checkpoint, so
+        read off a listing of each object directory, listed again only once its mtime moved
+        (a stat per directory, not per object). A directory that cannot be looked at
+        (EACCES, EIO) holds nothing: the checkpoint is then copied whole, and reading it
+        back checks every object."""
+        by_dir: defaultdict[str, list[str]] = defaultdict(list)
+        for sha in shas:
+            by_dir[sha[:2]].append(sha)
+        stored: set[str] = set()
+        for prefix, group in by_dir.items():
+            names = self._listing(prefix)
+            stored.update(sha for sha in group if sha in names)
+        return stored
+
+    def _listing(self, prefix: str) -> frozenset[str]:
+        directory = f"{self._objects}/{prefix}"
+        try:
+            mtime = os.stat(directory).st_mtime_ns
+            cached = self._listings.get(prefix)
+            if cached is not None and cached[0] == mtime:
+                return cached[1]
+            now = time.time_ns()
+            names = frozenset(os.listdir(directory))
+        except OSError:
+            return frozenset()
+        if now - mtime > RACY_NS:
+            self._listings[prefix] = (mtime, names)
+        else:  # it may change again within its mtime's tick: list it again next time
+            self._listings.pop(prefix, None)
+        return names
 
     # -- copying in ----------------------------------------------------------------
 
@@ -127,7 +161,8 @@ class DirectoryCheckpointStore:
             raise DamagedStore(f"the export of checkpoint {checkpoint_id} has no manifest")
         whole = _parse(manifest, checkpoint_id)
         shas = frozenset(f["sha256"] for f in whole["files"])
-        missing = [sha for sha in sorted(shas - received) if not self._stored(sha)]
+        left_out = shas - received
+        missing = sorted(left_out - self._stored(left_out))
         if missing:
             self._known = frozenset()
             raise IncompleteCopy(f"checkpoint {checkpoint_id}: {len(missing)} object(s) left "
@@ -186,8 +221,7 @@ class DirectoryCheckpointStore:
             if stored:
                 newest = stored[-1].name.rsplit(".", 2)[0]
                 manifest = self._manifest(newest)
-                self._known = frozenset(f["sha256"] for f in manifest["files"]
-                                        if self._stored(f["sha256"]))
+                self._known = frozenset(self._stored(f["sha256"] for f in manifest["files"]))
         return self._known
 
     def _manifest(self, checkpoint_id: str) -> Json:

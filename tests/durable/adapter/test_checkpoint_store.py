@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -151,6 +152,34 @@ def test_a_copy_cut_short_is_no_checkpoint_and_a_lost_object_is_copied_again(
     assert victim.exists() and store.has("c3")
     with store.open("c3") as tar:  # type: ignore[union-attr]
         assert len(_members(iter([tar.read()]))) == FILES + 2  # manifest and every object
+
+
+@pytest.mark.parametrize("listed", ["long after its last change", "in its last change's tick"])
+def test_a_lost_object_is_noticed_through_a_listing_of_its_directory(
+        tmp_path: Path, spaces: LocalSpaces, listed: str) -> None:
+    """The store reads which objects it holds off listings of their directories, kept while
+    a directory's mtime stays the same; a listing read within the racy window of its mtime
+    is not kept, since a second change in the same tick leaves the mtime as it was."""
+    client = _space(spaces, "a")
+    store = DirectoryCheckpointStore(tmp_path / "store")
+    snapshots = WorkspaceSnapshots(spaces, "", store)
+    snapshots.take(client, "c1")
+    victim = next(p for p in (tmp_path / "store" / "objects").rglob("*") if p.is_file())
+    directory = victim.parent
+    if listed == "long after its last change":
+        hour_ago = directory.stat().st_mtime_ns - 3600 * 10**9
+        os.utime(directory, ns=(hour_ago, hour_ago))
+    mtime = directory.stat().st_mtime_ns
+    client.write_file("one.txt", b"1")
+    snapshots.take(client, "c2")  # lists every object directory: the victim is there
+    victim.unlink()
+    if listed == "in its last change's tick":  # the unlink left the mtime as it was
+        os.utime(directory, ns=(mtime, mtime))
+    client.write_file("two.txt", b"2")
+    snapshots.take(client, "c3")
+    assert victim.exists(), "the lost object was taken as stored and not copied again"
+    with store.open("c3") as tar:  # type: ignore[union-attr]
+        assert len(_members(iter([tar.read()]))) == FILES + 3  # manifest and every object
 
 
 def test_a_damaged_object_is_detected_and_an_old_store_is_read(
