@@ -6,11 +6,58 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 from collections.abc import Iterable
 from pathlib import Path
+from types import TracebackType
 
 
 def write_atomic(path: Path, chunks: Iterable[bytes] | bytes | str) -> None:
+    _rename_synced(_write_synced(path, chunks), path)
+
+
+class StagedWrite:
+    """``write_atomic`` in two halves, for a file that must not appear before other files
+    are durable (a manifest, before the objects it names): the temporary file is written
+    and fsynced in a thread of its own from the start, while the caller syncs the others,
+    and ``commit`` renames it into place and syncs its directory. Leaving the ``with``
+    without ``commit`` removes the temporary file."""
+
+    def __init__(self, path: Path, data: bytes) -> None:
+        self.path = path
+        self.size = len(data)
+        self._tmp: str | None = None
+        self._error: OSError | None = None
+        self._thread = threading.Thread(target=self._write, args=(data,),
+                                        name=f"staged-write {path.name}", daemon=True)
+        self._thread.start()
+
+    def _write(self, data: bytes) -> None:
+        try:
+            self._tmp = _write_synced(self.path, data)
+        except OSError as exc:  # raised again by commit, in the caller's thread
+            self._error = exc
+
+    def commit(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._tmp is not None, f"the write of {self.path} failed: its thread says why"
+        tmp, self._tmp = self._tmp, None
+        _rename_synced(tmp, self.path)
+
+    def __enter__(self) -> StagedWrite:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._thread.join()
+        if self._tmp is not None and os.path.exists(self._tmp):
+            os.unlink(self._tmp)
+
+
+def _write_synced(path: Path, chunks: Iterable[bytes] | bytes | str) -> str:
+    """A temporary file beside ``path`` holding ``chunks``, fsynced: its name."""
     if isinstance(chunks, str):
         chunks = [chunks.encode("utf-8")]
     elif isinstance(chunks, bytes):
@@ -22,6 +69,14 @@ def write_atomic(path: Path, chunks: Iterable[bytes] | bytes | str) -> None:
                 f.write(chunk)
             f.flush()
             os.fsync(f.fileno())
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return tmp
+
+
+def _rename_synced(tmp: str, path: Path) -> None:
+    try:
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -12,10 +12,13 @@ base's id): a manifest lists every file, about 100 bytes each, so a whole one pe
 made a store grow by ~100 KiB per call at 1000 files whatever changed. A difference that
 grew to ``1/DELTA_FRACTION`` of its base's size is written whole instead, and becomes the
 next base: reading a checkpoint applies at most one difference, and a damaged base costs
-the differences made from it. The manifest is written last, after
-every object it names is on disk (fsynced): a copy cut short leaves objects no manifest
-names, never a manifest without its objects. ``open`` gives back a whole export tar
-(manifest, then every object, each checked against its hash) for ``checkpoint_import``.
+the differences made from it. The manifest's file is written and synced while the objects
+are (in a thread: the two syncs overlap) and renamed into place last, once every object it
+names is on disk (fsynced): a copy cut short leaves objects no manifest names, never a
+manifest without its objects. Which objects the store holds is read off a listing of each
+object directory, kept while the directory's mtime stays as it was. ``open`` gives back a
+whole export tar (manifest, then every object, each checked against its hash) for
+``checkpoint_import``.
 Stores written as one tar per checkpoint (``<id>.tar``, before objects) are still read.
 """
 
@@ -30,10 +33,11 @@ import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import IO, Any, Protocol, runtime_checkable
 
-from ..atomic_file import fsync_dir, write_atomic
+from ..atomic_file import StagedWrite, fsync_dir
 from ..chunk_reader import ChunkReader
 from ..errors import CorruptLog
 
@@ -90,9 +94,9 @@ class DirectoryCheckpointStore:
         self.path.mkdir(parents=True, exist_ok=True)
         self._objects = self.path / "objects"
         self._known: frozenset[str] | None = None
-        #: (id, manifest, size) of the last whole manifest this object stored: the base of
-        #: the differences it stores next.
-        self._base: tuple[str, Json, int] | None = None
+        #: (id, entry tables (``_tables``), size) of the last whole manifest this object
+        #: stored: the base of the differences it stores next.
+        self._base: tuple[str, dict[str, Json], int] | None = None
         #: Object directories whose entry in ``objects`` this object has fsynced (once per
         #: process and each time one is made, not once per checkpoint).
         self._durable_dirs: set[Path] = set()
@@ -143,48 +147,57 @@ class DirectoryCheckpointStore:
 
     def put(self, checkpoint_id: str, chunks: Iterator[bytes]) -> None:
         self._name(checkpoint_id, "")  # a plain name, before anything is copied
-        manifest: bytes | None = None
-        dirs: set[Path] = set()
-        received: set[str] = set()
-        with tarfile.open(fileobj=ChunkReader(chunks), mode="r|") as tar:
-            for member in tar:
-                src = tar.extractfile(member)
-                if src is None:
-                    continue
-                if member.name == MANIFEST_MEMBER:
-                    manifest = src.read()
-                elif member.name.startswith("objects/"):
-                    sha = member.name[len("objects/"):]
-                    dirs.add(self._put_object(sha, src))
-                    received.add(sha)
-        if manifest is None:
-            raise DamagedStore(f"the export of checkpoint {checkpoint_id} has no manifest")
+        with ExitStack() as stack:
+            staged: tuple[StagedWrite, Json, frozenset[str]] | None = None
+            dirs: set[Path] = set()
+            received: set[str] = set()
+            with tarfile.open(fileobj=ChunkReader(chunks), mode="r|") as tar:
+                for member in tar:
+                    src = tar.extractfile(member)
+                    if src is None:
+                        continue
+                    if member.name == MANIFEST_MEMBER and staged is None:
+                        # first in an export: its file is written and synced while the
+                        # objects are, and renamed into place once they are durable
+                        staged = self._stage_manifest(checkpoint_id, src.read(), stack)
+                    elif member.name.startswith("objects/"):
+                        sha = member.name[len("objects/"):]
+                        dirs.add(self._put_object(sha, src))
+                        received.add(sha)
+            if staged is None:
+                raise DamagedStore(f"the export of checkpoint {checkpoint_id} has no manifest")
+            manifest_file, whole, shas = staged
+            left_out = shas - received
+            missing = sorted(left_out - self._stored(left_out))
+            if missing:
+                self._known = frozenset()
+                raise IncompleteCopy(f"checkpoint {checkpoint_id}: {len(missing)} object(s) "
+                                     f"left out of the export are not in {self.path} (e.g. "
+                                     f"{missing[0]})")
+            for d in dirs:
+                fsync_dir(d)
+            if not dirs <= self._durable_dirs:
+                fsync_dir(self._objects)
+                self._durable_dirs |= dirs
+            manifest_file.commit()
+        if manifest_file.path.name.endswith(".manifest.json"):
+            self._base = (checkpoint_id, _tables(whole), manifest_file.size)
+        self._known = shas
+
+    def _stage_manifest(self, checkpoint_id: str, manifest: bytes, stack: ExitStack
+                        ) -> tuple[StagedWrite, Json, frozenset[str]]:
+        """The manifest's file, staged: as its difference from the base while that is
+        small, else whole; with the manifest and the objects it names."""
         whole = _parse(manifest, checkpoint_id)
         shas = frozenset(f["sha256"] for f in whole["files"])
-        left_out = shas - received
-        missing = sorted(left_out - self._stored(left_out))
-        if missing:
-            self._known = frozenset()
-            raise IncompleteCopy(f"checkpoint {checkpoint_id}: {len(missing)} object(s) left "
-                                 f"out of the export are not in {self.path} (e.g. {missing[0]})")
-        for d in dirs:
-            fsync_dir(d)
-        if not dirs <= self._durable_dirs:
-            fsync_dir(self._objects)
-            self._durable_dirs |= dirs
-        delta = None
+        name, data = self._name(checkpoint_id, ".manifest.json"), manifest
         if self._base is not None:
             base_id, base, size = self._base
             delta = json.dumps({"base": base_id, **_delta(base, whole)},
                                separators=(",", ":")).encode()
-            if len(delta) * DELTA_FRACTION >= size:
-                delta = None
-        if delta is not None:
-            write_atomic(self._name(checkpoint_id, ".delta.json"), delta)
-        else:
-            write_atomic(self._name(checkpoint_id, ".manifest.json"), manifest)
-            self._base = (checkpoint_id, whole, len(manifest))
-        self._known = shas
+            if len(delta) * DELTA_FRACTION < size:
+                name, data = self._name(checkpoint_id, ".delta.json"), delta
+        return stack.enter_context(StagedWrite(name, data)), whole, shas
 
     def _put_object(self, sha: str, src: IO[bytes]) -> Path:
         """Write one object (checked against its name) unless it is there; its directory."""
@@ -310,10 +323,10 @@ def _tables(manifest: Json) -> dict[str, Json]:
             **{t: manifest.get(t, {}) for t in _TABLES[1:]}}
 
 
-def _delta(base: Json, new: Json) -> Json:
-    """What turns ``base`` into ``new``: its other fields, and per table what is set
-    (added or changed) and what is removed."""
-    old_t, new_t = _tables(base), _tables(new)
+def _delta(old_t: dict[str, Json], new: Json) -> Json:
+    """What turns the manifest of entry tables ``old_t`` into ``new``: its other fields, and
+    per table what is set (added or changed) and what is removed."""
+    new_t = _tables(new)
     out: Json = {"fields": {k: v for k, v in new.items() if k not in _TABLES}}
     for table in _TABLES:
         old, cur = old_t[table], new_t[table]

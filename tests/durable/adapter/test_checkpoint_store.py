@@ -141,6 +141,7 @@ def test_a_copy_cut_short_is_no_checkpoint_and_a_lost_object_is_copied_again(
     with pytest.raises(ConnectionError):
         store.put("c1", cut(client.checkpoint_export("c1")))
     assert not store.has("c1") and store.open("c1") is None
+    assert not [p.name for p in (tmp_path / "store").iterdir() if p.name.startswith(".")]
     WorkspaceSnapshots(spaces, "", store).take(client, "c2")
     assert store.has("c2")
     # an object the store believes it has is gone: the export that left it out is refused
