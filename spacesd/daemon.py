@@ -195,15 +195,15 @@ class Daemon:
         with self.fence.admit(epoch, sent_round):
             return spec.handler(**args)
 
-    def export_manifest(self, body: Any) -> tuple[Manifest, frozenset[str]]:
-        """The checkpoint a ``checkpoint_export`` request names (epoch checked), and the
-        objects the receiver has (``have``: left out of the tar)."""
+    def export_manifest(self, body: Any) -> tuple[Manifest, bytes, frozenset[str]]:
+        """The checkpoint a ``checkpoint_export`` request names (epoch checked), its
+        manifest's JSON, and the objects the receiver has (``have``: left out of the tar)."""
         if not isinstance(body, dict):
             raise BadRequest("checkpoint_export: the request body must be a JSON object")
         self.fence.check(self.epoch_of(protocol.OP_CHECKPOINT_EXPORT, body))
         args = check(protocol.OP_CHECKPOINT_EXPORT, body,
                      {"id": STR, "have": STR_LIST.with_default([])})
-        return self.checkpoints.load(args["id"]), frozenset(args["have"])
+        return (*self.checkpoints.load_with_json(args["id"]), frozenset(args["have"]))
 
     def import_checkpoint(self, query: dict[str, str], stream: Readable) -> dict[str, Any]:
         op = protocol.OP_CHECKPOINT_IMPORT

@@ -476,7 +476,7 @@ class Handler(BaseHTTPRequestHandler):
         self._send_json(200, result)
 
     def _export(self, body: Any) -> None:
-        manifest, have = self.server.daemon.export_manifest(body)
+        manifest, data, have = self.server.daemon.export_manifest(body)
         self.send_response(200)
         self.send_header("Content-Type", "application/x-tar")
         self.send_header("Transfer-Encoding", "chunked")
@@ -484,7 +484,7 @@ class Handler(BaseHTTPRequestHandler):
         out = _ChunkedWriter(self.wfile)
         try:
             export = self.server.daemon.checkpoints.export
-            export(manifest, out, skip=have)  # type: ignore[arg-type]  # a "w|" tar only writes
+            export(manifest, data, out, skip=have)  # type: ignore[arg-type]  # "w|" only writes
         except Exception:  # noqa: BLE001 - reported below
             # Headers are gone: the only way left to say "failed" is to cut the stream
             # short, which the client sees as an incomplete read.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import shutil
 import subprocess
@@ -18,6 +19,7 @@ from backends.local import LocalSpace, LocalSpaces
 from backends.space_client import HttpSpaceClient
 from durable.errors import SpaceError
 from spacesd.daemon import Daemon
+from spacesd.manifest import checksum_of
 from spacesd.protocol import workspace_hash
 from spacesd.workspace_scan import Scanner
 from tests.odd_shapes import MUTATE, ODD_SHAPES
@@ -102,6 +104,9 @@ def test_export_and_import_into_another_space(spaces: LocalSpaces, client: HttpS
     before = state(client)
     client.checkpoint_create("cp")
     tar = b"".join(client.checkpoint_export("cp"))
+    with tarfile.open(fileobj=io.BytesIO(tar)) as t:  # the manifest as the daemon keeps it
+        manifest = json.loads(t.extractfile("manifest.json").read())  # type: ignore[union-attr]
+    assert manifest.pop("checksum") == checksum_of(manifest) and manifest["id"] == "cp"
     spaces.create("other")
     other = spaces.connect("other", epoch=1)
     other.write_file("junk", b"junk")
