@@ -21,29 +21,44 @@ class StagedWrite:
     are durable (a manifest, before the objects it names): the temporary file is written
     and fsynced in a thread of its own from the start, while the caller syncs the others,
     and ``commit`` renames it into place and syncs its directory. Leaving the ``with``
-    without ``commit`` removes the temporary file."""
+    without ``commit`` removes the temporary file, or has the thread remove it once written
+    (a second Ctrl-C may cut the wait for it short)."""
 
     def __init__(self, path: Path, data: bytes) -> None:
         self.path = path
         self.size = len(data)
+        self._lock = threading.Lock()
         self._tmp: str | None = None
-        self._error: OSError | None = None
+        self._error: BaseException | None = None
+        self._written = False
+        self._abandoned = False
         self._thread = threading.Thread(target=self._write, args=(data,),
                                         name=f"staged-write {path.name}", daemon=True)
         self._thread.start()
 
     def _write(self, data: bytes) -> None:
+        tmp = None
         try:
-            self._tmp = _write_synced(self.path, data)
-        except OSError as exc:  # raised again by commit, in the caller's thread
+            tmp = _write_synced(self.path, data)
+        except BaseException as exc:  # noqa: BLE001 - raised again by commit, in its thread
             self._error = exc
+        with self._lock:
+            self._written = True
+            if not self._abandoned:
+                self._tmp = tmp
+                return
+        if tmp is not None:
+            os.unlink(tmp)
 
     def commit(self) -> None:
         self._thread.join()
         if self._error is not None:
             raise self._error
-        assert self._tmp is not None, f"the write of {self.path} failed: its thread says why"
-        tmp, self._tmp = self._tmp, None
+        with self._lock:
+            tmp, self._tmp = self._tmp, None
+        if tmp is None:
+            raise RuntimeError(f"the staged write of {self.path} was committed twice")
+        os.utime(tmp)  # dated when it became the file, not when its write began
         _rename_synced(tmp, self.path)
 
     def __enter__(self) -> StagedWrite:
@@ -51,9 +66,12 @@ class StagedWrite:
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
+        with self._lock:
+            self._abandoned = True
+            tmp, self._tmp = self._tmp, None
+        if tmp is not None:
+            os.unlink(tmp)
         self._thread.join()
-        if self._tmp is not None and os.path.exists(self._tmp):
-            os.unlink(self._tmp)
 
 
 def _write_synced(path: Path, chunks: Iterable[bytes] | bytes | str) -> str:

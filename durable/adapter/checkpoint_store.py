@@ -16,7 +16,7 @@ the differences made from it. The manifest's file is written and synced while th
 are (in a thread: the two syncs overlap) and renamed into place last, once every object it
 names is on disk (fsynced): a copy cut short leaves objects no manifest names, never a
 manifest without its objects. Which objects the store holds is read off a listing of each
-object directory, kept while the directory's mtime stays as it was. ``open`` gives back a
+object directory, kept while the directory's ctime stays as it was. ``open`` gives back a
 whole export tar (manifest, then every object, each checked against its hash) for
 ``checkpoint_import``.
 Stores written as one tar per checkpoint (``<id>.tar``, before objects) are still read.
@@ -49,10 +49,11 @@ DELTA_FRACTION = 8
 _TABLES = ("files", "symlinks", "dirs", "fifos", "times")
 #: Bytes of a rebuilt tar kept in memory before it spills to a temporary file.
 SPOOL_BYTES = 8 * 1024 * 1024
-#: A listing of an object directory is reused while the directory's mtime stays the one it
-#: had, and only if that mtime was older than this when the listing was read: a change in
-#: the same tick of the filesystem's clock as an earlier one leaves the mtime as it was
-#: (git's "racily clean" entries).
+#: A listing of an object directory is reused while the directory's ctime stays the one it
+#: had, and only if that ctime was older than this when the listing was read: a change in
+#: the same tick of the filesystem's clock as an earlier one leaves the ctime as it was
+#: (git's "racily clean" entries). The clock is this machine's: the store is a directory
+#: of this machine (a network filesystem's server stamps with its own).
 RACY_NS = 2_000_000_000
 #: A manifest, a table of one, or a difference between two: JSON objects.
 Json = dict[str, Any]
@@ -100,8 +101,9 @@ class DirectoryCheckpointStore:
         #: Object directories whose entry in ``objects`` this object has fsynced (once per
         #: process and each time one is made, not once per checkpoint).
         self._durable_dirs: set[Path] = set()
-        #: Per object directory (its two hex digits): its mtime and the names it held then.
-        self._listings: dict[str, tuple[int, frozenset[str]]] = {}
+        #: Per object directory (its two hex digits): its inode and ctime, and the names it
+        #: held then.
+        self._listings: dict[str, tuple[tuple[int, int], frozenset[str]]] = {}
 
     def _name(self, checkpoint_id: str, suffix: str) -> Path:
         if "/" in checkpoint_id or checkpoint_id.startswith("."):
@@ -113,7 +115,7 @@ class DirectoryCheckpointStore:
 
     def _stored(self, shas: Iterable[str]) -> set[str]:
         """Which of ``shas`` are in the store: asked of every object of every checkpoint, so
-        read off a listing of each object directory, listed again only once its mtime moved
+        read off a listing of each object directory, listed again only once its ctime moved
         (a stat per directory, not per object). A directory that cannot be looked at
         (EACCES, EIO) holds nothing: the checkpoint is then copied whole, and reading it
         back checks every object."""
@@ -129,17 +131,20 @@ class DirectoryCheckpointStore:
     def _listing(self, prefix: str) -> frozenset[str]:
         directory = f"{self._objects}/{prefix}"
         try:
-            mtime = os.stat(directory).st_mtime_ns
+            st = os.stat(directory)
+            # ctime, not mtime: a change of names moves both, but anyone may set an mtime
+            # back (cp -a, tar x, touch -d), and nobody a ctime
+            stamp = (st.st_ino, st.st_ctime_ns)
             cached = self._listings.get(prefix)
-            if cached is not None and cached[0] == mtime:
+            if cached is not None and cached[0] == stamp:
                 return cached[1]
             now = time.time_ns()
             names = frozenset(os.listdir(directory))
         except OSError:
             return frozenset()
-        if now - mtime > RACY_NS:
-            self._listings[prefix] = (mtime, names)
-        else:  # it may change again within its mtime's tick: list it again next time
+        if now - st.st_ctime_ns > RACY_NS:
+            self._listings[prefix] = (stamp, names)
+        else:  # it may change again within its ctime's tick: list it again next time
             self._listings.pop(prefix, None)
         return names
 
@@ -156,7 +161,10 @@ class DirectoryCheckpointStore:
                     src = tar.extractfile(member)
                     if src is None:
                         continue
-                    if member.name == MANIFEST_MEMBER and staged is None:
+                    if member.name == MANIFEST_MEMBER:
+                        if staged is not None:
+                            raise DamagedStore(f"the export of checkpoint {checkpoint_id} "
+                                               "has two manifests")
                         # first in an export: its file is written and synced while the
                         # objects are, and renamed into place once they are durable
                         staged = self._stage_manifest(checkpoint_id, src.read(), stack)

@@ -7,18 +7,24 @@ import io
 import json
 import os
 import tarfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from backends.local import LocalSpaces
-from durable.adapter import DirectoryCheckpointStore, WorkspaceSnapshots
+from durable import atomic_file
+from durable.adapter import DirectoryCheckpointStore, WorkspaceSnapshots, checkpoint_store
 from durable.adapter.checkpoint_store import DELTA_FRACTION, DamagedStore
 from durable.adapter.snapshots import CheckpointRef
 from durable.spaces import SpaceClient
 
 FILES = 200
+#: The fields of a stat result beyond its tuple, but the ctime in ns.
+_STAT_EXTRAS = ("st_atime", "st_mtime", "st_ctime", "st_atime_ns", "st_mtime_ns", "st_blksize",
+                "st_blocks", "st_rdev")
 
 
 @pytest.fixture
@@ -157,30 +163,82 @@ def test_a_copy_cut_short_is_no_checkpoint_and_a_lost_object_is_copied_again(
 
 @pytest.mark.parametrize("listed", ["long after its last change", "in its last change's tick"])
 def test_a_lost_object_is_noticed_through_a_listing_of_its_directory(
-        tmp_path: Path, spaces: LocalSpaces, listed: str) -> None:
+        tmp_path: Path, spaces: LocalSpaces, monkeypatch: pytest.MonkeyPatch,
+        listed: str) -> None:
     """The store reads which objects it holds off listings of their directories, kept while
-    a directory's mtime stays the same; a listing read within the racy window of its mtime
-    is not kept, since a second change in the same tick leaves the mtime as it was."""
+    a directory's ctime stays the same; a listing read within the racy window of its ctime
+    is not kept, since a second change in the same tick of a coarse clock leaves the ctime
+    as it was."""
     client = _space(spaces, "a")
     store = DirectoryCheckpointStore(tmp_path / "store")
     snapshots = WorkspaceSnapshots(spaces, "", store)
     snapshots.take(client, "c1")
-    victim = next(p for p in (tmp_path / "store" / "objects").rglob("*") if p.is_file())
-    directory = victim.parent
-    if listed == "long after its last change":
-        hour_ago = directory.stat().st_mtime_ns - 3600 * 10**9
-        os.utime(directory, ns=(hour_ago, hour_ago))
-    mtime = directory.stat().st_mtime_ns
+    objects = tmp_path / "store" / "objects"
+    victim = next(p for p in objects.rglob("*") if p.is_file())
+    if listed == "long after its last change":  # every listing is kept
+        monkeypatch.setattr(checkpoint_store, "RACY_NS", -1)
+    else:  # a clock so coarse that the directories' ctimes never move: none is kept
+        stat, frozen = os.stat, time.time_ns()
+
+        def coarse_stat(path: str, *args: Any, **kwargs: Any) -> Any:
+            st = stat(path, *args, **kwargs)
+            if not str(path).startswith(f"{objects}/"):
+                return st
+            return os.stat_result(tuple(st), {**{f: getattr(st, f) for f in _STAT_EXTRAS},
+                                              "st_ctime_ns": frozen})
+        monkeypatch.setattr(os, "stat", coarse_stat)
     client.write_file("one.txt", b"1")
     snapshots.take(client, "c2")  # lists every object directory: the victim is there
     victim.unlink()
-    if listed == "in its last change's tick":  # the unlink left the mtime as it was
-        os.utime(directory, ns=(mtime, mtime))
     client.write_file("two.txt", b"2")
     snapshots.take(client, "c3")
     assert victim.exists(), "the lost object was taken as stored and not copied again"
     with store.open("c3") as tar:  # type: ignore[union-attr]
         assert len(_members(iter([tar.read()]))) == FILES + 3  # manifest and every object
+
+
+def test_a_manifest_is_renamed_into_place_once_its_objects_are_durable(
+        tmp_path: Path, spaces: LocalSpaces, monkeypatch: pytest.MonkeyPatch) -> None:
+    client = _space(spaces, "a")
+    store = DirectoryCheckpointStore(tmp_path / "store")
+    snapshots = WorkspaceSnapshots(spaces, "", store)
+    snapshots.take(client, "c1")
+    events: list[tuple[str, str]] = []
+    replace, sync = os.replace, atomic_file.fsync_dir
+
+    def logged_replace(src: Any, dst: Any) -> None:
+        events.append(("rename", str(dst)))
+        replace(src, dst)
+
+    def logged_sync(directory: Path) -> None:
+        sync(directory)
+        events.append(("synced", str(directory)))
+    monkeypatch.setattr(os, "replace", logged_replace)
+    monkeypatch.setattr(atomic_file, "fsync_dir", logged_sync)
+    monkeypatch.setattr(checkpoint_store, "fsync_dir", logged_sync)
+    client.write_file("new.txt", b"new")
+    snapshots.take(client, "c2")
+    [obj] = [dst for kind, dst in events if kind == "rename" and "/objects/" in dst]
+    manifest = events.index(("rename", str(tmp_path / "store" / "c2.delta.json")))
+    assert events.index(("synced", str(Path(obj).parent))) < manifest
+    assert events[manifest + 1:] == [("synced", str(tmp_path / "store"))]
+
+
+def test_an_export_with_two_manifests_is_refused(tmp_path: Path, spaces: LocalSpaces) -> None:
+    client = _space(spaces, "a")
+    client.checkpoint_create("c1")
+    out = io.BytesIO()
+    with tarfile.open(fileobj=io.BytesIO(b"".join(client.checkpoint_export("c1")))) as src, \
+            tarfile.open(fileobj=out, mode="w") as dst:
+        for member in src:
+            data = src.extractfile(member).read()  # type: ignore[union-attr]
+            for _ in range(2 if member.name == "manifest.json" else 1):
+                dst.addfile(member, io.BytesIO(data))
+    store = DirectoryCheckpointStore(tmp_path / "store")
+    with pytest.raises(DamagedStore, match="has two manifests"):
+        store.put("c1", iter([out.getvalue()]))
+    assert not store.has("c1")
+    assert not [p.name for p in (tmp_path / "store").iterdir() if p.name.startswith(".")]
 
 
 def test_a_damaged_object_is_detected_and_an_old_store_is_read(
