@@ -92,8 +92,11 @@ class DirectoryCheckpointStore:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
         self._objects = self.path / "objects"
+        made = [d for d in (self.path, self._objects) if not d.is_dir()]
+        self._objects.mkdir(parents=True, exist_ok=True)
+        for d in made:  # their entries are durable before any manifest names what they hold
+            fsync_dir(d.parent)
         self._known: frozenset[str] | None = None
         #: (id, entry tables (``_tables``), size) of the last whole manifest this object
         #: stored: the base of the differences it stores next.
