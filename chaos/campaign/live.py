@@ -118,7 +118,7 @@ def _under(path: str, roots: list[str]) -> bool:
     return any(path == root or path.startswith(root + os.sep) for root in roots)
 
 
-def _orphans_of(roots: list[str]) -> list[tuple[int, int]]:
+def orphans_of(roots: list[str]) -> list[tuple[int, int]]:
     """Daemons (``--state`` under a root, or a state's lock under a root held open: a forked
     one's command line is its fork server's) and commands (``SPACESD_STATE`` under a root)
     of local Spaces, and QEMUs (a disk under a root) of microVM Spaces, whose directories
@@ -161,13 +161,13 @@ def clean_dead() -> tuple[int, int]:
         # Before and after the Spaces' deletion: a daemon still starting when its campaign
         # died writes into its Space while it is removed; one whose directory is gone
         # already is found only by what it names.
-        for pid, started in _orphans_of(roots):
+        for pid, started in orphans_of(roots):
             procfs.kill_exact(pid, started)
             killed += 1
         for root in roots:
             if Path(root).is_dir():
                 LocalSpaces(Path(root)).delete_all()
-        for pid, started in _orphans_of(roots):
+        for pid, started in orphans_of(roots):
             procfs.kill_exact(pid, started)
             killed += 1
         for e in entries:
