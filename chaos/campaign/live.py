@@ -146,12 +146,16 @@ def orphans_of(roots: list[str]) -> list[tuple[int, int]]:
     return found
 
 
-def clean_dead() -> tuple[int, int]:
-    """End what every dead campaign noted; (campaigns cleaned, processes killed)."""
+def clean_dead(under: list[str] | None = None) -> tuple[int, int]:
+    """End what every dead campaign noted (``under``: only those whose Spaces directories
+    are under one of these roots); (campaigns cleaned, processes killed)."""
     from backends.local import LocalSpaces
 
     campaigns = killed = 0
     for note, entries in dead_campaigns():
+        if under is not None and not any(_under(e["spaces"], under)
+                                         for e in entries if "spaces" in e):
+            continue
         for e in entries:
             if "driver" in e and e.get("started") is not None and \
                     procfs.is_alive(e["driver"], e["started"]):
