@@ -33,6 +33,8 @@ class ImageKeeper:
     def __init__(self, limits: img.TransactionalLimits) -> None:
         self.limits = limits
         self._images: dict[int, img.Image] = {}
+        #: Per Space (its client's name): the rows of its last scan, kept for the next.
+        self._rows: dict[str, img.RowMemo] = {}
 
     def image(self, conversation: int) -> img.Image:
         return self._images.setdefault(conversation, img.Image())
@@ -84,7 +86,8 @@ class ImageKeeper:
         the log does not hold yet: those of ``known`` whose digest the scan found, the rest
         read from the Space) and fold it in."""
         image = self.image(conversation)
-        d = img.diff(image, img.tracked_rows(scan))
+        rows = self._rows.setdefault(client.name, img.RowMemo()).rows(scan)
+        d = img.diff(image, rows)
         if not d:
             return
         have = {hashlib.sha256(data).hexdigest(): data for data in known}

@@ -386,8 +386,9 @@ MUTANTS: tuple[Mutant, ...] = (
     # ---------------------------------------------------------------- the workspace state
     Mutant(
         "image-drops-empty-directories", "durable/adapter/image.py",
-        (("    return {e.path: row_of(e) for e in scan.entries}",
-          "    return {e.path: row_of(e) for e in scan.entries if e.kind != \"dir\"}"),),
+        (("        for e in scan.entries:\n            hit = made.get(e.path)",
+          "        for e in scan.entries:\n            if e.kind == \"dir\":\n"
+          "                continue\n            hit = made.get(e.path)"),),
         "the transactional image keeps no directories, so a revert or a rebuild deletes the "
         "empty ones committed calls made (git's refs/heads) and loses their modes",
         "shapes-transactional", "G1", "reverted file file_cut after an empty_dir step"),
