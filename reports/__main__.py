@@ -2,7 +2,7 @@
 
     python -m reports cost [--backend local [docker ...]] [--repeat 20] [--sizes 10 100 1000]
                            [--modes ...] [--out DIR]
-    python -m reports perf [--rounds 30] [--repeat 15] [--campaign-runs 250] [--results DIR]
+    python -m reports perf [--rounds 100] [--repeat 60] [--campaign-runs 250] [--results DIR]
                            [--quiet | --verbose]
     python -m reports latency RESULTS... [--out DIR]
     python -m reports html RESULTS... [--out FILE] [--cost DIR] [--sample K]
@@ -67,9 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", type=Path, default=None,
                    help="output directory (default results/cost-<timestamp>)")
     pf = sub.add_parser("perf", help="the performance table: each metric beside its floor")
-    pf.add_argument("--rounds", type=_positive, default=30,
+    pf.add_argument("--rounds", type=_positive, default=100,
                     help="no-op commands through the ledger (and plain spawns)")
-    pf.add_argument("--repeat", type=_positive, default=15, help="timed calls per cell")
+    pf.add_argument("--repeat", type=_positive, default=60,
+                    help="timed calls per cell: each row reads their median")
     pf.add_argument("--campaign-runs", type=int, default=250,
                     help="runs of the campaign measured (0: skip it; it takes minutes)")
     pf.add_argument("--results", type=Path, default=Path("results") / "perf",
