@@ -126,7 +126,7 @@ def row_of(entry: ScanEntry) -> Row:
 
 
 class RowMemo:
-    """The rows of one Space's successive scans (every entry a row: the whole state is the
+    """The rows of one Space client's successive scans (every entry a row: the whole state is the
     image's), each entry's row made once. The client hands back the very ``ScanEntry``
     object of a path its daemon reported unchanged (``SpaceClient.scan`` applies the
     daemon's difference), so a scan's rows cost what changed, not the workspace (two scans

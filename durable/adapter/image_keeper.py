@@ -16,6 +16,7 @@ import json
 import tarfile
 import tempfile
 import time
+import weakref
 from collections.abc import Iterable
 from typing import IO, Any
 
@@ -33,8 +34,10 @@ class ImageKeeper:
     def __init__(self, limits: img.TransactionalLimits) -> None:
         self.limits = limits
         self._images: dict[int, img.Image] = {}
-        #: Per Space (its client's name): the rows of its last scan, kept for the next.
-        self._rows: dict[str, img.RowMemo] = {}
+        #: Per Space client: the rows of its last scan, kept for its next (they can match
+        #: only that client's entries); gone with the client.
+        self._rows: weakref.WeakKeyDictionary[SpaceClient, img.RowMemo] = (
+            weakref.WeakKeyDictionary())
 
     def image(self, conversation: int) -> img.Image:
         return self._images.setdefault(conversation, img.Image())
@@ -86,7 +89,7 @@ class ImageKeeper:
         the log does not hold yet: those of ``known`` whose digest the scan found, the rest
         read from the Space) and fold it in."""
         image = self.image(conversation)
-        rows = self._rows.setdefault(client.name, img.RowMemo()).rows(scan)
+        rows = self._rows.setdefault(client, img.RowMemo()).rows(scan)
         d = img.diff(image, rows)
         if not d:
             return
