@@ -462,7 +462,17 @@ class MicroVMSpaces:
         check depends on it (G3 orders a Space's fences by its journal, never by its
         clock), but new files' mtimes and the daemon's records then read in host time.
         ``offset``: that many seconds from the host's instead (back if negative: a clock
-        jump)."""
+        jump). A Space gone raises ``SpaceNotFound``, as every operation on one does. A
+        machine that is off keeps no time: its next boot sets its clock to the host's
+        (``_wait_healthy``), so setting it back to the host's is done already, and a jump
+        raises ``SpaceUnavailable``."""
+        if not self.exists(name):
+            raise SpaceNotFound(f"no Space {name!r}")
+        if not self.running(name):
+            if offset:
+                raise SpaceUnavailable(f"the microVM of Space {name} is off: it keeps no "
+                                       "time to step; boot it (create) first")
+            return
         self.agent(name).call(f"time {time.time_ns() + int(offset * 1e9)}")
 
     def sync(self, name: str) -> None:

@@ -361,6 +361,19 @@ def test_a_clock_jump_steps_the_guests_clock_and_set_clock_sets_it_right(vms) ->
     assert abs(offset("t3@1")) < slack
     assert c.read_file("after-jump.txt") == b"the Space serves on"
 
+    # A jump's end after its machine lost power, or after its Space was removed (the fault
+    # matrix ended one on a deleted Space, and the run came out unknown): off, the machine
+    # keeps no time (its boot sets the host's), so the end is done and a new jump refused;
+    # gone, the Space is not found, which a fault's end takes as nothing to undo.
+    vms.power_off("clock")
+    assert not vms.running("clock")
+    vms.set_clock("clock")
+    with pytest.raises(SpaceUnavailable, match="is off"):
+        vms.set_clock("clock", offset=60.0)
+    vms.delete("clock")
+    with pytest.raises(SpaceNotFound):
+        vms.set_clock("clock")
+
 
 def test_a_daemon_pause_freezes_the_daemon_and_its_commands_run_on(vms) -> None:
     check_a_daemon_pause_freezes_the_daemon_alone(vms, "vmd")
